@@ -1,0 +1,205 @@
+"""The body of one rank process (runs in the child, never in the pytest process).
+
+A rank sets up the environment Lightning reads, captures its own stdout/stderr into files, arms
+``faulthandler`` so the parent can ask for its Python stack, runs the scenario, and sends back one
+message: ``("ok", json_text)``, ``("error", exc_type, message, traceback_text)`` or
+``("unserialisable", message)``.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import importlib
+import json
+import os
+import random
+import signal
+import sys
+import threading
+import traceback
+
+from ddpprobe.launch._spec import LaunchSpec, RankInfo
+
+#: Exit code of a rank whose parent (the launcher) went away: the rank ends itself.
+ORPHAN_EXIT_CODE = 70
+
+#: Signal the launcher sends to ask a rank for its Python stack (written by faulthandler).
+STACK_SIGNAL = signal.SIGUSR1
+
+#: Environment variables that make Lightning (or torch) believe another launcher or cluster manages
+#: the processes. They are removed in every rank unless ``keep_cluster_env=True``.
+#: Source: lightning_fabric/plugins/environments/{slurm,torchelastic,lsf,mpi,kubeflow}.py ``detect()``.
+CLUSTER_ENV_PREFIXES = ("SLURM_", "TORCHELASTIC_", "LSB_", "JSM_", "OMPI_", "PMI_", "KUBERNETES_")
+CLUSTER_ENV_NAMES = ("RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "PL_TRAINER_GPUS")
+
+
+def paths(world_dir: str, rank: int) -> dict:
+    """Files a rank writes in the world folder, by purpose."""
+    return {
+        "dir": os.path.join(world_dir, f"rank{rank}"),
+        "stdout": os.path.join(world_dir, f"rank{rank}.stdout"),
+        "stderr": os.path.join(world_dir, f"rank{rank}.stderr"),
+        "stack": os.path.join(world_dir, f"rank{rank}.stack"),
+    }
+
+
+def _set_environment(spec: LaunchSpec, rank: int) -> None:
+    """Make this process look like a rank started by an external launcher (torchrun-style).
+
+    ``LOCAL_RANK`` in the environment tells Lightning's ``LightningEnvironment`` that the processes
+    already exist (``creates_processes_externally``), so it joins the world instead of launching more.
+    Source: lightning_fabric/plugins/environments/lightning.py.
+
+    The rendezvous store is hosted by the launcher (port 0, so no two worlds can collide), and every
+    rank connects to it as a client: ``TORCHELASTIC_USE_AGENT_STORE=True`` is how torchrun tells
+    ``torch.distributed`` to do exactly that. Source: torch/distributed/rendezvous.py
+    ``_create_c10d_store``.
+    """
+    if not spec.keep_cluster_env:
+        for name in list(os.environ):
+            if name.startswith(CLUSTER_ENV_PREFIXES) or name in CLUSTER_ENV_NAMES:
+                del os.environ[name]
+    os.environ.update(
+        {
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(spec.master_port),
+            "WORLD_SIZE": str(spec.world_size),
+            "NODE_RANK": "0",
+            "LOCAL_RANK": str(rank),
+            "TORCHELASTIC_USE_AGENT_STORE": "True",
+            "GLOO_SOCKET_IFNAME": "lo",
+            "OMP_NUM_THREADS": "1",
+            "MKL_NUM_THREADS": "1",
+        }
+    )
+    os.environ.update(spec.extra_env)
+
+
+def _capture_output(files: dict) -> None:
+    """Point file descriptors 1 and 2 (and ``sys.stdout``/``sys.stderr``) at the rank's own files."""
+    for fd, path in ((1, files["stdout"]), (2, files["stderr"])):
+        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(target, fd)
+        os.close(target)
+    sys.stdout = open(1, "w", buffering=1, closefd=False, encoding="utf-8", errors="replace")
+    sys.stderr = open(2, "w", buffering=1, closefd=False, encoding="utf-8", errors="replace")
+
+
+def _watch_parent(lifeline) -> None:
+    """End this rank as soon as the launcher goes away (its end of ``lifeline`` closes)."""
+
+    def watch() -> None:
+        try:
+            lifeline.recv()
+        except (EOFError, OSError):
+            pass
+        os._exit(ORPHAN_EXIT_CODE)
+
+    threading.Thread(target=watch, name="ddpprobe-lifeline", daemon=True).start()
+
+
+def _align_process_state(rank: int) -> None:
+    """Undo what a forked rank inherited from the forkserver, so it matches a fresh interpreter.
+
+    - ``rank_zero_only.rank`` is read from ``RANK``/``LOCAL_RANK`` when Lightning is *imported*
+      (lightning_fabric/utilities/rank_zero.py); the forkserver imported it with no rank set, so it
+      would say 0 in every rank. Set it to this rank, as a fresh import here would.
+    - Python's and NumPy's global random generators are seeded from OS entropy in a fresh
+      interpreter; forked ranks would share the server's state. Reseed them.
+    """
+    random.seed()
+    np = sys.modules.get("numpy")
+    if np is not None:
+        np.random.seed()
+    for module_name in (
+        "lightning_utilities.core.rank_zero",
+        "lightning_fabric.utilities.rank_zero",
+        "pytorch_lightning.utilities.rank_zero",
+    ):
+        module = sys.modules.get(module_name)
+        if module is not None and hasattr(module, "rank_zero_only"):
+            module.rank_zero_only.rank = rank
+
+
+def resolve(ref: str):
+    """Import ``"package.module:qualname"`` and return the object."""
+    module_name, _, qualname = ref.partition(":")
+    obj = importlib.import_module(module_name)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def find_unserialisable(value, path: str = "record"):
+    """Return ``(path, type_name)`` of the first part of ``value`` that JSON cannot hold, else None."""
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, (str, int, float, bool)) and key is not None:
+                return f"{path} key {key!r}", type(key).__name__
+            found = find_unserialisable(item, f"{path}[{key!r}]")
+            if found:
+                return found
+        return None
+    if isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            found = find_unserialisable(item, f"{path}[{index}]")
+            if found:
+                return found
+        return None
+    return path, type(value).__name__
+
+
+def rank_main(spec: LaunchSpec, rank: int, result_conn, lifeline) -> None:
+    """Entry point of a rank process. Never returns normally: ends with ``os._exit``."""
+    files = paths(spec.world_dir, rank)
+    os.makedirs(files["dir"], exist_ok=True)
+    _capture_output(files)
+    faulthandler.enable(file=sys.stderr, all_threads=True)
+    stack_file = open(files["stack"], "w")
+    faulthandler.register(STACK_SIGNAL, file=stack_file, all_threads=True)
+    _watch_parent(lifeline)
+    _set_environment(spec, rank)
+    os.chdir(files["dir"])
+    _align_process_state(rank)
+    info = RankInfo(
+        rank=rank,
+        world_size=spec.world_size,
+        backend=spec.backend,
+        accelerator="gpu" if spec.backend == "nccl" else "cpu",
+        pg_timeout=spec.pg_timeout,
+        world_dir=spec.world_dir,
+        rank_dir=files["dir"],
+    )
+    try:
+        scenario = resolve(spec.scenario_ref)
+        record = scenario(info, **spec.params)
+        try:
+            message = ("ok", json.dumps(record))
+        except (TypeError, ValueError):
+            where, type_name = find_unserialisable(record) or ("record", type(record).__name__)
+            message = (
+                "unserialisable",
+                f"{where} is a {type_name}, which JSON cannot hold; return plain lists, dicts, "
+                "str, int, float, bool or None (e.g. tensor.tolist() or float(tensor))",
+            )
+    except BaseException as exc:  # noqa: BLE001 - every failure is reported to the launcher
+        message = ("error", type(exc).__name__, str(exc), traceback.format_exc())
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        result_conn.send(message)
+        result_conn.close()
+    finally:
+        _destroy_process_group()
+        os._exit(0)
+
+
+def _destroy_process_group() -> None:
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception:  # noqa: BLE001 - the rank is ending either way
+        pass

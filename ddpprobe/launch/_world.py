@@ -1,0 +1,537 @@
+"""Launching a world: start W rank processes, wait for their records, and never leave one behind."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import multiprocessing
+import multiprocessing.connection
+import os
+import shutil
+import signal
+import tempfile
+import time
+from typing import Callable, Iterator, Optional
+
+from ddpprobe.launch import _rank
+from ddpprobe.launch._spec import (
+    BACKENDS,
+    DEFAULT_TIMEOUT_S,
+    MAX_WORLD_SIZE,
+    PG_TIMEOUT_SHARE,
+    START_METHODS,
+    LaunchSpec,
+    env_float,
+)
+
+#: Modules the forkserver imports once, so that forked ranks start with them loaded.
+FORKSERVER_PRELOAD = ["torch", "torch.distributed", "pytorch_lightning", "torchmetrics", "ddpprobe.launch._rank"]
+
+#: Seconds the launcher waits for ranks to write their stacks after it asks for them.
+STACK_GRACE_S = 1.0
+
+#: Largest file (bytes) whose text a ``RankResult.files`` entry holds; larger files are listed by size.
+MAX_FILE_BYTES = 1 << 20
+
+
+# ---------------------------------------------------------------------------------------------
+# Results and failures
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class RankResult:
+    """What one rank produced.
+
+    Attributes:
+        rank: global rank.
+        record: the scenario's return value, decoded from JSON (dicts, lists, str, float, int, ...).
+        stdout: everything the rank wrote to file descriptor 1 (``print``, Lightning's tables), as text.
+        stderr: everything it wrote to file descriptor 2 (warnings, logging), as text.
+        files: files found under the rank's working directory after it ended, by path relative to
+            it (``"lightning_logs/version_0/metrics.csv"``) -> text content (files over 1 MiB or not
+            UTF-8 hold ``"<N bytes>"``).
+        pid: the rank's process id (gone by the time you read it).
+        exitcode: the process exit code (0 for a rank that returned a record).
+    """
+
+    rank: int
+    record: object
+    stdout: str
+    stderr: str
+    files: dict
+    pid: int
+    exitcode: Optional[int]
+
+
+class WorldResult(tuple):
+    """The ranks' results, ordered by rank (``result[r]`` is rank ``r``'s ``RankResult``)."""
+
+    @property
+    def records(self) -> list:
+        """The scenarios' return values, ordered by rank."""
+        return [r.record for r in self]
+
+    @property
+    def world_size(self) -> int:
+        return len(self)
+
+    @property
+    def pids(self) -> list:
+        return [r.pid for r in self]
+
+    def __iter__(self) -> Iterator[RankResult]:
+        return super().__iter__()
+
+
+class WorldError(RuntimeError):
+    """A world did not produce a record on every rank.
+
+    Attributes:
+        ranks: the ranks the failure is about (the ones that raised, died or did not finish).
+        pids: process ids of every rank of the world, ordered by rank (all ended when this is raised).
+        outputs: ``{rank: (stdout, stderr)}`` captured from every rank.
+    """
+
+    def __init__(self, message: str, ranks: list, pids: list, outputs: dict):
+        super().__init__(message)
+        self.ranks = ranks
+        self.pids = pids
+        self.outputs = outputs
+
+
+class RankFailed(WorldError):
+    """A rank's scenario raised. ``exc_types[r]`` is the exception's class name on rank ``r``,
+    ``tracebacks[r]`` its formatted traceback."""
+
+    def __init__(self, message, ranks, pids, outputs, exc_types, tracebacks):
+        super().__init__(message, ranks, pids, outputs)
+        self.exc_types = exc_types
+        self.tracebacks = tracebacks
+
+
+class RankDied(WorldError):
+    """A rank ended without reporting (killed by a signal, ``os._exit``, a crash in C code).
+    ``exitcodes[r]`` is the exit code, negative for a signal (``-9`` is SIGKILL)."""
+
+    def __init__(self, message, ranks, pids, outputs, exitcodes):
+        super().__init__(message, ranks, pids, outputs)
+        self.exitcodes = exitcodes
+
+
+class WorldTimeout(WorldError):
+    """The world ran past its timeout; every rank was killed. ``stacks[r]`` is the Python stack
+    rank ``r`` was in when it was asked (faulthandler's format), for each rank that had not finished."""
+
+    def __init__(self, message, ranks, pids, outputs, stacks):
+        super().__init__(message, ranks, pids, outputs)
+        self.stacks = stacks
+
+
+# ---------------------------------------------------------------------------------------------
+# Checking what the caller asked for, before any process starts
+# ---------------------------------------------------------------------------------------------
+
+
+def _scenario_ref(scenario: Callable) -> str:
+    if not callable(scenario):
+        raise TypeError(f"scenario must be a function, got {type(scenario).__name__} {scenario!r}")
+    module = getattr(scenario, "__module__", None)
+    qualname = getattr(scenario, "__qualname__", "")
+    if module in (None, "__main__") or "<lambda>" in qualname or "<locals>" in qualname:
+        raise TypeError(
+            f"scenario {qualname or scenario!r} (module {module!r}) is not an importable top-level "
+            "function; each rank imports it by name, so define it with `def` at the top level of an "
+            "importable module (lambdas, closures and functions in __main__ cannot be imported)"
+        )
+    ref = f"{module}:{qualname}"
+    try:
+        found = _rank.resolve(ref)
+    except (ImportError, AttributeError) as exc:
+        raise TypeError(f"scenario {ref} cannot be imported by name ({exc}); define it at module top level") from None
+    if found is not scenario and getattr(found, "__wrapped__", None) is not scenario:
+        raise TypeError(f"scenario {ref} resolves to a different object; define it once at module top level")
+    return ref
+
+
+def _check_params(scenario: Callable, ref: str, params: dict) -> None:
+    try:
+        inspect.signature(scenario).bind(None, **params)
+    except TypeError as exc:
+        raise TypeError(f"scenario {ref} does not accept these parameters {sorted(params)}: {exc}") from None
+    try:
+        json.dumps(params)
+    except (TypeError, ValueError):
+        where, type_name = _rank.find_unserialisable(params, "params") or ("params", "?")
+        raise TypeError(f"{where} is a {type_name}; scenario parameters must be JSON-like") from None
+
+
+def _check_world_size(world_size) -> int:
+    if isinstance(world_size, bool) or not isinstance(world_size, int):
+        raise TypeError(f"world_size must be an int, got {type(world_size).__name__} {world_size!r}")
+    if not 1 <= world_size <= MAX_WORLD_SIZE:
+        raise ValueError(f"world_size={world_size} is out of range; use 1 <= world_size <= {MAX_WORLD_SIZE}")
+    return world_size
+
+
+def _check_backend(backend, world_size: int) -> str:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r} is not supported; use one of {', '.join(BACKENDS)}")
+    if backend == "nccl":
+        import torch
+
+        available = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if available < world_size:
+            raise RuntimeError(
+                f"backend='nccl' needs one CUDA device per rank: world_size={world_size} but this "
+                f"machine has {available} CUDA device(s); use backend='gloo' or a smaller world_size"
+            )
+    return backend
+
+
+def _check_seconds(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__} {value!r}")
+    if not value > 0:
+        raise ValueError(f"{name}={value!r} must be a positive number of seconds")
+    return float(value)
+
+
+def _check_start_method(start_method, backend: str) -> str:
+    if start_method is None:
+        start_method = os.environ.get("DDPPROBE_START_METHOD") or ("spawn" if backend == "nccl" else "forkserver")
+    if start_method not in START_METHODS:
+        raise ValueError(f"start_method={start_method!r} is not supported; use one of {', '.join(START_METHODS)}")
+    return start_method
+
+
+# ---------------------------------------------------------------------------------------------
+# The launcher
+# ---------------------------------------------------------------------------------------------
+
+
+def _context(start_method: str):
+    ctx = multiprocessing.get_context(start_method)
+    if start_method == "forkserver":
+        ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
+    return ctx
+
+
+def run_world(
+    scenario: Callable,
+    world_size: int = 2,
+    *,
+    backend: str = "gloo",
+    timeout: Optional[float] = None,
+    pg_timeout: Optional[float] = None,
+    start_method: Optional[str] = None,
+    env: Optional[dict] = None,
+    keep_cluster_env: bool = False,
+    **params,
+) -> WorldResult:
+    """Run ``scenario(rank_info, **params)`` in ``world_size`` fresh rank processes; return their records.
+
+    Each rank is a new OS process that looks to Lightning like a rank started by an external launcher
+    (``LOCAL_RANK``, ``NODE_RANK=0``, ``WORLD_SIZE``, ``MASTER_ADDR=127.0.0.1``, ``MASTER_PORT`` set),
+    so ``Trainer(strategy="ddp", devices=world_size)`` joins the world instead of spawning processes.
+    The rendezvous store is a ``TCPStore`` hosted here on a free port chosen by the OS, so worlds run
+    side by side (``pytest -n auto``) cannot collide.
+
+    Args:
+        scenario: an importable top-level function ``(RankInfo, **params) -> JSON-serialisable record``.
+        world_size: number of ranks, 1..64.
+        backend: ``"gloo"`` (CPU) or ``"nccl"`` (one CUDA device per rank).
+        timeout: seconds the whole world may run; then each unfinished rank's Python stack is
+            captured and every rank is killed. Default ``DDPPROBE_TIMEOUT`` or 120.
+        pg_timeout: seconds a collective may block before the process group raises in the rank;
+            must be below ``timeout``. Default ``DDPPROBE_PG_TIMEOUT`` or half of ``timeout``.
+        start_method: ``"forkserver"`` (ranks forked from a server with torch and Lightning imported;
+            default for gloo) or ``"spawn"`` (fresh interpreters; always used by default for nccl, so
+            no process that touched CUDA is ever forked). Default ``DDPPROBE_START_METHOD``.
+        env: extra environment variables for every rank, set after the launcher's own.
+        keep_cluster_env: keep ``SLURM_*``, ``TORCHELASTIC_*`` and similar variables in the ranks
+            (they are removed by default, since they make Lightning pick another cluster environment).
+        **params: JSON-like keyword arguments passed to the scenario.
+
+    Returns:
+        A ``WorldResult``: one ``RankResult`` per rank, ordered by rank.
+
+    Raises:
+        TypeError / ValueError / RuntimeError: bad arguments, before any process starts.
+        RankFailed: a scenario raised on some rank (message: rank, exception, traceback).
+        RankDied: a rank ended without reporting (message: rank and exit code or signal).
+        WorldTimeout: the world ran past ``timeout`` (message: unfinished ranks and their stacks).
+        TypeError: a rank's record is not JSON-serialisable (message: rank, key and type).
+    """
+    world_size = _check_world_size(world_size)
+    ref = _scenario_ref(scenario)
+    _check_params(scenario, ref, params)
+    timeout = _check_seconds("timeout", timeout) if timeout is not None else env_float("DDPPROBE_TIMEOUT", DEFAULT_TIMEOUT_S)
+    if pg_timeout is None:
+        pg_timeout = env_float("DDPPROBE_PG_TIMEOUT", timeout * PG_TIMEOUT_SHARE)
+    pg_timeout = _check_seconds("pg_timeout", pg_timeout)
+    if pg_timeout >= timeout:
+        raise ValueError(
+            f"pg_timeout={pg_timeout:g}s must be shorter than timeout={timeout:g}s, so a stuck collective "
+            "is reported by the process group before the world is killed; lower pg_timeout or raise timeout"
+        )
+    backend = _check_backend(backend, world_size)
+    start_method = _check_start_method(start_method, backend)
+    env = dict(env or {})
+    for key, value in env.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise TypeError(f"env must map str to str, got {key!r}: {value!r}")
+
+    from torch.distributed import TCPStore
+
+    world_dir = tempfile.mkdtemp(prefix="ddpprobe-world-")
+    store = TCPStore("127.0.0.1", 0, None, True, timeout=_timedelta(pg_timeout), wait_for_workers=False)
+    spec = LaunchSpec(
+        scenario_ref=ref,
+        params=params,
+        world_size=world_size,
+        backend=backend,
+        pg_timeout=pg_timeout,
+        world_dir=world_dir,
+        master_port=store.port,
+        extra_env=env,
+        keep_cluster_env=keep_cluster_env,
+    )
+    try:
+        return _World(spec, _context(start_method), timeout).run()
+    finally:
+        del store
+        if not os.environ.get("DDPPROBE_KEEP_WORLD_DIR"):
+            shutil.rmtree(world_dir, ignore_errors=True)
+
+
+def _timedelta(seconds: float):
+    import datetime
+
+    return datetime.timedelta(seconds=seconds)
+
+
+class _World:
+    """One launched world: its processes, their pipes, and the bookkeeping of who has finished."""
+
+    def __init__(self, spec: LaunchSpec, ctx, timeout: float):
+        self.spec = spec
+        self.ctx = ctx
+        self.timeout = timeout
+        self.processes = []
+        self.results = {}  # rank -> received message
+        self.conns = {}  # connection -> rank
+        self.lifelines = []
+
+    def run(self) -> WorldResult:
+        try:
+            self._start()
+            self._wait()
+        finally:
+            self._kill_all()
+        return self._outcome()
+
+    def _start(self) -> None:
+        for rank in range(self.spec.world_size):
+            result_r, result_w = self.ctx.Pipe(duplex=False)
+            life_r, life_w = self.ctx.Pipe(duplex=False)
+            process = self.ctx.Process(
+                target=_rank.rank_main,
+                args=(self.spec, rank, result_w, life_r),
+                name=f"ddpprobe-rank{rank}",
+                daemon=True,
+            )
+            process.start()
+            result_w.close()
+            life_r.close()
+            self.processes.append(process)
+            self.conns[result_r] = rank
+            self.lifelines.append(life_w)
+
+    def _wait(self) -> None:
+        deadline = time.monotonic() + self.timeout
+        sentinels = {p.sentinel: rank for rank, p in enumerate(self.processes)}
+        self.timed_out = False
+        while len(self.results) < self.spec.world_size:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self.timed_out = True
+                return
+            waitables = list(self.conns) + [s for s, r in sentinels.items() if r not in self.results]
+            for ready in multiprocessing.connection.wait(waitables, timeout=remaining):
+                if ready in self.conns:
+                    self._receive(ready)
+                else:
+                    rank = sentinels[ready]
+                    self._drain(rank)
+                    if rank not in self.results:
+                        self.processes[rank].join()
+                        self.results[rank] = ("died", self.processes[rank].exitcode)
+            if any(msg[0] != "ok" for msg in self.results.values()):
+                # One rank failed: the others are most likely blocked in a collective with it.
+                # Give them a moment to report their own failure, then stop waiting.
+                self._collect_for(0.5)
+                return
+
+    def _receive(self, conn) -> None:
+        rank = self.conns.pop(conn)
+        try:
+            self.results[rank] = conn.recv()
+        except (EOFError, OSError):
+            pass  # the rank died before reporting; its sentinel tells how
+        conn.close()
+
+    def _drain(self, rank: int) -> None:
+        """A rank's process ended: take its message if it sent one before exiting."""
+        for conn, conn_rank in list(self.conns.items()):
+            if conn_rank == rank and conn.poll():
+                self._receive(conn)
+
+    def _collect_for(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while self.conns and time.monotonic() < end:
+            for ready in multiprocessing.connection.wait(list(self.conns), timeout=end - time.monotonic()):
+                self._receive(ready)
+
+    def _unfinished(self) -> list:
+        return [r for r in range(self.spec.world_size) if r not in self.results]
+
+    def _kill_all(self) -> None:
+        """Ask unfinished ranks for their stacks (if any), then kill and reap every rank."""
+        unfinished = [r for r in self._unfinished() if self.processes[r].is_alive()] if self.processes else []
+        if unfinished:
+            for rank in unfinished:
+                _signal(self.processes[rank].pid, _rank.STACK_SIGNAL)
+            self._await_stacks(unfinished)
+        for process in self.processes:
+            if process.is_alive():
+                _signal(process.pid, signal.SIGKILL)
+        for process in self.processes:
+            process.join(timeout=10)
+        for conn in list(self.conns):
+            conn.close()
+        for life in self.lifelines:
+            life.close()
+        self.stuck = unfinished
+
+    def _await_stacks(self, ranks: list) -> None:
+        end = time.monotonic() + STACK_GRACE_S
+        files = [_rank.paths(self.spec.world_dir, r)["stack"] for r in ranks]
+        while time.monotonic() < end:
+            if all(os.path.exists(f) and os.path.getsize(f) > 0 for f in files):
+                time.sleep(0.05)  # let the last thread's frames land
+                return
+            time.sleep(0.02)
+
+    # -- reporting ------------------------------------------------------------------------------
+
+    def _outcome(self) -> WorldResult:
+        outputs = {r: (_read(self._path(r, "stdout")), _read(self._path(r, "stderr"))) for r in range(self.spec.world_size)}
+        pids = [p.pid for p in self.processes]
+        failed = {r: m for r, m in sorted(self.results.items()) if m[0] == "error"}
+        died = {r: m[1] for r, m in sorted(self.results.items()) if m[0] == "died"}
+        unserialisable = {r: m[1] for r, m in sorted(self.results.items()) if m[0] == "unserialisable"}
+        if failed:
+            lines = [f"rank {r} raised {m[1]}: {m[2]}\n{_indent(m[3])}" for r, m in failed.items()]
+            raise RankFailed(
+                self._message("raised an exception", list(failed), lines, outputs),
+                list(failed), pids, outputs,
+                exc_types={r: m[1] for r, m in failed.items()},
+                tracebacks={r: m[3] for r, m in failed.items()},
+            )
+        if unserialisable:
+            lines = [f"rank {r}: {msg}" for r, msg in unserialisable.items()]
+            raise TypeError(self._message("returned a record JSON cannot hold", list(unserialisable), lines, {}))
+        if died:
+            lines = [f"rank {r} ended with {_describe_exit(code)} without reporting a result" for r, code in died.items()]
+            raise RankDied(self._message("died", list(died), lines, outputs), list(died), pids, outputs, exitcodes=died)
+        if self.stuck or self.timed_out:
+            stuck = self.stuck or self._unfinished()
+            stacks = {r: _read(self._path(r, "stack")) or "(no stack received)" for r in stuck}
+            lines = [f"rank {r} did not finish; its Python stack:\n{_indent(stacks[r])}" for r in stuck]
+            finished = [r for r in range(self.spec.world_size) if r not in stuck]
+            lines.insert(0, f"finished: {finished or 'none'}   did not finish: {stuck}")
+            raise WorldTimeout(
+                self._message(f"timed out after {self.timeout:g}s", stuck, lines, outputs),
+                stuck, pids, outputs, stacks,
+            )
+        return WorldResult(
+            RankResult(
+                rank=r,
+                record=json.loads(self.results[r][1]),
+                stdout=outputs[r][0],
+                stderr=outputs[r][1],
+                files=_snapshot(self._path(r, "dir")),
+                pid=self.processes[r].pid,
+                exitcode=self.processes[r].exitcode,
+            )
+            for r in range(self.spec.world_size)
+        )
+
+    def _path(self, rank: int, kind: str) -> str:
+        return _rank.paths(self.spec.world_dir, rank)[kind]
+
+    def _message(self, what: str, ranks: list, lines: list, outputs: dict) -> str:
+        head = (
+            f"world of {self.spec.world_size} rank(s) running {self.spec.scenario_ref} "
+            f"(backend={self.spec.backend}): rank(s) {ranks} {what}"
+        )
+        tails = []
+        for r in ranks:
+            if r in outputs and outputs[r][1].strip():
+                tails.append(f"--- rank {r} stderr (last lines) ---\n{_tail(outputs[r][1])}")
+        return "\n".join([head, *lines, *tails])
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _describe_exit(code) -> str:
+    if code is None:
+        return "no exit code"
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name} (exit code {code})"
+        except ValueError:
+            return f"signal {-code} (exit code {code})"
+    return f"exit code {code}"
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.read()
+    except FileNotFoundError:
+        return ""
+
+
+def _snapshot(root: str) -> dict:
+    files = {}
+    for folder, _, names in os.walk(root):
+        for name in names:
+            path = os.path.join(folder, name)
+            rel = os.path.relpath(path, root)
+            size = os.path.getsize(path)
+            if size > MAX_FILE_BYTES:
+                files[rel] = f"<{size} bytes>"
+                continue
+            with open(path, "rb") as fh:
+                data = fh.read()
+            try:
+                files[rel] = data.decode("utf-8")
+            except UnicodeDecodeError:
+                files[rel] = f"<{size} bytes>"
+    return dict(sorted(files.items()))
+
+
+def _indent(text: str, prefix: str = "    ") -> str:
+    return "\n".join(prefix + line for line in text.rstrip().splitlines())
+
+
+def _tail(text: str, lines: int = 15) -> str:
+    return "\n".join(text.rstrip().splitlines()[-lines:])
