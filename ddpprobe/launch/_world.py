@@ -26,7 +26,7 @@ from ddpprobe.launch._spec import (
 )
 
 #: Modules the forkserver imports once, so that forked ranks start with them loaded.
-FORKSERVER_PRELOAD = ["torch", "torch.distributed", "pytorch_lightning", "torchmetrics", "ddpprobe.launch._rank"]
+FORKSERVER_PRELOAD = ["torch", "torch.distributed", "pytorch_lightning", "torchmetrics", "ddpprobe.launch._rank", "ddpprobe.probes"]
 
 #: Seconds the launcher waits for ranks to write their stacks after it asks for them.
 STACK_GRACE_S = 1.0

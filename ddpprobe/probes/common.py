@@ -1,0 +1,81 @@
+"""What every probe shares: a DDP Trainer built from the rank's ``RankInfo``, and recorders that turn
+what Lightning holds (metric dicts, warnings) into JSON-ready records."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import warnings
+
+import pytorch_lightning as pl
+from pytorch_lightning.strategies import DDPStrategy
+from torch.utils.data import DataLoader
+
+from ddpprobe.launch import RankInfo
+from ddpprobe.probes.data import IdDataset
+
+
+def ddp_trainer(info: RankInfo, **overrides):
+    """A ``pytorch_lightning.Trainer`` that joins the launcher's world with ``strategy="ddp"``.
+
+    Equivalent to ``Trainer(strategy="ddp", accelerator=..., devices=world_size)`` except that the
+    strategy object carries the world's backend and its process-group timeout
+    (``DDPStrategy(process_group_backend=info.backend, timeout=info.pg_timeout)``), so a stuck
+    collective raises inside the rank instead of after Lightning's default 30 minutes.
+    Progress bar, model summary, checkpointing and the logger are off unless ``overrides`` turn them on.
+
+    Args:
+        info: the rank's ``RankInfo``.
+        **overrides: any ``Trainer`` argument, e.g. ``logger=CSVLogger(".")`` or ``max_epochs=2``.
+    """
+    kwargs = dict(
+        strategy=DDPStrategy(
+            process_group_backend=info.backend, timeout=datetime.timedelta(seconds=info.pg_timeout)
+        ),
+        accelerator=info.accelerator,
+        devices=info.world_size,
+        num_nodes=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        default_root_dir=info.rank_dir,
+    )
+    kwargs.update(overrides)
+    return pl.Trainer(**kwargs)
+
+
+def id_loader(n: int, batch_size: int, shuffle: bool = False):
+    """A ``DataLoader`` over ``IdDataset(n)`` (no workers). Lightning swaps in a ``DistributedSampler``."""
+    return DataLoader(IdDataset(n), batch_size=batch_size, shuffle=shuffle, num_workers=0)
+
+
+def floats(metrics) -> dict:
+    """``{name: tensor or number}`` -> ``{name: float}``, sorted by name."""
+    return {k: float(v) for k, v in sorted(dict(metrics).items())}
+
+
+def trainer_metrics(trainer) -> dict:
+    """The three metric dicts a Trainer holds after a run, as floats."""
+    return {
+        "callback_metrics": floats(trainer.callback_metrics),
+        "logged_metrics": floats(trainer.logged_metrics),
+        "progress_bar_metrics": floats(trainer.progress_bar_metrics),
+    }
+
+
+@contextlib.contextmanager
+def recorded_warnings():
+    """Record every warning raised inside the block (duplicates included) as ``{"category", "message"}``."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        records: list = []
+        try:
+            yield records
+        finally:
+            records.extend({"category": w.category.__name__, "message": str(w.message)} for w in caught)
+
+
+def batch_ids(batch) -> list:
+    """The sample ids in a batch of ``IdDataset`` items, as a list of ints."""
+    return [int(i) for i in batch["id"]]

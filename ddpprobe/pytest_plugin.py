@@ -1,0 +1,166 @@
+"""pytest plugin: command-line options, the ``run_world`` fixture and the ``gpu`` marker.
+
+Enable it from a ``conftest.py`` with ``pytest_plugins = ["ddpprobe.pytest_plugin"]``.
+
+Options (each also readable from an environment variable, the option wins):
+
+=====================  ==========================  =================================================
+option                 environment variable        meaning
+=====================  ==========================  =================================================
+``--backend``          ``DDPPROBE_BACKEND``        ``gloo`` (default, CPU) or ``nccl`` (a GPU per rank)
+``--world-size``       ``DDPPROBE_WORLD_SIZES``    comma list; run only facts parametrised by these W
+``--world-timeout``    ``DDPPROBE_TIMEOUT``        seconds one world may run (default 120)
+``--pg-timeout``       ``DDPPROBE_PG_TIMEOUT``     seconds a collective may block (default: half)
+``--start-method``     ``DDPPROBE_START_METHOD``   ``forkserver`` (default for gloo) or ``spawn``
+=====================  ==========================  =================================================
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Optional
+
+import pytest
+
+from ddpprobe.launch import BACKENDS, START_METHODS, run_world as _run_world
+
+
+def pytest_addoption(parser) -> None:
+    group = parser.getgroup("ddpprobe", "ddpprobe: launching DDP worlds")
+    group.addoption(
+        "--backend",
+        choices=BACKENDS,
+        default=os.environ.get("DDPPROBE_BACKEND", "gloo"),
+        help="process-group backend of every world: gloo (CPU, default) or nccl (one CUDA device per rank)",
+    )
+    group.addoption(
+        "--world-size",
+        default=os.environ.get("DDPPROBE_WORLD_SIZES", ""),
+        metavar="W[,W...]",
+        help="run only the facts parametrised by these world sizes (default: all)",
+    )
+    group.addoption(
+        "--world-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="seconds one world may run before its ranks' stacks are taken and all are killed "
+        "(default DDPPROBE_TIMEOUT or 120)",
+    )
+    group.addoption(
+        "--pg-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="seconds a collective may block before the process group raises (default DDPPROBE_PG_TIMEOUT "
+        "or half the world timeout)",
+    )
+    group.addoption(
+        "--start-method",
+        choices=START_METHODS,
+        default=None,
+        help="how ranks start: forkserver (preloaded, fast; default for gloo) or spawn (fresh interpreters)",
+    )
+
+
+def pytest_configure(config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "gpu(min_gpus=1): a GPU-only fact; runs with --backend nccl on a machine with at least min_gpus CUDA devices",
+    )
+
+
+def _parse_world_sizes(raw: str) -> set:
+    if not raw:
+        return set()
+    try:
+        sizes = {int(part) for part in raw.split(",") if part.strip()}
+    except ValueError:
+        raise pytest.UsageError(f"--world-size={raw!r}: give world sizes as integers, e.g. --world-size 2,3") from None
+    if any(size < 1 for size in sizes):
+        raise pytest.UsageError(f"--world-size={raw!r}: world sizes must be >= 1")
+    return sizes
+
+
+def cuda_device_count() -> int:
+    """Number of CUDA devices torch sees (0 without CUDA). Does not initialise a CUDA context."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def backend_skip_reason(backend: str, world_size: int, device_count: int) -> Optional[str]:
+    """Why a backend-agnostic fact at ``world_size`` cannot run here, or None if it can."""
+    if backend == "nccl" and device_count < world_size:
+        return f"backend nccl with world size {world_size} needs {world_size} CUDA devices, found {device_count}"
+    return None
+
+
+def gpu_skip_reason(backend: str, min_gpus: int, device_count: int) -> Optional[str]:
+    """Why a ``@pytest.mark.gpu(min_gpus=N)`` fact cannot run here, or None if it can."""
+    if backend != "nccl":
+        return f"GPU-only fact: run with --backend nccl on a machine with >= {min_gpus} CUDA device(s)"
+    if device_count < min_gpus:
+        return f"GPU-only fact needs >= {min_gpus} CUDA device(s), found {device_count}"
+    return None
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    sizes = _parse_world_sizes(config.getoption("--world-size"))
+    if not sizes:
+        return
+    keep, drop = [], []
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        world_size = callspec.params.get("world_size") if callspec else None
+        (drop if world_size is not None and world_size not in sizes else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+def pytest_runtest_setup(item) -> None:
+    marker = item.get_closest_marker("gpu")
+    if marker is None:
+        return
+    min_gpus = marker.kwargs.get("min_gpus", marker.args[0] if marker.args else 1)
+    backend = item.config.getoption("--backend")
+    reason = gpu_skip_reason(backend, min_gpus, cuda_device_count() if backend == "nccl" else 0)
+    if reason:
+        pytest.skip(reason)
+
+
+@pytest.fixture
+def backend(request) -> str:
+    """The backend chosen with ``--backend`` (``"gloo"`` or ``"nccl"``)."""
+    return request.config.getoption("--backend")
+
+
+@pytest.fixture
+def run_world(request, backend):
+    """``ddpprobe.run_world`` with this session's backend, timeouts and start method filled in.
+
+    Under ``--backend nccl`` a world larger than the number of CUDA devices skips the test with the
+    reason, instead of failing.
+    """
+    config = request.config
+    defaults = {
+        "backend": backend,
+        "timeout": config.getoption("--world-timeout"),
+        "pg_timeout": config.getoption("--pg-timeout"),
+        "start_method": config.getoption("--start-method"),
+    }
+
+    @functools.wraps(_run_world)
+    def run(scenario, world_size: int = 2, **kwargs):
+        if isinstance(world_size, int) and not isinstance(world_size, bool):
+            reason = backend_skip_reason(kwargs.get("backend", backend), world_size,
+                                         cuda_device_count() if backend == "nccl" else 0)
+            if reason:
+                pytest.skip(reason)
+        merged = {k: v for k, v in defaults.items() if v is not None}
+        merged.update(kwargs)
+        return _run_world(scenario, world_size, **merged)
+
+    return run
