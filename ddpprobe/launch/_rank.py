@@ -23,6 +23,9 @@ from ddpprobe.launch._spec import LaunchSpec, RankInfo
 #: Exit code of a rank whose parent (the launcher) went away: the rank ends itself.
 ORPHAN_EXIT_CODE = 70
 
+#: Seconds a rank that failed waits to be ended by the launcher before it exits on its own.
+FAILED_RANK_LINGER_S = 30.0
+
 #: Signal the launcher sends to ask a rank for its Python stack (written by faulthandler).
 STACK_SIGNAL = signal.SIGUSR1
 
@@ -191,9 +194,20 @@ def rank_main(spec: LaunchSpec, rank: int, result_conn, lifeline) -> None:
     try:
         result_conn.send(message)
         result_conn.close()
+        if message[0] != "ok":
+            # Stay in the world until the launcher ends it: leaving now would break the other ranks'
+            # collectives with secondary "connection reset" errors and hide where they were waiting.
+            _await_launcher(lifeline_timeout_s=FAILED_RANK_LINGER_S)
     finally:
-        _destroy_process_group()
+        if message[0] == "ok":
+            _destroy_process_group()
         os._exit(0)
+
+
+def _await_launcher(lifeline_timeout_s: float) -> None:
+    import time
+
+    time.sleep(lifeline_timeout_s)
 
 
 def _destroy_process_group() -> None:

@@ -323,6 +323,10 @@ class _World:
         self.results = {}  # rank -> received message
         self.conns = {}  # connection -> rank
         self.lifelines = []
+        self.sentinels = {}  # process sentinel -> rank
+        self.arrival = []  # ranks that failed, in the order their failure arrived
+        self.timed_out = False
+        self.stuck = []  # ranks still running when the world was ended
 
     def run(self) -> WorldResult:
         try:
@@ -346,38 +350,48 @@ class _World:
             result_w.close()
             life_r.close()
             self.processes.append(process)
+            self.sentinels[process.sentinel] = rank
             self.conns[result_r] = rank
             self.lifelines.append(life_w)
 
     def _wait(self) -> None:
+        """Wait until every rank reported, one failed, or the deadline passed."""
         deadline = time.monotonic() + self.timeout
-        sentinels = {p.sentinel: rank for rank, p in enumerate(self.processes)}
-        self.timed_out = False
         while len(self.results) < self.spec.world_size:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 self.timed_out = True
                 return
-            waitables = list(self.conns) + [s for s, r in sentinels.items() if r not in self.results]
-            for ready in multiprocessing.connection.wait(waitables, timeout=remaining):
-                if ready in self.conns:
-                    self._receive(ready)
-                else:
-                    rank = sentinels[ready]
-                    self._drain(rank)
-                    if rank not in self.results:
-                        self.processes[rank].join()
-                        self.results[rank] = ("died", self.processes[rank].exitcode)
-            if any(msg[0] != "ok" for msg in self.results.values()):
-                # One rank failed: the others are most likely blocked in a collective with it.
-                # Give them a moment to report their own failure, then stop waiting.
-                self._collect_for(0.5)
+            self._handle(multiprocessing.connection.wait(self._waitables(), timeout=remaining))
+            if self.arrival:
+                # A rank failed: the others are most likely blocked in a collective with it. Take what
+                # has already arrived, then stop waiting; _kill_all records their stacks.
+                self._handle(multiprocessing.connection.wait(self._waitables(), timeout=0))
                 return
+
+    def _waitables(self) -> list:
+        return list(self.conns) + [s for s, r in self.sentinels.items() if r not in self.results]
+
+    def _handle(self, ready_list) -> None:
+        for ready in ready_list:
+            if ready in self.conns:
+                self._receive(ready)
+            elif ready in self.sentinels:
+                rank = self.sentinels[ready]
+                self._drain(rank)
+                if rank not in self.results:
+                    self.processes[rank].join()
+                    self._record(rank, ("died", self.processes[rank].exitcode))
+
+    def _record(self, rank: int, message) -> None:
+        self.results[rank] = message
+        if message[0] != "ok":
+            self.arrival.append(rank)
 
     def _receive(self, conn) -> None:
         rank = self.conns.pop(conn)
         try:
-            self.results[rank] = conn.recv()
+            self._record(rank, conn.recv())
         except (EOFError, OSError):
             pass  # the rank died before reporting; its sentinel tells how
         conn.close()
@@ -388,18 +402,12 @@ class _World:
             if conn_rank == rank and conn.poll():
                 self._receive(conn)
 
-    def _collect_for(self, seconds: float) -> None:
-        end = time.monotonic() + seconds
-        while self.conns and time.monotonic() < end:
-            for ready in multiprocessing.connection.wait(list(self.conns), timeout=end - time.monotonic()):
-                self._receive(ready)
-
     def _unfinished(self) -> list:
         return [r for r in range(self.spec.world_size) if r not in self.results]
 
     def _kill_all(self) -> None:
         """Ask unfinished ranks for their stacks (if any), then kill and reap every rank."""
-        unfinished = [r for r in self._unfinished() if self.processes[r].is_alive()] if self.processes else []
+        unfinished = [r for r in self._unfinished() if self.processes[r].is_alive()]
         if unfinished:
             for rank in unfinished:
                 _signal(self.processes[rank].pid, _rank.STACK_SIGNAL)
@@ -427,35 +435,46 @@ class _World:
     # -- reporting ------------------------------------------------------------------------------
 
     def _outcome(self) -> WorldResult:
-        outputs = {r: (_read(self._path(r, "stdout")), _read(self._path(r, "stderr"))) for r in range(self.spec.world_size)}
+        n = self.spec.world_size
+        outputs = {r: (_read(self._path(r, "stdout")), _read(self._path(r, "stderr"))) for r in range(n)}
         pids = [p.pid for p in self.processes]
-        failed = {r: m for r, m in sorted(self.results.items()) if m[0] == "error"}
-        died = {r: m[1] for r, m in sorted(self.results.items()) if m[0] == "died"}
-        unserialisable = {r: m[1] for r, m in sorted(self.results.items()) if m[0] == "unserialisable"}
-        if failed:
-            lines = [f"rank {r} raised {m[1]}: {m[2]}\n{_indent(m[3])}" for r, m in failed.items()]
+        stacks = {r: _read(self._path(r, "stack")) or "(no stack received)" for r in self.stuck}
+        kinds = {r: self.results[r][0] for r in self.arrival}
+        died = [r for r in self.arrival if kinds[r] == "died"]
+        raised = [r for r in self.arrival if kinds[r] == "error"]
+        unserialisable = [r for r in self.arrival if kinds[r] == "unserialisable"]
+
+        lines = []
+        for r in self.arrival:
+            message = self.results[r]
+            if message[0] == "died":
+                lines.append(f"rank {r} ended with {_describe_exit(message[1])} without reporting a result")
+            elif message[0] == "error":
+                lines.append(f"rank {r} raised {message[1]}: {message[2]}\n{_indent(message[3])}")
+            else:
+                lines.append(f"rank {r}: {message[1]}")
+        finished = [r for r in range(n) if self.results.get(r, ("",))[0] == "ok"]
+        if self.stuck:
+            lines.append(f"finished: {finished or 'none'}   did not finish: {self.stuck}")
+            lines += [f"rank {r} was still running; its Python stack:\n{_indent(stacks[r])}" for r in self.stuck]
+
+        # A rank that died takes its peers' collectives down with it ("connection reset"), so a death
+        # is reported as the cause even when a peer's error arrived first.
+        if died:
+            raise RankDied(self._message("died", died, lines, outputs), died, pids, outputs,
+                           exitcodes={r: self.results[r][1] for r in died})
+        if raised:
             raise RankFailed(
-                self._message("raised an exception", list(failed), lines, outputs),
-                list(failed), pids, outputs,
-                exc_types={r: m[1] for r, m in failed.items()},
-                tracebacks={r: m[3] for r, m in failed.items()},
+                self._message("raised an exception", raised, lines, outputs), raised, pids, outputs,
+                exc_types={r: self.results[r][1] for r in raised},
+                tracebacks={r: self.results[r][3] for r in raised},
             )
         if unserialisable:
-            lines = [f"rank {r}: {msg}" for r, msg in unserialisable.items()]
-            raise TypeError(self._message("returned a record JSON cannot hold", list(unserialisable), lines, {}))
-        if died:
-            lines = [f"rank {r} ended with {_describe_exit(code)} without reporting a result" for r, code in died.items()]
-            raise RankDied(self._message("died", list(died), lines, outputs), list(died), pids, outputs, exitcodes=died)
+            raise TypeError(self._message("returned a record JSON cannot hold", unserialisable, lines, {}))
         if self.stuck or self.timed_out:
             stuck = self.stuck or self._unfinished()
-            stacks = {r: _read(self._path(r, "stack")) or "(no stack received)" for r in stuck}
-            lines = [f"rank {r} did not finish; its Python stack:\n{_indent(stacks[r])}" for r in stuck]
-            finished = [r for r in range(self.spec.world_size) if r not in stuck]
-            lines.insert(0, f"finished: {finished or 'none'}   did not finish: {stuck}")
-            raise WorldTimeout(
-                self._message(f"timed out after {self.timeout:g}s", stuck, lines, outputs),
-                stuck, pids, outputs, stacks,
-            )
+            raise WorldTimeout(self._message(f"timed out after {self.timeout:g}s", stuck, lines, outputs),
+                               stuck, pids, outputs, stacks)
         return WorldResult(
             RankResult(
                 rank=r,
@@ -466,7 +485,7 @@ class _World:
                 pid=self.processes[r].pid,
                 exitcode=self.processes[r].exitcode,
             )
-            for r in range(self.spec.world_size)
+            for r in range(n)
         )
 
     def _path(self, rank: int, kind: str) -> str:
