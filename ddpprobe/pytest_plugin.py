@@ -23,7 +23,7 @@ from typing import Optional
 
 import pytest
 
-from ddpprobe.launch import BACKENDS, START_METHODS, run_world as _run_world
+from ddpprobe.launch import BACKENDS, START_METHODS, external_world, run_world as _run_world
 
 
 def pytest_addoption(parser) -> None:
@@ -142,7 +142,8 @@ def run_world(request, backend):
     """``ddpprobe.run_world`` with this session's backend, timeouts and start method filled in.
 
     Under ``--backend nccl`` a world larger than the number of CUDA devices skips the test with the
-    reason, instead of failing.
+    reason, instead of failing. Inside a torchrun/srun world (every rank running this pytest session in
+    lockstep), scenarios run in-process and a fact needing another world size skips on every rank.
     """
     config = request.config
     defaults = {
@@ -154,7 +155,12 @@ def run_world(request, backend):
 
     @functools.wraps(_run_world)
     def run(scenario, world_size: int = 2, **kwargs):
-        if isinstance(world_size, int) and not isinstance(world_size, bool):
+        outside = external_world()
+        if outside is not None:
+            if world_size != outside.world_size:
+                pytest.skip(f"fact runs at world size {world_size}; this {outside.launcher} world has "
+                            f"{outside.world_size} ranks")
+        elif isinstance(world_size, int) and not isinstance(world_size, bool):
             reason = backend_skip_reason(kwargs.get("backend", backend), world_size,
                                          cuda_device_count() if backend == "nccl" else 0)
             if reason:

@@ -111,3 +111,134 @@ def test_a_lambda_or_closure_is_rejected_as_a_scenario():
     for bad in (lambda info: {}, local):
         with pytest.raises(TypeError, match="not an importable top-level function"):
             api_run_world(bad, 2)
+
+
+# ---------------------------------------------------------------------------------------------
+# Environment hygiene and what is left behind
+# ---------------------------------------------------------------------------------------------
+
+#: Variables a cluster manager or torchrun sets; each makes Lightning pick another cluster environment
+#: (lightning_fabric/plugins/environments/slurm.py and torchelastic.py ``detect()``).
+STRAY_CLUSTER_ENV = {"SLURM_NTASKS": "4", "SLURM_JOB_NAME": "train", "TORCHELASTIC_RUN_ID": "stray"}
+
+
+def environment_of(info, names):
+    """Scenario: the value of each environment variable in ``names`` in this rank (None when unset)."""
+    return {name: os.environ.get(name) for name in names}
+
+
+def port_then_hang(info):
+    """Scenario: print the rendezvous port, join the process group, then rank 1 sleeps forever while
+    rank 0 waits for it in an all_reduce (so the store has live clients when the world is killed)."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    print(f"MASTER_PORT={os.environ['MASTER_PORT']}", flush=True)
+    dist.init_process_group(info.backend, rank=info.rank, world_size=info.world_size)
+    if info.rank == 1:
+        while True:
+            time.sleep(0.05)
+    dist.all_reduce(torch.zeros(1))
+    return {}
+
+
+def raise_then_die(info, delay_s=0.05):
+    """Scenario: rank 0 raises at once; rank 1 ends with ``os._exit(3)`` ``delay_s`` seconds later."""
+    import time
+
+    import torch.distributed as dist
+
+    dist.init_process_group(info.backend, rank=info.rank, world_size=info.world_size)
+    if info.rank == 0:
+        raise ValueError("rank 0 fails first")
+    time.sleep(delay_s)
+    os._exit(3)
+
+
+def test_a_death_that_arrives_just_after_a_peers_exception_is_still_reported_as_the_death(run_world):
+    """When a rank dies, its peers' collectives fail with "connection closed by peer", and that error can
+    reach the launcher a moment before the death does. The launcher keeps listening briefly
+    (``FAILURE_SETTLE_S``) after an exception, so a death close behind it is reported as ``RankDied``,
+    with the exception still in the message."""
+    with pytest.raises(RankDied) as failure:
+        run_world(raise_then_die, 2, timeout=60)
+
+    err = failure.value
+    assert err.exitcodes == {1: 3}
+    assert "rank 0 raised ValueError: rank 0 fails first" in str(err)
+    assert _gone(err.pids)
+
+
+def test_stray_cluster_variables_in_the_parent_do_not_change_what_lightning_does(run_world, monkeypatch):
+    """``SLURM_NTASKS=4`` left in the shell would make Lightning's ``SLURMEnvironment`` claim a world of
+    4; the launcher removes such variables in every rank, so a 2-rank ``trainer.validate`` sees world
+    size 2, ranks 0 and 1, and each rank its own ``DistributedSampler`` shard."""
+    from ddpprobe.probes import validation
+    from tests import oracle
+
+    for name, value in STRAY_CLUSTER_ENV.items():
+        monkeypatch.setenv(name, value)
+    n, batch_size = 7, 2
+
+    world = run_world(validation.validate, 2, n=n, batch_size=batch_size)
+    env = run_world(environment_of, 2, names=sorted(STRAY_CLUSTER_ENV)).records
+
+    assert [rec["global_rank"] for rec in world.records] == [0, 1]
+    assert {rec["world_size"] for rec in world.records} == {2}
+    for rank, rec in enumerate(world.records):
+        expected = oracle.batches(oracle.distributed_sampler_ids(n, 2, rank, shuffle=False), batch_size)
+        assert rec["seen_ids"] == expected, oracle.side_by_side("seen_ids", [r["seen_ids"] for r in world.records])
+    assert env == [dict.fromkeys(sorted(STRAY_CLUSTER_ENV))] * 2
+
+
+def test_keep_cluster_env_passes_the_cluster_variables_through_to_every_rank(run_world, monkeypatch):
+    """With ``keep_cluster_env=True`` the same variables reach every rank unchanged (set in the parent
+    after the forkserver started, so this also shows each rank gets the parent's *current* environment)."""
+    for name, value in STRAY_CLUSTER_ENV.items():
+        monkeypatch.setenv(name, value)
+
+    env = run_world(environment_of, 2, names=sorted(STRAY_CLUSTER_ENV), keep_cluster_env=True).records
+
+    assert env == [STRAY_CLUSTER_ENV] * 2
+
+
+def test_after_a_world_timeout_no_rank_survives_and_the_rendezvous_port_is_released(run_world):
+    """A world killed at its timeout leaves nothing behind: every rank process is gone and the TCPStore
+    the launcher hosted no longer listens on its port (binding it succeeds)."""
+    import re
+    import socket
+
+    with pytest.raises(WorldTimeout) as failure:
+        run_world(port_then_hang, 2, timeout=4, pg_timeout=3.5)
+
+    err = failure.value
+    ports = {int(p) for out, _ in err.outputs.values() for p in re.findall(r"MASTER_PORT=(\d+)", out)}
+    assert len(ports) == 1, err.outputs
+    assert _gone(err.pids)
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind(("127.0.0.1", ports.pop()))  # raises OSError (address in use) while a listener holds it
+
+
+def test_the_forkserver_is_gone_as_soon_as_the_process_that_started_it_exits():
+    """The forkserver would end by itself a moment after its parent exits (EOF on a pipe), late enough
+    for a leftover-process check run right after ``pytest`` to see it. The launcher ends and reaps it
+    at interpreter exit, so it is gone when the parent's exit status is available."""
+    import subprocess
+    import sys
+
+    code = (
+        "import multiprocessing.forkserver as fs\n"
+        "from ddpprobe import run_world\n"
+        "from tests import scenarios\n"
+        "run_world(scenarios.identity, 1, start_method='forkserver')\n"
+        "print(fs._forkserver._forkserver_pid)\n"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=300)
+
+    assert done.returncode == 0, done.stderr
+    server_pid = int(done.stdout.split()[-1])
+    assert _gone([server_pid]), f"forkserver {server_pid} still exists after its parent exited"

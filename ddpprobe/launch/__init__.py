@@ -3,6 +3,7 @@
 Public names are re-exported from :mod:`ddpprobe`; everything prefixed with ``_`` is private.
 """
 
+from ddpprobe.launch._external import ExternalWorld, external_world
 from ddpprobe.launch._spec import BACKENDS, DEFAULT_TIMEOUT_S, MAX_WORLD_SIZE, START_METHODS, RankInfo
 from ddpprobe.launch._world import (
     RankDied,
@@ -17,6 +18,7 @@ from ddpprobe.launch._world import (
 __all__ = [
     "BACKENDS",
     "DEFAULT_TIMEOUT_S",
+    "ExternalWorld",
     "MAX_WORLD_SIZE",
     "START_METHODS",
     "RankDied",
@@ -26,5 +28,6 @@ __all__ = [
     "WorldError",
     "WorldResult",
     "WorldTimeout",
+    "external_world",
     "run_world",
 ]

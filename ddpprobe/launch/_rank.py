@@ -29,6 +29,10 @@ FAILED_RANK_LINGER_S = 30.0
 #: Signal the launcher sends to ask a rank for its Python stack (written by faulthandler).
 STACK_SIGNAL = signal.SIGUSR1
 
+#: The seed torch's default CPU generator starts with in a fresh interpreter, in torch versions that
+#: do not seed it from OS entropy (``default_rng_seed_val``, c10/core/GeneratorImpl.h).
+TORCH_FIXED_DEFAULT_SEED = 67280421310721
+
 #: Environment variables that make Lightning (or torch) believe another launcher or cluster manages
 #: the processes. They are removed in every rank unless ``keep_cluster_env=True``.
 #: Source: lightning_fabric/plugins/environments/{slurm,torchelastic,lsf,mpi,kubeflow}.py ``detect()``.
@@ -57,7 +61,14 @@ def _set_environment(spec: LaunchSpec, rank: int) -> None:
     rank connects to it as a client: ``TORCHELASTIC_USE_AGENT_STORE=True`` is how torchrun tells
     ``torch.distributed`` to do exactly that. Source: torch/distributed/rendezvous.py
     ``_create_c10d_store``.
+
+    The rank starts from the launcher's environment as it was when ``run_world`` was called
+    (``spec.parent_env``), not the one a forked rank inherits from the forkserver (a snapshot taken
+    when the server started), so both start methods see the same variables.
     """
+    if spec.parent_env:
+        os.environ.clear()
+        os.environ.update(spec.parent_env)
     if not spec.keep_cluster_env:
         for name in list(os.environ):
             if name.startswith(CLUSTER_ENV_PREFIXES) or name in CLUSTER_ENV_NAMES:
@@ -109,11 +120,19 @@ def _align_process_state(rank: int) -> None:
       would say 0 in every rank. Set it to this rank, as a fresh import here would.
     - Python's and NumPy's global random generators are seeded from OS entropy in a fresh
       interpreter; forked ranks would share the server's state. Reseed them.
+    - torch's default CPU generator: older torch seeds it with a fixed default
+      (``TORCH_FIXED_DEFAULT_SEED``), newer torch (2.13 here) from OS entropy, so fresh interpreters
+      differ. If the inherited generator does not carry the fixed default, this torch seeds from
+      entropy and the rank reseeds it the same way; otherwise it is left as a fresh interpreter has it.
     """
     random.seed()
     np = sys.modules.get("numpy")
     if np is not None:
         np.random.seed()
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "default_generator"):
+        if torch.default_generator.initial_seed() != TORCH_FIXED_DEFAULT_SEED:
+            torch.default_generator.seed()
     for module_name in (
         "lightning_utilities.core.rank_zero",
         "lightning_fabric.utilities.rank_zero",
@@ -174,6 +193,9 @@ def rank_main(spec: LaunchSpec, rank: int, result_conn, lifeline) -> None:
         pg_timeout=spec.pg_timeout,
         world_dir=spec.world_dir,
         rank_dir=files["dir"],
+        local_rank=rank,
+        node_rank=0,
+        num_nodes=1,
     )
     try:
         scenario = resolve(spec.scenario_ref)

@@ -62,6 +62,10 @@ class RankInfo:
         world_dir: absolute path of the world's scratch folder, shared by all ranks.
         rank_dir: absolute path of this rank's working directory (``world_dir/rank<r>``); the rank
             starts with it as its current directory, so Lightning's default log folders land there.
+        local_rank: rank on this node (equal to ``rank`` in a world ddpprobe launched, which is one node).
+        node_rank: index of this rank's node (0 in a launched world).
+        num_nodes: number of nodes; ``world_size // num_nodes`` ranks run on each. Pass
+            ``Trainer(devices=info.devices, num_nodes=info.num_nodes)`` (``ddp_trainer`` does).
     """
 
     rank: int
@@ -71,6 +75,14 @@ class RankInfo:
     pg_timeout: float
     world_dir: str
     rank_dir: str
+    local_rank: int
+    node_rank: int
+    num_nodes: int
+
+    @property
+    def devices(self) -> int:
+        """Ranks (devices) per node: the ``Trainer(devices=...)`` value."""
+        return self.world_size // self.num_nodes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,3 +98,7 @@ class LaunchSpec:
     master_port: int
     extra_env: dict
     keep_cluster_env: bool
+    #: The launcher's ``os.environ`` when ``run_world`` was called. A forked rank inherits the
+    #: forkserver's environment, frozen when the server started; the rank replaces it with this, so a
+    #: variable set (or removed) in the launcher later reaches the ranks as it would with ``spawn``.
+    parent_env: dict = dataclasses.field(default_factory=dict)

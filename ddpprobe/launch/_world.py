@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import inspect
 import json
@@ -14,7 +15,7 @@ import tempfile
 import time
 from typing import Callable, Iterator, Optional
 
-from ddpprobe.launch import _rank
+from ddpprobe.launch import _external, _rank
 from ddpprobe.launch._spec import (
     BACKENDS,
     DEFAULT_TIMEOUT_S,
@@ -30,6 +31,15 @@ FORKSERVER_PRELOAD = ["torch", "torch.distributed", "pytorch_lightning", "torchm
 
 #: Seconds the launcher waits for ranks to write their stacks after it asks for them.
 STACK_GRACE_S = 1.0
+
+#: Seconds the launcher keeps listening after a rank reported an exception, for a peer's death to
+#: arrive: a rank that dies (``os._exit``, a signal) makes its peers' collectives fail with
+#: "connection closed by peer", and that secondary error can reach the launcher a moment before the
+#: death does. The death is the cause, so it is waited for; ranks blocked in a collective just cost this.
+FAILURE_SETTLE_S = 0.5
+
+#: Seconds the launcher waits at interpreter exit for the forkserver it started to end.
+FORKSERVER_STOP_S = 5.0
 
 #: Largest file (bytes) whose text a ``RankResult.files`` entry holds; larger files are listed by size.
 MAX_FILE_BYTES = 1 << 20
@@ -215,7 +225,58 @@ def _context(start_method: str):
     ctx = multiprocessing.get_context(start_method)
     if start_method == "forkserver":
         ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
+        _stop_forkserver_at_exit()
     return ctx
+
+
+_stop_registered_in_pid = None
+
+
+def _stop_forkserver_at_exit() -> None:
+    """Register (once per process) an exit handler that ends this process's forkserver and waits for it.
+
+    The forkserver ends by itself when the process that started it exits (it reads EOF on a pipe),
+    but a moment later, so a check for leftover processes right after ``pytest`` returns could still
+    see it. Ending it explicitly and reaping it makes "no process outlives the suite" hold at once.
+    """
+    global _stop_registered_in_pid
+    if _stop_registered_in_pid == os.getpid():
+        return
+    _stop_registered_in_pid = os.getpid()
+    atexit.register(_stop_forkserver)
+
+
+def _stop_forkserver() -> None:
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver
+    pid = getattr(server, "_forkserver_pid", None)
+    alive_fd = getattr(server, "_forkserver_alive_fd", None)
+    if pid is None or alive_fd is None or _stop_registered_in_pid != os.getpid():
+        return
+    # Closing the "alive" pipe is how multiprocessing asks its forkserver to stop
+    # (multiprocessing/forkserver.py ForkServer._stop_unlocked); wait boundedly, then kill.
+    try:
+        os.close(alive_fd)
+    except OSError:
+        pass
+    server._forkserver_alive_fd = None
+    end = time.monotonic() + FORKSERVER_STOP_S
+    while True:
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if done or time.monotonic() > end:
+            if not done:
+                _signal(pid, signal.SIGKILL)
+                try:
+                    os.waitpid(pid, 0)
+                except ChildProcessError:
+                    pass
+            break
+        time.sleep(0.01)
+    server._forkserver_pid = None
 
 
 def run_world(
@@ -249,13 +310,20 @@ def run_world(
         start_method: ``"forkserver"`` (ranks forked from a server with torch and Lightning imported;
             default for gloo) or ``"spawn"`` (fresh interpreters; always used by default for nccl, so
             no process that touched CUDA is ever forked). Default ``DDPPROBE_START_METHOD``.
-        env: extra environment variables for every rank, set after the launcher's own.
+        env: extra environment variables for every rank, set after the launcher's own. Each rank
+            starts from this process's ``os.environ`` as it is at the call, with either start method
+            (a forked rank does not keep the forkserver's older copy).
         keep_cluster_env: keep ``SLURM_*``, ``TORCHELASTIC_*`` and similar variables in the ranks
             (they are removed by default, since they make Lightning pick another cluster environment).
         **params: JSON-like keyword arguments passed to the scenario.
 
     Returns:
         A ``WorldResult``: one ``RankResult`` per rank, ordered by rank.
+
+    Inside a world launched by torchrun or srun (``ddpprobe.launch.external_world()`` is not None),
+    no process is started: the scenario runs in this process as this rank, ``world_size`` must equal
+    the external world's, and the ranks exchange records with ``all_gather_object``; see
+    ddpprobe/launch/_external.py. Set ``DDPPROBE_NO_EXTERNAL_WORLD=1`` to launch worlds anyway.
 
     Raises:
         TypeError / ValueError / RuntimeError: bad arguments, before any process starts.
@@ -276,6 +344,16 @@ def run_world(
             f"pg_timeout={pg_timeout:g}s must be shorter than timeout={timeout:g}s, so a stuck collective "
             "is reported by the process group before the world is killed; lower pg_timeout or raise timeout"
         )
+    outside = _external.external_world()
+    if outside is not None:
+        _check_backend(backend, outside.local_world_size)
+        if world_size != outside.world_size:
+            raise ValueError(
+                f"world_size={world_size} does not match the {outside.launcher} world this process runs in "
+                f"(WORLD_SIZE={outside.world_size}); inside an external world every scenario runs at its size"
+            )
+        messages = _external.run_in_external_world(outside, ref, params, backend, timeout, pg_timeout)
+        return _external_result(messages, ref, backend)
     backend = _check_backend(backend, world_size)
     start_method = _check_start_method(start_method, backend)
     env = dict(env or {})
@@ -297,6 +375,7 @@ def run_world(
         master_port=store.port,
         extra_env=env,
         keep_cluster_env=keep_cluster_env,
+        parent_env=dict(os.environ),
     )
     try:
         return _World(spec, _context(start_method), timeout).run()
@@ -304,6 +383,29 @@ def run_world(
         del store
         if not os.environ.get("DDPPROBE_KEEP_WORLD_DIR"):
             shutil.rmtree(world_dir, ignore_errors=True)
+
+
+def _external_result(messages: list, ref: str, backend: str) -> WorldResult:
+    """Turn the ranks' exchanged messages (``_external.run_in_external_world``) into a result or error."""
+    outputs = {m["rank"]: (m["stdout"], m["stderr"]) for m in messages}
+    pids = [m["pid"] for m in messages]
+    head = f"external world of {len(messages)} rank(s) running {ref} (backend={backend}): rank(s) "
+    raised = [m for m in messages if m["status"] == "error"]
+    if raised:
+        ranks = [m["rank"] for m in raised]
+        lines = [f"rank {m['rank']} raised {m['error'][0]}: {m['error'][1]}\n{_indent(m['error'][2])}" for m in raised]
+        raise RankFailed("\n".join([head + f"{ranks} raised an exception", *lines]), ranks, pids, outputs,
+                         exc_types={m["rank"]: m["error"][0] for m in raised},
+                         tracebacks={m["rank"]: m["error"][2] for m in raised})
+    bad = [m for m in messages if m["status"] == "unserialisable"]
+    if bad:
+        raise TypeError("\n".join([head + f"{[m['rank'] for m in bad]} returned a record JSON cannot hold",
+                                   *[f"rank {m['rank']}: {m['error']}" for m in bad]]))
+    return WorldResult(
+        RankResult(rank=m["rank"], record=json.loads(m["record_json"]), stdout=m["stdout"], stderr=m["stderr"],
+                   files=m["files"], pid=m["pid"], exitcode=None)
+        for m in sorted(messages, key=lambda m: m["rank"])
+    )
 
 
 def _timedelta(seconds: float):
@@ -365,9 +467,22 @@ class _World:
             self._handle(multiprocessing.connection.wait(self._waitables(), timeout=remaining))
             if self.arrival:
                 # A rank failed: the others are most likely blocked in a collective with it. Take what
-                # has already arrived, then stop waiting; _kill_all records their stacks.
-                self._handle(multiprocessing.connection.wait(self._waitables(), timeout=0))
+                # arrives in a short grace (a peer's death, the likely cause, may be a moment behind),
+                # then stop waiting; _kill_all records the stacks of those still running.
+                self._settle(min(FAILURE_SETTLE_S, max(0.0, deadline - time.monotonic())))
                 return
+
+    def _settle(self, grace: float) -> None:
+        """After a failure: keep handling reports until every rank is accounted for, one rank is known
+        to have died, or ``grace`` seconds passed."""
+        end = time.monotonic() + grace
+        while len(self.results) < self.spec.world_size:
+            if any(self.results[r][0] == "died" for r in self.arrival):
+                return
+            remaining = end - time.monotonic()
+            if remaining <= 0:
+                return
+            self._handle(multiprocessing.connection.wait(self._waitables(), timeout=remaining))
 
     def _waitables(self) -> list:
         return list(self.conns) + [s for s, r in self.sentinels.items() if r not in self.results]
@@ -407,7 +522,9 @@ class _World:
 
     def _kill_all(self) -> None:
         """Ask unfinished ranks for their stacks (if any), then kill and reap every rank."""
-        unfinished = [r for r in self._unfinished() if self.processes[r].is_alive()]
+        # Only started processes: if starting rank r raised, ranks r.. have no process and the
+        # original error must propagate, not an IndexError from here.
+        unfinished = [r for r in self._unfinished() if r < len(self.processes) and self.processes[r].is_alive()]
         if unfinished:
             for rank in unfinished:
                 _signal(self.processes[rank].pid, _rank.STACK_SIGNAL)

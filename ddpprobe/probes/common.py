@@ -18,7 +18,7 @@ from ddpprobe.probes.data import IdDataset
 def ddp_trainer(info: RankInfo, **overrides):
     """A ``pytorch_lightning.Trainer`` that joins the launcher's world with ``strategy="ddp"``.
 
-    Equivalent to ``Trainer(strategy="ddp", accelerator=..., devices=world_size)`` except that the
+    Equivalent to ``Trainer(strategy="ddp", accelerator=..., devices=..., num_nodes=...)`` except that the
     strategy object carries the world's backend and its process-group timeout
     (``DDPStrategy(process_group_backend=info.backend, timeout=info.pg_timeout)``), so a stuck
     collective raises inside the rank instead of after Lightning's default 30 minutes.
@@ -33,8 +33,8 @@ def ddp_trainer(info: RankInfo, **overrides):
             process_group_backend=info.backend, timeout=datetime.timedelta(seconds=info.pg_timeout)
         ),
         accelerator=info.accelerator,
-        devices=info.world_size,
-        num_nodes=1,
+        devices=info.devices,
+        num_nodes=info.num_nodes,
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,

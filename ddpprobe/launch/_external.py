@@ -1,0 +1,241 @@
+"""Running scenarios inside a world someone else launched (torchrun, srun), instead of launching one.
+
+When the environment already describes a world, every rank runs the same program in lockstep — for
+example the same pytest session::
+
+    torchrun --nproc-per-node 2 -m pytest -m gpu --backend nccl
+
+and each ``run_world(...)`` call runs the scenario *in the current process*, then the ranks exchange
+their records with ``all_gather_object`` on a dedicated gloo group, so every rank's test sees every
+rank's record, exactly as with a launched world.
+
+What cannot deadlock: a scenario that raises on one rank while the others wait in a collective ends
+with the process group's timeout (``pg_timeout``) on the others; every rank then reaches the record
+exchange, which has its own timeout. A fact skipped on one rank is skipped on all, since the skip
+decision (world size, device count) is the same on every rank and needs no communication.
+
+Limits: scenarios share the process (Lightning's once-per-process warning caches, the initialised
+process group, imported modules), unlike launched worlds where every scenario gets fresh processes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import sys
+import tempfile
+import traceback
+from typing import Optional
+
+from ddpprobe.launch import _rank
+from ddpprobe.launch._spec import RankInfo
+
+#: Variables that tell a process it is one rank of an externally launched world.
+#: torchrun sets TORCHELASTIC_RUN_ID (torch.distributed.is_torchelastic_launched); srun sets SLURM_PROCID.
+_LAUNCHER_MARKERS = ("TORCHELASTIC_RUN_ID", "SLURM_PROCID")
+
+
+@dataclasses.dataclass(frozen=True)
+class ExternalWorld:
+    """The world this process was launched into.
+
+    Attributes:
+        rank: global rank. world_size: number of ranks. local_rank: rank on this node.
+        node_rank: index of this node. local_world_size: ranks per node.
+        launcher: ``"torchrun"`` or ``"srun"``.
+    """
+
+    rank: int
+    world_size: int
+    local_rank: int
+    node_rank: int
+    local_world_size: int
+    launcher: str
+
+    @property
+    def num_nodes(self) -> int:
+        return self.world_size // self.local_world_size
+
+
+def external_world(environ: Optional[dict] = None) -> Optional[ExternalWorld]:
+    """The externally launched world described by ``environ`` (default ``os.environ``), or None.
+
+    torchrun: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``GROUP_RANK``, ``LOCAL_WORLD_SIZE`` with
+    ``TORCHELASTIC_RUN_ID``. srun: ``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``, ``SLURM_NODEID``,
+    ``SLURM_NTASKS_PER_NODE`` (MASTER_ADDR/MASTER_PORT must be exported by the batch script).
+    A ddpprobe rank itself is never an external world (its launcher clears these variables).
+    """
+    env = os.environ if environ is None else environ
+    if env.get("DDPPROBE_NO_EXTERNAL_WORLD"):
+        return None
+    if "TORCHELASTIC_RUN_ID" in env and "RANK" in env and "WORLD_SIZE" in env:
+        world_size = int(env["WORLD_SIZE"])
+        return ExternalWorld(
+            rank=int(env["RANK"]),
+            world_size=world_size,
+            local_rank=int(env.get("LOCAL_RANK", 0)),
+            node_rank=int(env.get("GROUP_RANK", env.get("NODE_RANK", 0))),
+            local_world_size=int(env.get("LOCAL_WORLD_SIZE", world_size)),
+            launcher="torchrun",
+        )
+    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env and int(env["SLURM_NTASKS"]) > 1:
+        world_size = int(env["SLURM_NTASKS"])
+        per_node = env.get("SLURM_NTASKS_PER_NODE", str(world_size)).split("(")[0]
+        return ExternalWorld(
+            rank=int(env["SLURM_PROCID"]),
+            world_size=world_size,
+            local_rank=int(env.get("SLURM_LOCALID", 0)),
+            node_rank=int(env.get("SLURM_NODEID", 0)),
+            local_world_size=int(per_node),
+            launcher="srun",
+        )
+    return None
+
+
+_exchange_group = None
+
+
+def _exchange(message, timeout: float) -> list:
+    """``all_gather_object`` of this rank's message on a gloo group with its own timeout."""
+    import torch.distributed as dist
+
+    global _exchange_group
+    if _exchange_group is None:
+        _exchange_group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout))
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, message, group=_exchange_group)
+    return gathered
+
+
+def _ensure_process_group(world: ExternalWorld, backend: str, pg_timeout: float) -> None:
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        if backend == "nccl":
+            import torch
+
+            torch.cuda.set_device(world.local_rank)
+        dist.init_process_group(
+            backend, rank=world.rank, world_size=world.world_size, timeout=datetime.timedelta(seconds=pg_timeout)
+        )
+
+
+class _Captured:
+    """Redirect file descriptors 1 and 2 to files for the duration of a ``with`` block."""
+
+    def __init__(self, stdout_path: str, stderr_path: str):
+        self.paths = {1: stdout_path, 2: stderr_path}
+        self.saved = {}
+
+    def __enter__(self):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for fd, path in self.paths.items():
+            self.saved[fd] = os.dup(fd)
+            target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.dup2(target, fd)
+            os.close(target)
+        return self
+
+    def __exit__(self, *exc):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for fd, saved in self.saved.items():
+            os.dup2(saved, fd)
+            os.close(saved)
+        return False
+
+
+def run_in_external_world(
+    world: ExternalWorld, scenario_ref: str, params: dict, backend: str, timeout: float, pg_timeout: float
+) -> list:
+    """Run the scenario in this process as rank ``world.rank``; return every rank's message.
+
+    Each message is a dict: ``rank``, ``pid``, ``status`` (``"ok"``, ``"error"`` or
+    ``"unserialisable"``), ``record_json`` or ``error`` (type, message, traceback), ``stdout``,
+    ``stderr``, ``files`` (``{relative path: text}`` of the rank's working directory).
+    """
+    from ddpprobe.launch._world import _snapshot  # noqa: PLC0415 - _world imports this module
+
+    _ensure_process_group(world, backend, pg_timeout)
+    with tempfile.TemporaryDirectory(prefix="ddpprobe-external-") as world_dir:
+        files = _rank.paths(world_dir, world.rank)
+        os.makedirs(files["dir"])
+        info = RankInfo(
+            rank=world.rank,
+            world_size=world.world_size,
+            backend=backend,
+            accelerator="gpu" if backend == "nccl" else "cpu",
+            pg_timeout=pg_timeout,
+            world_dir=world_dir,
+            rank_dir=files["dir"],
+            local_rank=world.local_rank,
+            node_rank=world.node_rank,
+            num_nodes=world.num_nodes,
+        )
+        message = {"rank": world.rank, "pid": os.getpid()}
+        cwd = os.getcwd()
+        os.chdir(files["dir"])
+        try:
+            with _Captured(files["stdout"], files["stderr"]):
+                try:
+                    record = _rank.resolve(scenario_ref)(info, **params)
+                    try:
+                        message.update(status="ok", record_json=json.dumps(record))
+                    except (TypeError, ValueError):
+                        where, type_name = _rank.find_unserialisable(record) or ("record", type(record).__name__)
+                        message.update(status="unserialisable", error=f"{where} is a {type_name}, which JSON cannot hold")
+                except Exception as exc:  # noqa: BLE001 - reported to every rank
+                    message.update(status="error", error=(type(exc).__name__, str(exc), traceback.format_exc()))
+        finally:
+            os.chdir(cwd)
+        message.update(
+            stdout=_read(files["stdout"]), stderr=_read(files["stderr"]), files=_snapshot(files["dir"])
+        )
+    return _exchange(message, timeout)
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.read()
+    except FileNotFoundError:
+        return ""
+
+
+def main(argv: Optional[list] = None) -> int:
+    """``python -m ddpprobe.launch._external SCENARIO [--params JSON] [--out FILE]`` under torchrun/srun.
+
+    Runs ``SCENARIO`` (``"module:function"``) on every rank of the external world; rank 0 writes the
+    ranks' results as JSON to ``--out`` (default: stdout). Exit code 0 if every rank produced a record.
+    """
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m ddpprobe.launch._external")
+    parser.add_argument("scenario", help='importable "module:function"')
+    parser.add_argument("--params", default="{}", help="JSON object of scenario parameters")
+    parser.add_argument("--backend", default="gloo", choices=("gloo", "nccl"))
+    parser.add_argument("--timeout", type=float, default=120.0)
+    parser.add_argument("--out", default="-")
+    args = parser.parse_args(argv)
+    world = external_world()
+    if world is None:
+        parser.error("no external world found: run under torchrun (TORCHELASTIC_RUN_ID, RANK, WORLD_SIZE) or srun")
+    messages = run_in_external_world(
+        world, args.scenario, json.loads(args.params), args.backend, args.timeout, args.timeout / 2
+    )
+    ok = all(m["status"] == "ok" for m in messages)
+    if world.rank == 0:
+        text = json.dumps(messages, indent=1)
+        if args.out == "-":
+            print(text)
+        else:
+            with open(args.out, "w") as fh:
+                fh.write(text)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
