@@ -74,3 +74,146 @@ def assert_distinct(**semantics: float) -> None:
 def side_by_side(label: str, per_rank: list) -> str:
     """``"label: rank 0 -> x  rank 1 -> y"`` for failure messages."""
     return f"{label}: " + "  ".join(f"rank {r} -> {v}" for r, v in enumerate(per_rank))
+
+
+def distributed_sampler_ids(n: int, world_size: int, rank: int, epoch: int = 0, shuffle: bool = True,
+                            seed: int = 0) -> list:
+    """Sample ids rank ``rank`` gets from torch's own ``DistributedSampler`` over ``n`` samples after
+    ``set_epoch(epoch)`` (``drop_last=False``): with ``shuffle`` a permutation drawn from a generator
+    seeded ``seed + epoch``, padded from its start, then every ``world_size``-th entry from ``rank``.
+
+    torch's sampler is the oracle here, not Lightning. Source: torch/utils/data/distributed.py
+    ``DistributedSampler.__iter__``.
+    """
+    from torch.utils.data import DistributedSampler
+
+    sampler = DistributedSampler(range(n), num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed)
+    sampler.set_epoch(epoch)
+    return [int(i) for i in sampler]
+
+
+def batch_norm_update(running_mean: list, running_var: list, rows: list, momentum: float) -> tuple:
+    """One training-mode batch-norm update of the running statistics, per channel, in float64.
+
+    ``rows`` is the batch, a list of per-sample feature lists (B >= 2 samples, C channels).
+    ``new = (1 - momentum) * old + momentum * batch_stat`` where the batch statistic is the mean for
+    ``running_mean`` and the *unbiased* variance (divided by B - 1) for ``running_var``.
+    Returns ``(new_mean, new_var)``, two lists of C floats.
+    Source: torch/nn/modules/batchnorm.py ``_BatchNorm`` (``momentum``, ``running_var`` docs).
+    """
+    b = len(rows)
+    if b < 2:
+        raise ValueError(f"batch_norm_update needs at least 2 samples, got {b}")
+    new_mean, new_var = [], []
+    for c in range(len(rows[0])):
+        column = [row[c] for row in rows]
+        mu = sum(column) / b
+        var = sum((v - mu) ** 2 for v in column) / (b - 1)
+        new_mean.append((1 - momentum) * running_mean[c] + momentum * mu)
+        new_var.append((1 - momentum) * running_var[c] + momentum * var)
+    return new_mean, new_var
+
+
+def rank_batches(n: int, world_size: int, batch_size: int) -> list:
+    """``[rank][batch] -> list of sample ids`` for ``DistributedSampler(shuffle=False)`` shards cut into batches."""
+    return [batches(shard(n, world_size, r), batch_size) for r in range(world_size)]
+
+
+def log_reduce(reduce_fx: str, logged: list) -> float:
+    """What one rank's epoch-level ``self.log(..., reduce_fx=...)`` accumulates from its logged values.
+
+    ``logged`` is the rank's list of ``(value, batch_size)`` pairs, one per ``self.log`` call.
+    ``"mean"``: the ``batch_size``-weighted mean ``sum(v * b) / sum(b)``; ``"sum"``: ``sum(v)`` (batch
+    sizes ignored); ``"max"``/``"min"``: over the values.
+    Source: pytorch_lightning/trainer/connectors/logger_connector/result.py ``_ResultMetric.update``.
+    """
+    if reduce_fx == "mean":
+        return sum(v * b for v, b in logged) / sum(b for _, b in logged)
+    if reduce_fx == "sum":
+        return sum(v for v, _ in logged)
+    if reduce_fx == "max":
+        return max(v for v, _ in logged)
+    if reduce_fx == "min":
+        return min(v for v, _ in logged)
+    raise ValueError(f"reduce_fx={reduce_fx!r}: use 'mean', 'sum', 'max' or 'min'")
+
+
+def sync_reduce(reduce_fx: str, per_rank_logged: list) -> float:
+    """The cross-rank epoch value ``sync_dist=True`` is meant to give: ``log_reduce`` over the
+    ``(value, batch_size)`` pairs of all ranks together (``per_rank_logged[r]`` is rank ``r``'s list).
+
+    For ``"mean"`` Lightning all-reduces the weighted sum and the batch-size count with the mean op and
+    divides them, which equals this only when the count's mean is exact (see ``floored_sync_mean``).
+    Source: result.py ``_ResultMetric.compute``; lightning_fabric/utilities/distributed.py ``_sync_ddp``.
+    """
+    return log_reduce(reduce_fx, [pair for logged in per_rank_logged for pair in logged])
+
+
+def floored_sync_mean(per_rank_logged: list) -> float:
+    """What ``_ResultMetric.compute`` gives for ``reduce_fx="mean", sync_dist=True``: the all-rank mean of
+    the weighted sums divided by the all-rank mean of the integer batch-size counts, the latter
+    truncated to an integer (``(sum(v*b) / W) / floor(sum(b) / W)``).
+
+    Source: result.py ``_ResultMetric.compute`` (``cumulated_batch_size`` is an int64 tensor) and
+    ``_sync_ddp`` (gloo: ``result.copy_(result / world_size)`` into the int tensor).
+    """
+    world_size = len(per_rank_logged)
+    weighted = sum(v * b for logged in per_rank_logged for v, b in logged)
+    count = sum(b for logged in per_rank_logged for _, b in logged)
+    return (weighted / world_size) / (count // world_size)
+
+
+def early_stopping_local_decisions(values: list, mode: str = "min", stopping_threshold=None, patience: int = 3,
+                                   min_delta: float = 0.0) -> list:
+    """Per epoch, whether ``EarlyStopping`` on one rank, seeing only this rank's ``values``, wants to stop.
+
+    The rule of pytorch_lightning/callbacks/early_stopping.py ``_evaluate_stopping_criteria`` (without
+    the divergence threshold): stop when the value is not finite or beats ``stopping_threshold``;
+    otherwise an improvement by more than ``min_delta`` resets the wait count, and anything else
+    increments it, stopping once it reaches ``patience``. Returns a list of bools, one per epoch.
+    """
+    better = (lambda a, b: a < b) if mode == "min" else (lambda a, b: a > b)
+    best = math.inf if mode == "min" else -math.inf
+    delta = min_delta if mode == "max" else -min_delta
+    wait, decisions = 0, []
+    for value in values:
+        if not math.isfinite(value) or (stopping_threshold is not None and better(value, stopping_threshold)):
+            decisions.append(True)
+        elif better(value - delta, best):
+            best, wait = value, 0
+            decisions.append(False)
+        else:
+            wait += 1
+            decisions.append(wait >= patience)
+    return decisions
+
+
+def first_epoch_where(decisions_per_rank: list, combine) -> "int | None":
+    """The first epoch ``e`` at which ``combine([d[e] for d in decisions_per_rank])`` holds, else None.
+
+    ``combine`` is the rule that turns the ranks' decisions into one: ``any``, ``all``, or e.g.
+    ``lambda ds: ds[0]`` for "rank 0 decides alone".
+    """
+    for epoch in range(min(len(d) for d in decisions_per_rank)):
+        if combine([d[epoch] for d in decisions_per_rank]):
+            return epoch
+    return None
+
+
+def top1_checkpoint_epochs(values: list, combine, mode: str = "min") -> list:
+    """Epochs at which ``ModelCheckpoint(save_top_k=1, monitor=..., mode=mode)`` saves, when rank ``r``
+    monitors ``values[r][epoch]`` and the ranks' "improved" decisions are merged with ``combine``.
+
+    The rule of pytorch_lightning/callbacks/model_checkpoint.py ``check_monitor_top_k``: the first
+    epoch always saves (fewer than ``save_top_k`` checkpoints exist; no decision is reduced); later,
+    each rank compares its value with the score it stored at the last save (strictly better), and the
+    ranks' decisions are reduced. After a save every rank stores its own current value.
+    """
+    better = (lambda a, b: a < b) if mode == "min" else (lambda a, b: a > b)
+    best = [row[0] for row in values]
+    saved = [0]
+    for epoch in range(1, min(len(row) for row in values)):
+        if combine([better(row[epoch], best[r]) for r, row in enumerate(values)]):
+            saved.append(epoch)
+            best = [row[epoch] for row in values]
+    return saved

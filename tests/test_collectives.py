@@ -1,0 +1,149 @@
+"""Collectives from a LightningModule: what ``self.all_gather`` returns, and what happens when the ranks
+do not all enter the same collective with the same shapes.
+
+``self.all_gather(x)`` is a collective: every rank calls it and every rank gets every rank's ``x``,
+stacked along a new first dimension in rank order — shape ``(W, *x.shape)``. Under
+``strategy="ddp"`` that holds even for one device (W = 1); only a non-distributed run (a single-device
+strategy) returns ``x`` unchanged. The ranks must send equal shapes: with gloo, a rank whose buffer is
+too small for a peer's block aborts. A pad-gather-trim helper (``collectives.all_gather_uneven``)
+gathers uneven first dimensions correctly.
+
+A collective entered by some ranks only never completes. ``self.log(..., sync_dist=True)`` is one
+(an all_reduce when the epoch-level value is computed), so calling it under ``if self.global_rank == 0``
+leaves rank 0 waiting for peers that never come; ``rank_zero_only=True`` turns the sync off.
+
+Sources: pytorch_lightning/core/module.py ``LightningModule.all_gather``;
+lightning_fabric/utilities/distributed.py ``_all_gather_ddp_if_available``;
+pytorch_lightning/strategies/single_device.py ``SingleDeviceStrategy.all_gather``;
+pytorch_lightning/trainer/connectors/logger_connector/result.py ``_Sync``, ``_ResultMetric.compute``;
+upstream issues Lightning-AI/pytorch-lightning#19195 (all_gather at world size 1, documented in #19469)
+and #7773 (all_gather of uneven shapes, open). The probe is ddpprobe/probes/collectives.py.
+"""
+
+import pytest
+
+from ddpprobe import RankDied, RankFailed, WorldTimeout
+from ddpprobe.probes import collectives
+from tests import oracle
+
+
+def _gloo_only(backend):
+    if backend != "gloo":
+        pytest.skip("asserts how the gloo backend reports a broken collective; NCCL fails differently")
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_all_gather_stacks_every_ranks_tensor_along_a_new_first_dimension_in_rank_order(run_world, world_size):
+    """``self.all_gather(x)`` under ``strategy="ddp"`` returns shape ``(W, *x.shape)``, block ``r`` being
+    rank ``r``'s ``x``, on every rank: for a (2, 3) tensor -> (W, 2, 3); for a 0-d tensor and for a
+    Python float (converted to a 0-d tensor first) -> (W,); for a dict, each value gathered that way.
+    ``_all_gather_ddp_if_available`` calls ``torch.distributed.nn.functional.all_gather`` and
+    ``torch.stack``s the list, so W = 1 also gets the leading dimension."""
+    world = run_world(collectives.collective, world_size, action="shapes")
+
+    tensor = {"shape": [world_size, *collectives.LOCAL_SHAPE],
+              "values": [collectives.local_tensor(r).tolist() for r in range(world_size)]}
+    scalar = {"shape": [world_size], "values": [collectives.local_scalar(r) for r in range(world_size)]}
+    expected = {"tensor": tensor, "scalar_tensor": scalar, "python_float": scalar, "dict": {"s": scalar, "t": tensor}}
+    results = [rec["result"] for rec in world.records]
+    assert results == [expected] * world_size, (
+        oracle.side_by_side("tensor shape", [res["tensor"]["shape"] for res in results])
+        + "   " + oracle.side_by_side("scalar gathered", [res["scalar_tensor"] for res in results])
+        + f"   expected {expected['tensor']['shape']} and {scalar}"
+    )
+    assert {rec["strategy"] for rec in world.records} == {"DDPStrategy"}
+
+
+def test_with_ddp_and_one_device_all_gather_adds_a_dimension_of_1_but_a_non_distributed_run_adds_none(run_world):
+    """``LightningModule.all_gather``'s docstring says that "for the special case where world_size is 1,
+    no additional dimension is added". That is a property of the strategy, not of the world size:
+    ``Trainer(strategy="ddp", devices=1)`` initialises a process group of one rank and
+    ``_all_gather_ddp_if_available`` stacks -> (1, 2, 3) and (1,); ``Trainer(accelerator="cpu",
+    devices=1, strategy="auto")`` picks ``SingleDeviceStrategy``, whose ``all_gather`` returns its input
+    -> (2, 3) and () (a Python float becomes a 0-d tensor). Upstream: #19195, documented in #19469."""
+    ddp = run_world(collectives.collective, 1, action="shapes", strategy="ddp").records[0]
+    single = run_world(collectives.collective, 1, action="shapes", strategy="auto").records[0]
+
+    local, scalar = collectives.local_tensor(0), collectives.local_scalar(0)
+    assert (ddp["strategy"], ddp["process_group"]) == ("DDPStrategy", True)
+    assert ddp["result"]["tensor"] == {"shape": [1, *local.shape], "values": [local.tolist()]}
+    assert ddp["result"]["python_float"] == {"shape": [1], "values": [scalar]}
+
+    assert (single["strategy"], single["process_group"]) == ("SingleDeviceStrategy", False)
+    assert single["result"]["tensor"] == {"shape": list(local.shape), "values": local.tolist()}
+    assert single["result"]["scalar_tensor"] == {"shape": [], "values": scalar}
+    assert single["result"]["python_float"] == {"shape": [], "values": scalar}
+    assert single["result"]["dict"] == {"s": {"shape": [], "values": scalar},
+                                        "t": {"shape": list(local.shape), "values": local.tolist()}}
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_all_gather_of_different_first_dimensions_fails_with_gloo_and_is_reported_not_hung(run_world, backend,
+                                                                                          world_size):
+    """Rank ``r`` all-gathers a tensor of ``r + 1`` rows. ``torch.distributed.nn.functional.all_gather``
+    gives each rank receive buffers shaped like its *own* tensor, so rank 0 (1 row, the smallest) gets
+    blocks larger than its buffers; gloo's TCP transport checks every received message against the
+    buffer (``op.preamble.length <= op.nbytes``) and throws ``gloo::EnforceNotMet`` ("Received data size
+    doesn't match expected size") in a background thread, which terminates rank 0 (SIGABRT). The
+    launcher reports the world as failed well before its timeout: ``RankDied`` (rank 0's abort) or,
+    when a peer's broken read reaches the launcher first, ``RankFailed`` from that peer; never a
+    ``WorldTimeout``. Upstream feature request for uneven all_gather: #7773."""
+    _gloo_only(backend)
+    with pytest.raises((RankDied, RankFailed, WorldTimeout)) as failure:
+        run_world(collectives.collective, world_size, action="uneven", timeout=8, pg_timeout=5)
+
+    err = failure.value
+    assert not isinstance(err, WorldTimeout), f"the world hung until its timeout instead of failing:\n{err}"
+    rank0_report = err.outputs[0][1] + str(err)
+    assert "Received data size doesn't match expected size" in rank0_report, rank0_report[-3000:]
+    if isinstance(err, RankDied):
+        assert err.ranks == [0] and err.exitcodes[0] == -6, f"{err.ranks} {err.exitcodes}"
+
+
+@pytest.mark.parametrize("world_size, strategy", [(1, "ddp"), (2, "ddp"), (3, "ddp"), (1, "auto")])
+def test_pad_gather_trim_returns_every_ranks_rows_for_uneven_first_dimensions(run_world, world_size, strategy):
+    """``collectives.all_gather_uneven`` (all_gather the sizes, pad to the largest, all_gather, trim)
+    gives every rank the list of all ranks' tensors, rank ``r``'s with its own ``r + 1`` rows and no
+    padding row left, under DDP at W = 1, 2, 3 and in a non-distributed run (where ``all_gather`` adds
+    no leading dimension)."""
+    world = run_world(collectives.collective, world_size, action="pad_trim", strategy=strategy)
+
+    expected = [collectives.uneven_rows(r).tolist() for r in range(world_size)]
+    got = [rec["result"]["gathered"] for rec in world.records]
+    assert got == [expected] * world_size, oracle.side_by_side("gathered", got) + f"  expected {expected}"
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_sync_dist_logging_under_if_global_rank_0_leaves_rank_0_alone_in_the_all_reduce(run_world, backend,
+                                                                                       world_size):
+    """``if self.global_rank == 0: self.log("rank0_value", v, sync_dist=True)`` in
+    ``on_validation_epoch_end``: only rank 0 holds the value, so only rank 0 all-reduces it when the
+    logger connector computes epoch metrics (``_ResultMetric.compute`` -> ``_Sync`` ->
+    ``strategy.reduce``). The other ranks never enter that collective: they finish ``trainer.validate``
+    and leave the process group, and rank 0's all_reduce fails with a gloo transport error
+    (the peers closed their connections). The launcher reports ``RankFailed`` naming rank 0 only, with
+    a traceback through the epoch-end metric sync; every other rank finished."""
+    _gloo_only(backend)
+    with pytest.raises(RankFailed) as failure:
+        run_world(collectives.collective, world_size, action="log_rank0", timeout=10, pg_timeout=5)
+
+    err = failure.value
+    assert err.ranks == [0] and err.exc_types == {0: "RuntimeError"}, f"{err.ranks} {err.exc_types}\n{err}"
+    traceback = err.tracebacks[0]
+    assert "logger_connector" in traceback and "compute" in traceback and "_sync_ddp" in traceback, traceback
+    assert "gloo" in str(err)
+    assert "did not finish" not in str(err), str(err)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_rank_zero_only_logging_under_if_global_rank_0_completes_and_only_rank_0_holds_the_value(run_world,
+                                                                                                world_size):
+    """The same call with ``rank_zero_only=True``: ``_Sync`` replaces the reduction with a no-op, so no
+    collective is entered, the run completes, rank 0's ``callback_metrics`` holds its own value and the
+    other ranks hold nothing under that name."""
+    world = run_world(collectives.collective, world_size, action="log_rank0", log_rank_zero_only=True)
+
+    own = collectives.local_scalar(0)
+    oracle.assert_distinct(rank0_value=own, mean_with_absent_ranks_as_zero=own / world_size)
+    got = [rec["callback_metrics"] for rec in world.records]
+    assert got == [{"rank0_value": own}] + [{}] * (world_size - 1), oracle.side_by_side("callback_metrics", got)
