@@ -120,6 +120,14 @@ def pytest_collection_modifyitems(config, items) -> None:
         items[:] = keep
 
 
+def pytest_sessionfinish(session, exitstatus) -> None:
+    """Inside a torchrun/srun world, leave it together so no rank aborts at exit."""
+    if external_world() is not None:
+        from ddpprobe.launch._external import shutdown
+
+        shutdown()
+
+
 def pytest_runtest_setup(item) -> None:
     marker = item.get_closest_marker("gpu")
     if marker is None:

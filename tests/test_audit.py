@@ -276,7 +276,17 @@ def test_bad_input_is_reported_before_or_instead_of_running_with_the_bad_value_n
         audit(make_not_a_module, "examples.seed_f1_module:make_data", backend=backend)
 
 
-# --- the command line (each run starts a fresh interpreter: a few seconds) ------------------------
+# --- the command line: in this process through ddpprobe.__main__.main, and once as a real -----------
+# --- `python -m ddpprobe` subprocess (a fresh interpreter costs a few seconds) ------------------------
+
+
+def _main(capsys, *args):
+    """Run the command line's ``main`` here; return (exit code, stdout, stderr)."""
+    from ddpprobe.__main__ import main
+
+    code = main(["audit", *args])
+    out = capsys.readouterr()
+    return code, out.out, out.err
 
 
 def _cli(*args):
@@ -285,32 +295,33 @@ def _cli(*args):
                           capture_output=True, text=True, timeout=300)
 
 
-def test_cli_exits_1_on_the_seed_module_and_its_json_holds_the_verdicts(backend):
-    """``python -m ddpprobe audit examples.seed_f1_module:make_model --data ... --json`` exits 1 and its
-    JSON lists val_f1 as rank-divergent and val_f1_batch as differing from single-process."""
+def test_cli_exits_1_on_the_seed_module_and_its_json_holds_the_verdicts(backend, capsys):
+    """``ddpprobe audit examples.seed_f1_module:make_model --data ... --json`` exits 1 and its JSON lists
+    val_f1 as rank-divergent and val_f1_batch as differing from single-process."""
     _skip_unless_runnable(backend, 2)
-    proc = _cli("examples.seed_f1_module:make_model", "--data", "examples.seed_f1_module:make_data",
-                "--world-size", "2", "--backend", backend, "--json")
+    code, out, err = _main(capsys, "examples.seed_f1_module:make_model", "--data", "examples.seed_f1_module:make_data",
+                           "--world-size", "2", "--backend", backend, "--json")
 
-    assert proc.returncode == 1, proc.stderr
-    report = json.loads(proc.stdout)
+    assert code == 1, err
+    report = json.loads(out)
     verdicts = {row["key"]: row["verdict"] for row in report["rows"]}
     assert verdicts == {"val_f1_batch": ddp_audit.SYNCED_DIFFERS, "val_f1": ddp_audit.RANK_DIVERGENT}
     assert report["exit_code"] == 1 and report["stdout_lines"]["world"] == [1, 1]
 
 
-def test_cli_exits_0_on_the_corrected_module(backend):
+def test_cli_exits_0_on_the_corrected_module(backend, capsys):
     """The corrected module (N=12, W=2): exit code 0 and the table says so."""
     _skip_unless_runnable(backend, 2)
-    proc = _cli("examples.corrected_f1_module:make_model", "--data", "examples.corrected_f1_module:make_data",
-                "--backend", backend)
+    code, out, err = _main(capsys, "examples.corrected_f1_module:make_model", "--data",
+                           "examples.corrected_f1_module:make_data", "--backend", backend)
 
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "synced, equals single-process" in proc.stdout and "no problems found, exit code 0" in proc.stdout
+    assert code == 0, out + err
+    assert "synced, equals single-process" in out and "no problems found, exit code 0" in out
 
 
 def test_cli_exits_2_on_an_unimportable_factory_naming_it():
-    """A factory that does not exist: exit code 2 and a message naming it, on stderr."""
+    """``python -m ddpprobe audit`` with a factory that does not exist: exit code 2 and a message naming
+    it, on stderr."""
     proc = _cli("examples.seed_f1_module:no_such_factory", "--data", "examples.seed_f1_module:make_data")
 
     assert proc.returncode == 2, proc.stdout + proc.stderr

@@ -50,7 +50,7 @@ def test_a_world_that_hangs_is_killed_at_its_timeout_naming_the_stuck_ranks_with
     """Rank 1 never enters the all_reduce that rank 0 waits in: at the world timeout both are killed and
     the error names them, with each one's Python stack (rank 1 in ``hang_on``'s sleep)."""
     with pytest.raises(WorldTimeout) as failure:
-        run_world(scenarios.hang_on, 2, rank=1, timeout=4, pg_timeout=3.5)
+        run_world(scenarios.hang_on, 2, rank=1, timeout=2.5, pg_timeout=2)
 
     err = failure.value
     assert 1 in err.ranks
@@ -211,7 +211,7 @@ def test_after_a_world_timeout_no_rank_survives_and_the_rendezvous_port_is_relea
     import socket
 
     with pytest.raises(WorldTimeout) as failure:
-        run_world(port_then_hang, 2, timeout=4, pg_timeout=3.5)
+        run_world(port_then_hang, 2, timeout=2.5, pg_timeout=2)
 
     err = failure.value
     ports = {int(p) for out, _ in err.outputs.values() for p in re.findall(r"MASTER_PORT=(\d+)", out)}

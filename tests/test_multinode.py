@@ -30,7 +30,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run_two_nodes(tmp_path, scenario: str, params: dict, timeout: float = 180) -> list:
+def _run_two_nodes(tmp_path, scenario: str, params: dict, timeout: float = 120) -> list:
     """Start one torchrun agent per node, each running the scenario on its ranks; return rank 0's
     JSON list of every rank's message."""
     out = tmp_path / "records.json"
@@ -41,7 +41,7 @@ def _run_two_nodes(tmp_path, scenario: str, params: dict, timeout: float = 180) 
         subprocess.Popen(
             [sys.executable, "-m", "torch.distributed.run", f"--nnodes={NODES}", f"--nproc-per-node={PER_NODE}",
              f"--node-rank={node}", "--master-addr=127.0.0.1", f"--master-port={port}",
-             "-m", "ddpprobe.launch._external", scenario, "--params", json.dumps(params), "--out", str(out)],
+             "-m", "ddpprobe.launch", scenario, "--params", json.dumps(params), "--out", str(out)],
             env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             start_new_session=True,
         )
@@ -51,6 +51,12 @@ def _run_two_nodes(tmp_path, scenario: str, params: dict, timeout: float = 180) 
     try:
         for agent in agents:
             logs.append(agent.communicate(timeout=timeout)[0])
+    except subprocess.TimeoutExpired:
+        for agent in agents:
+            if agent.poll() is None:
+                os.killpg(agent.pid, signal.SIGKILL)
+        logs = [agent.communicate()[0] for agent in agents]
+        pytest.fail(f"torchrun agents did not finish within {timeout}s\n" + "\n".join(l[-3000:] for l in logs))
     finally:
         for agent in agents:
             if agent.poll() is None:

@@ -205,15 +205,32 @@ def _read(path: str) -> str:
         return ""
 
 
+def shutdown() -> None:
+    """Leave the external world cleanly: wait for every rank, then destroy the process groups.
+
+    Without this, gloo's connections are torn down by interpreter exit while peers still hold them,
+    and a rank can abort ("terminate called without an active exception"), which torchrun reports as
+    a failed worker and which keeps the other agents waiting at their exit barrier.
+    """
+    import torch.distributed as dist
+
+    global _exchange_group
+    if dist.is_initialized():
+        if _exchange_group is not None:
+            dist.barrier(group=_exchange_group)
+        dist.destroy_process_group()
+    _exchange_group = None
+
+
 def main(argv: Optional[list] = None) -> int:
-    """``python -m ddpprobe.launch._external SCENARIO [--params JSON] [--out FILE]`` under torchrun/srun.
+    """``python -m ddpprobe.launch SCENARIO [--params JSON] [--out FILE]`` under torchrun/srun.
 
     Runs ``SCENARIO`` (``"module:function"``) on every rank of the external world; rank 0 writes the
     ranks' results as JSON to ``--out`` (default: stdout). Exit code 0 if every rank produced a record.
     """
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m ddpprobe.launch._external")
+    parser = argparse.ArgumentParser(prog="python -m ddpprobe.launch")
     parser.add_argument("scenario", help='importable "module:function"')
     parser.add_argument("--params", default="{}", help="JSON object of scenario parameters")
     parser.add_argument("--backend", default="gloo", choices=("gloo", "nccl"))
@@ -234,8 +251,5 @@ def main(argv: Optional[list] = None) -> int:
         else:
             with open(args.out, "w") as fh:
                 fh.write(text)
+    shutdown()
     return 0 if ok else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
