@@ -29,6 +29,8 @@ from examples import corrected_f1_module as corrected
 from examples import seed_f1_module as seed
 from tests import oracle
 
+pytestmark = pytest.mark.not_a_fact("tests the audit command, not a fact about DDP")
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

@@ -40,7 +40,7 @@ def _batch_weighted_mean_f1(n, world_size, batch_size) -> float:
 
 
 @pytest.mark.parametrize("world_size, n, batch_size", [(2, 11, 3), (3, 16, 4)])
-def test_f1_over_the_whole_validation_set_five_ways(run_world, world_size, n, batch_size):
+def test_f1_over_the_whole_validation_set_five_ways(run_world, semantics, world_size, n, batch_size):
     """(a) averaging per-batch F1 differs from the global F1; (b) metric objects, (c) all_gather and
     (d) all-reduced counts all equal scikit-learn on the padded set the ranks evaluated, on every rank;
     (e) dropping duplicate sample ids gives scikit-learn on the N unique samples (the single-process
@@ -53,6 +53,9 @@ def test_f1_over_the_whole_validation_set_five_ways(run_world, world_size, n, ba
     oracle.assert_distinct(padded_f1=padded["f1"], single_process_f1=single["f1"], mean_of_batch_f1=batch_mean)
     oracle.assert_distinct(padded_precision=padded["precision"], single_process_precision=single["precision"])
 
+    got0 = world[0].record["callback_metrics"]
+    semantics.number("mean of batch F1", got0["a_f1"], vs=("metric-object F1", got0["b_f1"]))
+    semantics.number("deduplicated F1", got0["e_f1"])
     for rank in world:
         got = rank.record["callback_metrics"]
         assert got["a_f1"] == pytest.approx(batch_mean, abs=1e-6), f"rank {rank.rank}: a_f1 {got['a_f1']}"

@@ -36,6 +36,8 @@ from ddpprobe.probes import log_spec, validation
 from ddpprobe.probes.common import ddp_trainer, id_loader, recorded_warnings
 from tests import oracle
 
+pytestmark = pytest.mark.not_a_fact("tests that launched ranks look like torchrun's, not a fact about DDP")
+
 START_METHODS = ["forkserver", "spawn"]
 
 #: The message of the once-per-process warning the state scenario triggers (Lightning logs an

@@ -10,6 +10,8 @@ from ddpprobe import run_world
 from ddpprobe import pytest_plugin
 from tests import scenarios
 
+pytestmark = pytest.mark.not_a_fact("tests the launcher's GPU checks and skip reasons, not a fact about DDP")
+
 pytest_plugins = ["pytester"]
 
 

@@ -8,6 +8,8 @@ import pytest
 from ddpprobe import RankDied, RankFailed, WorldTimeout, run_world as api_run_world
 from tests import scenarios
 
+pytestmark = pytest.mark.not_a_fact("tests the launcher itself, not a fact about DDP")
+
 
 def _gone(pids) -> bool:
     for pid in pids:

@@ -47,7 +47,7 @@ def test_without_sync_dist_each_rank_keeps_its_own_value_and_only_rank_0s_reache
 
 
 @pytest.mark.parametrize("world_size, n", [(2, 5), (3, 7)])
-def test_with_sync_dist_every_rank_gets_the_mean_over_the_padded_set_not_the_dataset(run_world, world_size, n):
+def test_with_sync_dist_every_rank_gets_the_mean_over_the_padded_set_not_the_dataset(run_world, semantics, world_size, n):
     """``self.log("v", ..., sync_dist=True)``: every rank gets the same number, the sample mean over all
     samples the ranks evaluated (padding duplicates included). With N not divisible by W this differs
     from the single-process mean over the N unique samples, from either rank's local mean, and from the
@@ -65,6 +65,7 @@ def test_with_sync_dist_every_rank_gets_the_mean_over_the_padded_set_not_the_dat
         mean_of_batch_means=oracle.mean(batch_means),
     )
     got = [rec["callback_metrics"]["v"] for rec in world.records]
+    semantics.number("synced mean", got[0], vs=("single-process mean", single_process_mean))
     assert got == pytest.approx([padded_mean] * world_size), (
         oracle.side_by_side("v", got) + f"  expected padded mean {padded_mean}, single-process mean {single_process_mean}"
     )
