@@ -4,11 +4,16 @@ The seed's answers often say "use ``validation_step_end``" or "``validation_epoc
 outputs". In Lightning 2.x the first is silently ignored and the second is an error.
 Source: pytorch_lightning/trainer/configuration_validator.py ``__verify_eval_loop_configuration``;
 the removals are Lightning-AI/pytorch-lightning PR #16520 (epoch_end) and #16791 (step_end).
+These facts apply to pytorch-lightning >=2.0; on 1.x both hooks run, and what they receive under ddp
+is in ``tests/test_lightning_1x_hooks.py``.
 """
 
 import math
 
 from ddpprobe.probes import hooks
+from ddpprobe.versions import requires_lightning
+
+pytestmark = requires_lightning(">=2.0")
 
 
 def test_defining_validation_epoch_end_raises_not_implemented_error_on_every_rank(run_world):

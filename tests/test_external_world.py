@@ -1,0 +1,63 @@
+"""Running inside a world someone else launched (torchrun, srun): ddpprobe recognises it, launches
+nothing, and runs each scenario in the current process, exchanging records between the ranks.
+(ddpprobe/launch/_external.py.)"""
+
+import glob
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ddpprobe.launch import external_world
+
+pytestmark = pytest.mark.not_a_fact("tests how the launcher joins external worlds, not a fact about DDP")
+
+TORCHRUN_RANK_3_OF_4 = {
+    "TORCHELASTIC_RUN_ID": "job", "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "GROUP_RANK": "1",
+    "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
+}
+SRUN_TASK_5_OF_8 = {
+    "SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_NODEID": "1",
+    "SLURM_NTASKS_PER_NODE": "4(x2)",
+}
+
+
+@pytest.mark.parametrize(
+    "environ, expected",
+    [
+        ({}, None),
+        ({"RANK": "0", "WORLD_SIZE": "2"}, None),  # no launcher marker: a stray RANK is not a world
+        ({"SLURM_PROCID": "0", "SLURM_NTASKS": "1"}, None),  # one task: nothing to exchange
+        (TORCHRUN_RANK_3_OF_4, ("torchrun", 3, 4, 1, 1, 2)),
+        (SRUN_TASK_5_OF_8, ("srun", 5, 8, 1, 1, 4)),
+        ({**TORCHRUN_RANK_3_OF_4, "DDPPROBE_NO_EXTERNAL_WORLD": "1"}, None),
+    ],
+)
+def test_an_external_world_is_recognised_from_the_launchers_environment(environ, expected):
+    world = external_world(environ)
+    got = None if world is None else (
+        world.launcher, world.rank, world.world_size, world.local_rank, world.node_rank, world.local_world_size)
+    assert got == expected
+
+
+def test_pytest_under_torchrun_runs_facts_in_lockstep_and_skips_other_world_sizes_on_every_rank(tmp_path):
+    """``torchrun --nproc-per-node 2 -m pytest``: on both ranks the W=2 facts pass (their records came
+    from both ranks) and the facts written for other world sizes skip with the reason."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "DDPPROBE_"))}
+    env.update(OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    logs = tmp_path / "logs"
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+         f"--log-dir={logs}", "--redirects=3",
+         "-m", "pytest", "-p", "no:xdist", "-p", "no:cacheprovider", "-q", "-rs",
+         "tests/test_sharding.py::test_each_rank_sees_a_disjoint_strided_shard_when_n_divides_by_world_size"],
+        cwd=root, env=env, capture_output=True, text=True, timeout=240,
+    )
+    outputs = [open(path).read() for path in sorted(glob.glob(str(logs / "*" / "attempt_0" / "*" / "stdout.log")))]
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + "".join(o[-2000:] for o in outputs)
+    assert len(outputs) == 2
+    for out in outputs:
+        assert "1 passed, 2 skipped" in out, out[-2000:]
+        assert "this torchrun world has 2 ranks" in out
