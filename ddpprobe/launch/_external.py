@@ -30,6 +30,7 @@ import traceback
 from typing import Optional
 
 from ddpprobe.launch import _rank
+from ddpprobe.launch._files import read_text as _read, snapshot as _snapshot
 from ddpprobe.launch._spec import RankInfo
 
 #: Variables that tell a process it is one rank of an externally launched world.
@@ -157,8 +158,6 @@ def run_in_external_world(
     ``"unserialisable"``), ``record_json`` or ``error`` (type, message, traceback), ``stdout``,
     ``stderr``, ``files`` (``{relative path: text}`` of the rank's working directory).
     """
-    from ddpprobe.launch._world import _snapshot  # noqa: PLC0415 - _world imports this module
-
     _ensure_process_group(world, backend, pg_timeout)
     with tempfile.TemporaryDirectory(prefix="ddpprobe-external-") as world_dir:
         files = _rank.paths(world_dir, world.rank)
@@ -195,14 +194,6 @@ def run_in_external_world(
             stdout=_read(files["stdout"]), stderr=_read(files["stderr"]), files=_snapshot(files["dir"])
         )
     return _exchange(message, timeout)
-
-
-def _read(path: str) -> str:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            return fh.read()
-    except FileNotFoundError:
-        return ""
 
 
 def shutdown() -> None:

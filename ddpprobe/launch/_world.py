@@ -16,6 +16,7 @@ import time
 from typing import Callable, Iterator, Optional
 
 from ddpprobe.launch import _external, _rank
+from ddpprobe.launch._files import read_text as _read, snapshot as _snapshot
 from ddpprobe.launch._spec import (
     BACKENDS,
     DEFAULT_TIMEOUT_S,
@@ -40,9 +41,6 @@ FAILURE_SETTLE_S = 0.5
 
 #: Seconds the launcher waits at interpreter exit for the forkserver it started to end.
 FORKSERVER_STOP_S = 5.0
-
-#: Largest file (bytes) whose text a ``RankResult.files`` entry holds; larger files are listed by size.
-MAX_FILE_BYTES = 1 << 20
 
 
 # ---------------------------------------------------------------------------------------------
@@ -636,33 +634,6 @@ def _describe_exit(code) -> str:
         except ValueError:
             return f"signal {-code} (exit code {code})"
     return f"exit code {code}"
-
-
-def _read(path: str) -> str:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            return fh.read()
-    except FileNotFoundError:
-        return ""
-
-
-def _snapshot(root: str) -> dict:
-    files = {}
-    for folder, _, names in os.walk(root):
-        for name in names:
-            path = os.path.join(folder, name)
-            rel = os.path.relpath(path, root)
-            size = os.path.getsize(path)
-            if size > MAX_FILE_BYTES:
-                files[rel] = f"<{size} bytes>"
-                continue
-            with open(path, "rb") as fh:
-                data = fh.read()
-            try:
-                files[rel] = data.decode("utf-8")
-            except UnicodeDecodeError:
-                files[rel] = f"<{size} bytes>"
-    return dict(sorted(files.items()))
 
 
 def _indent(text: str, prefix: str = "    ") -> str:
