@@ -23,7 +23,9 @@ from typing import Optional
 
 import pytest
 
-from ddpprobe.launch import BACKENDS, START_METHODS, external_world, run_world as _run_world
+from ddpprobe.launch import BACKENDS, DEFAULT_TIMEOUT_S, START_METHODS, external_world, run_world as _run_world
+from ddpprobe.launch._spec import PG_TIMEOUT_SHARE, env_float
+from ddpprobe.launch._world import MAX_SECONDS, MIN_SECONDS
 
 
 def pytest_addoption(parser) -> None:
@@ -69,6 +71,34 @@ def pytest_configure(config) -> None:
         "markers",
         "gpu(min_gpus=1): a GPU-only fact; runs with --backend nccl on a machine with at least min_gpus CUDA devices",
     )
+    _check_options(config)
+
+
+def _check_options(config) -> None:
+    """Refuse bad settings once, before any test runs, naming the option and its variable."""
+    backend = config.getoption("--backend")
+    if backend not in BACKENDS:
+        raise pytest.UsageError(f"--backend / DDPPROBE_BACKEND={backend!r}: use one of {', '.join(BACKENDS)}")
+    start_method = config.getoption("--start-method") or os.environ.get("DDPPROBE_START_METHOD")
+    if start_method and start_method not in START_METHODS:
+        raise pytest.UsageError(
+            f"--start-method / DDPPROBE_START_METHOD={start_method!r}: use one of {', '.join(START_METHODS)}")
+    try:
+        timeout = config.getoption("--world-timeout")
+        if timeout is None:
+            timeout = env_float("DDPPROBE_TIMEOUT", DEFAULT_TIMEOUT_S)
+        pg_timeout = config.getoption("--pg-timeout")
+        if pg_timeout is None:
+            pg_timeout = env_float("DDPPROBE_PG_TIMEOUT", timeout * PG_TIMEOUT_SHARE)
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    for name, value in (("--world-timeout / DDPPROBE_TIMEOUT", timeout), ("--pg-timeout / DDPPROBE_PG_TIMEOUT", pg_timeout)):
+        if not MIN_SECONDS <= value <= MAX_SECONDS:
+            raise pytest.UsageError(f"{name}={value!r}: give seconds from {MIN_SECONDS:g} to {MAX_SECONDS:g}")
+    if pg_timeout >= timeout:
+        raise pytest.UsageError(
+            f"--pg-timeout {pg_timeout:g} must be shorter than the world timeout {timeout:g}, so a stuck "
+            "collective is reported by the process group before the world is killed")
 
 
 def _parse_world_sizes(raw: str) -> set:
@@ -77,9 +107,11 @@ def _parse_world_sizes(raw: str) -> set:
     try:
         sizes = {int(part) for part in raw.split(",") if part.strip()}
     except ValueError:
-        raise pytest.UsageError(f"--world-size={raw!r}: give world sizes as integers, e.g. --world-size 2,3") from None
+        raise pytest.UsageError(
+            f"--world-size / DDPPROBE_WORLD_SIZES={raw!r}: give world sizes as integers, e.g. --world-size 2,3"
+        ) from None
     if any(size < 1 for size in sizes):
-        raise pytest.UsageError(f"--world-size={raw!r}: world sizes must be >= 1")
+        raise pytest.UsageError(f"--world-size / DDPPROBE_WORLD_SIZES={raw!r}: world sizes must be >= 1")
     return sizes
 
 

@@ -80,3 +80,28 @@ def wrong_collective_on(info, rank=0):
     else:
         time.sleep(3600)
     return {}
+
+
+def odd_files(info):
+    """Leave a FIFO, a link to /dev/zero, a dangling link and a regular file in the rank's folder."""
+    os.mkfifo("fifo")
+    os.symlink("/dev/zero", "zero")
+    os.symlink("/nonexistent", "dangling")
+    with open("plain.txt", "w") as fh:
+        fh.write("text")
+    return {}
+
+
+def dataloader_workers(info, num_workers=2):
+    """Iterate a DataLoader with worker processes (children of the rank)."""
+    from torch.utils.data import DataLoader
+
+    return {"batches": [b.tolist() for b in DataLoader(list(range(4)), batch_size=2, num_workers=num_workers)]}
+
+
+def leave_a_child(info, pid_file="child.pid"):
+    """Start a long-running child process and return without waiting for it."""
+    import subprocess
+
+    child = subprocess.Popen(["sleep", "300"])
+    return {"child_pid": child.pid}

@@ -18,9 +18,11 @@ TORCHRUN_RANK_3_OF_4 = {
     "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
 }
 SRUN_TASK_5_OF_8 = {
-    "SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_NODEID": "1",
-    "SLURM_NTASKS_PER_NODE": "4(x2)",
+    "SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_STEP_NUM_TASKS": "8", "SLURM_LOCALID": "1",
+    "SLURM_NODEID": "1", "SLURM_STEP_TASKS_PER_NODE": "4(x2)",
 }
+#: What an ``sbatch --ntasks=2`` batch script itself sees: its own step has one task.
+SBATCH_SCRIPT = {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_STEP_NUM_TASKS": "1"}
 
 
 @pytest.mark.parametrize(
@@ -29,6 +31,7 @@ SRUN_TASK_5_OF_8 = {
         ({}, None),
         ({"RANK": "0", "WORLD_SIZE": "2"}, None),  # no launcher marker: a stray RANK is not a world
         ({"SLURM_PROCID": "0", "SLURM_NTASKS": "1"}, None),  # one task: nothing to exchange
+        (SBATCH_SCRIPT, None),  # the batch script is not a world; its sruns are
         (TORCHRUN_RANK_3_OF_4, ("torchrun", 3, 4, 1, 1, 2)),
         (SRUN_TASK_5_OF_8, ("srun", 5, 8, 1, 1, 4)),
         ({**TORCHRUN_RANK_3_OF_4, "DDPPROBE_NO_EXTERNAL_WORLD": "1"}, None),
@@ -39,6 +42,11 @@ def test_an_external_world_is_recognised_from_the_launchers_environment(environ,
     got = None if world is None else (
         world.launcher, world.rank, world.world_size, world.local_rank, world.node_rank, world.local_world_size)
     assert got == expected
+
+
+def test_a_garbage_launcher_variable_is_named_with_the_way_out():
+    with pytest.raises(ValueError, match=r"WORLD_SIZE='abc'.*DDPPROBE_NO_EXTERNAL_WORLD=1"):
+        external_world({**TORCHRUN_RANK_3_OF_4, "WORLD_SIZE": "abc"})
 
 
 def test_pytest_under_torchrun_runs_facts_in_lockstep_and_skips_other_world_sizes_on_every_rank(tmp_path):

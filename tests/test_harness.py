@@ -1,6 +1,7 @@
 """The launcher itself: worlds run, failures are reported with the rank and its traceback or stack, and
 no rank process outlives its world. (ddpprobe/launch/_world.py ``run_world``.)"""
 
+import functools
 import os
 
 import pytest
@@ -12,12 +13,16 @@ pytestmark = pytest.mark.not_a_fact("tests the launcher itself, not a fact about
 
 
 def _gone(pids) -> bool:
+    """True when none of ``pids`` is running. A killed process whose parent is gone stays a zombie
+    until PID 1 reaps it, which some container inits never do; a zombie runs nothing, so it counts."""
     for pid in pids:
         try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+            with open(f"/proc/{pid}/stat") as fh:
+                state = fh.read().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
             continue
-        return False
+        if state not in ("Z", "X"):
+            return False
     return True
 
 
@@ -244,3 +249,55 @@ def test_the_forkserver_is_gone_as_soon_as_the_process_that_started_it_exits():
     assert done.returncode == 0, done.stderr
     server_pid = int(done.stdout.split()[-1])
     assert _gone([server_pid]), f"forkserver {server_pid} still exists after its parent exited"
+
+
+def test_odd_files_left_in_a_rank_folder_are_listed_by_kind_not_opened(run_world):
+    """A FIFO (opening it would block), a link to /dev/zero (reading it would never end) and a dangling
+    link are listed by what they are; the regular file's text comes back."""
+    world = run_world(scenarios.odd_files, 1)
+
+    assert world[0].files == {"dangling": "<symlink -> /nonexistent>", "fifo": "<fifo>", "plain.txt": "text",
+                              "zero": "<symlink -> /dev/zero>"}
+
+
+def test_a_rank_can_start_dataloader_worker_processes(run_world):
+    """Ranks are not daemonic processes, so a ``DataLoader(num_workers=2)`` in a rank works."""
+    world = run_world(scenarios.dataloader_workers, 2)
+
+    assert world.records == [{"batches": [[0, 1], [2, 3]]}] * 2
+
+
+def test_a_rank_that_returned_its_record_exits_with_code_0(run_world):
+    world = run_world(scenarios.identity, 3)
+
+    assert [rank.exitcode for rank in world] == [0, 0, 0]
+
+
+def test_children_a_rank_leaves_running_are_ended_with_the_world(run_world):
+    """Each rank leads its own process group; the launcher ends the group, children included."""
+    world = run_world(scenarios.leave_a_child, 2)
+
+    assert _gone([rec["child_pid"] for rec in world.records])
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, names",
+    [
+        ({"env": {"A=B": "x"}}, ValueError, "'A=B'"),
+        ({"env": {"": "x"}}, ValueError, "''"),
+        ({"env": {"FOO": "a\0b"}}, ValueError, "'FOO'"),
+        ({"timeout": float("inf")}, ValueError, "timeout=inf"),
+        ({"timeout": 1e300}, ValueError, "timeout=1e\\+300"),
+        ({"timeout": 10, "pg_timeout": 1e-9}, ValueError, "pg_timeout=1e-09"),
+    ],
+)
+def test_more_bad_arguments_are_refused_before_any_process_starts(kwargs, error, names):
+    with pytest.raises(error, match=names):
+        api_run_world(scenarios.identity, 2, **kwargs)
+
+
+@pytest.mark.parametrize("bad, kind", [(scenarios.time.sleep, "a builtin"), (ValueError, "a class"),
+                                       (functools.partial(scenarios.identity, tag="p"), "a partial")])
+def test_a_scenario_that_is_not_a_plain_function_is_refused_naming_what_it_is(bad, kind):
+    with pytest.raises(TypeError, match=f"got {kind}"):
+        api_run_world(bad, 2)

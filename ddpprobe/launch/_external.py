@@ -64,32 +64,47 @@ def external_world(environ: Optional[dict] = None) -> Optional[ExternalWorld]:
     """The externally launched world described by ``environ`` (default ``os.environ``), or None.
 
     torchrun: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``GROUP_RANK``, ``LOCAL_WORLD_SIZE`` with
-    ``TORCHELASTIC_RUN_ID``. srun: ``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``, ``SLURM_NODEID``,
-    ``SLURM_NTASKS_PER_NODE`` (MASTER_ADDR/MASTER_PORT must be exported by the batch script).
-    A ddpprobe rank itself is never an external world (its launcher clears these variables).
+    ``TORCHELASTIC_RUN_ID``. srun: a job step of several tasks (``SLURM_STEP_NUM_TASKS`` > 1) with
+    ``SLURM_PROCID``, ``SLURM_LOCALID``, ``SLURM_NODEID``, ``SLURM_STEP_TASKS_PER_NODE``; a batch
+    script's own step (one task, even under ``sbatch --ntasks=N``) is not a world. MASTER_ADDR and
+    MASTER_PORT must be exported by the batch script. A ddpprobe rank itself is never an external
+    world (its launcher clears these variables), and ``DDPPROBE_NO_EXTERNAL_WORLD=1`` turns detection off.
+
+    Raises:
+        ValueError: a launcher variable holds something other than an integer; the message names it.
     """
     env = os.environ if environ is None else environ
     if env.get("DDPPROBE_NO_EXTERNAL_WORLD"):
         return None
+
+    def number(name: str, default=None) -> int:
+        raw = env.get(name, default)
+        try:
+            return int(str(raw).split("(")[0])
+        except ValueError:
+            raise ValueError(
+                f"{name}={raw!r} is not an integer, so the external world cannot be read; fix the launcher's "
+                "environment or set DDPPROBE_NO_EXTERNAL_WORLD=1 to let ddpprobe launch its own worlds"
+            ) from None
+
     if "TORCHELASTIC_RUN_ID" in env and "RANK" in env and "WORLD_SIZE" in env:
-        world_size = int(env["WORLD_SIZE"])
+        world_size = number("WORLD_SIZE")
         return ExternalWorld(
-            rank=int(env["RANK"]),
+            rank=number("RANK"),
             world_size=world_size,
-            local_rank=int(env.get("LOCAL_RANK", 0)),
-            node_rank=int(env.get("GROUP_RANK", env.get("NODE_RANK", 0))),
-            local_world_size=int(env.get("LOCAL_WORLD_SIZE", world_size)),
+            local_rank=number("LOCAL_RANK", 0),
+            node_rank=number("GROUP_RANK", env.get("NODE_RANK", 0)),
+            local_world_size=number("LOCAL_WORLD_SIZE", world_size),
             launcher="torchrun",
         )
-    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env and int(env["SLURM_NTASKS"]) > 1:
-        world_size = int(env["SLURM_NTASKS"])
-        per_node = env.get("SLURM_NTASKS_PER_NODE", str(world_size)).split("(")[0]
+    if "SLURM_PROCID" in env and number("SLURM_STEP_NUM_TASKS", 1) > 1:
+        world_size = number("SLURM_STEP_NUM_TASKS")
         return ExternalWorld(
-            rank=int(env["SLURM_PROCID"]),
+            rank=number("SLURM_PROCID"),
             world_size=world_size,
-            local_rank=int(env.get("SLURM_LOCALID", 0)),
-            node_rank=int(env.get("SLURM_NODEID", 0)),
-            local_world_size=int(per_node),
+            local_rank=number("SLURM_LOCALID", 0),
+            node_rank=number("SLURM_NODEID", 0),
+            local_world_size=number("SLURM_STEP_TASKS_PER_NODE", world_size),
             launcher="srun",
         )
     return None
@@ -118,9 +133,16 @@ def _ensure_process_group(world: ExternalWorld, backend: str, pg_timeout: float)
             import torch
 
             torch.cuda.set_device(world.local_rank)
-        dist.init_process_group(
-            backend, rank=world.rank, world_size=world.world_size, timeout=datetime.timedelta(seconds=pg_timeout)
-        )
+        try:
+            dist.init_process_group(
+                backend, rank=world.rank, world_size=world.world_size, timeout=datetime.timedelta(seconds=pg_timeout)
+            )
+        except Exception as exc:
+            raise RuntimeError(
+                f"this process looks like rank {world.rank} of a {world.world_size}-rank {world.launcher} world, "
+                f"so ddpprobe joined it instead of launching one, and joining failed: {exc}. If no such world "
+                "is running, set DDPPROBE_NO_EXTERNAL_WORLD=1"
+            ) from exc
 
 
 class _Captured:

@@ -80,6 +80,7 @@ def _set_environment(spec: LaunchSpec, rank: int) -> None:
             "WORLD_SIZE": str(spec.world_size),
             "NODE_RANK": "0",
             "LOCAL_RANK": str(rank),
+            "RANK": str(rank),  # what torchrun sets too; env:// init_process_group reads it
             "TORCHELASTIC_USE_AGENT_STORE": "True",
             "GLOO_SOCKET_IFNAME": "lo",
             "OMP_NUM_THREADS": "1",
@@ -117,7 +118,8 @@ def _align_process_state(rank: int) -> None:
 
     - ``rank_zero_only.rank`` is read from ``RANK``/``LOCAL_RANK`` when Lightning is *imported*
       (lightning_fabric/utilities/rank_zero.py); the forkserver imported it with no rank set, so it
-      would say 0 in every rank. Set it to this rank, as a fresh import here would.
+      would say 0 in every rank. Set it to this rank, as a fresh import here would (torchmetrics'
+      own copy, torchmetrics/utilities/prints.py, reads ``LOCAL_RANK``, which the launcher sets to the rank).
     - Python's and NumPy's global random generators are seeded from OS entropy in a fresh
       interpreter; forked ranks would share the server's state. Reseed them.
     - torch's default CPU generator: older torch seeds it with a fixed default
@@ -137,6 +139,10 @@ def _align_process_state(rank: int) -> None:
         "lightning_utilities.core.rank_zero",
         "lightning_fabric.utilities.rank_zero",
         "pytorch_lightning.utilities.rank_zero",
+        # torchmetrics keeps its own copy (read from LOCAL_RANK at import), used by its rank_zero_warn;
+        # older releases' deprecation warnings (e.g. ``Metric._update_called`` under Lightning 1.9)
+        # would otherwise be emitted on every forked rank but on rank 0 only under spawn.
+        "torchmetrics.utilities.prints",
     ):
         module = sys.modules.get(module_name)
         if module is not None and hasattr(module, "rank_zero_only"):
@@ -175,6 +181,8 @@ def find_unserialisable(value, path: str = "record"):
 
 def rank_main(spec: LaunchSpec, rank: int, result_conn, lifeline) -> None:
     """Entry point of a rank process. Never returns normally: ends with ``os._exit``."""
+    # Lead a process group of our own, so the launcher can end children this rank leaves behind.
+    os.setpgid(0, 0)
     files = paths(spec.world_dir, rank)
     os.makedirs(files["dir"], exist_ok=True)
     _capture_output(files)

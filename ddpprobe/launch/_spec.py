@@ -7,6 +7,7 @@ torch objects, open files or anything tied to the parent process.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 
 #: Backends a world can be launched with. ``gloo`` runs on CPUs; ``nccl`` needs one CUDA device per rank.
@@ -43,8 +44,8 @@ def env_float(name: str, default: float) -> float:
         value = float(raw)
     except ValueError:
         raise ValueError(f"{name}={raw!r} is not a number of seconds; set it to e.g. {name}=60") from None
-    if value <= 0:
-        raise ValueError(f"{name}={raw!r} must be a positive number of seconds")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name}={raw!r} must be a positive, finite number of seconds")
     return value
 
 

@@ -30,6 +30,13 @@ from ddpprobe.launch._spec import (
 #: Modules the forkserver imports once, so that forked ranks start with them loaded.
 FORKSERVER_PRELOAD = ["torch", "torch.distributed", "pytorch_lightning", "torchmetrics", "ddpprobe.launch._rank", "ddpprobe.probes"]
 
+#: Accepted range of ``timeout`` and ``pg_timeout``, in seconds.
+MIN_SECONDS = 0.01
+MAX_SECONDS = 7 * 24 * 3600.0
+
+#: Seconds a rank that reported its record may take to exit by itself before it is killed.
+OK_EXIT_GRACE_S = 2.0
+
 #: Seconds the launcher waits for ranks to write their stacks after it asks for them.
 STACK_GRACE_S = 1.0
 
@@ -143,8 +150,13 @@ class WorldTimeout(WorldError):
 
 
 def _scenario_ref(scenario: Callable) -> str:
-    if not callable(scenario):
-        raise TypeError(f"scenario must be a function, got {type(scenario).__name__} {scenario!r}")
+    if not inspect.isfunction(scenario):
+        kind = ("a class" if inspect.isclass(scenario) else "a bound method" if inspect.ismethod(scenario)
+                else "a builtin" if inspect.isbuiltin(scenario) else f"a {type(scenario).__name__}")
+        raise TypeError(
+            f"scenario must be a function defined with `def` at the top level of an importable module, "
+            f"got {kind}: {scenario!r}; wrap it in such a function (parameters go in run_world(**params))"
+        )
     module = getattr(scenario, "__module__", None)
     qualname = getattr(scenario, "__qualname__", "")
     if module in (None, "__main__") or "<lambda>" in qualname or "<locals>" in qualname:
@@ -201,9 +213,21 @@ def _check_backend(backend, world_size: int) -> str:
 def _check_seconds(name: str, value) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__} {value!r}")
-    if not value > 0:
-        raise ValueError(f"{name}={value!r} must be a positive number of seconds")
+    if not MIN_SECONDS <= value <= MAX_SECONDS:  # also rejects nan
+        raise ValueError(f"{name}={value!r} must be a number of seconds from {MIN_SECONDS:g} to {MAX_SECONDS:g}")
     return float(value)
+
+
+def _check_env(env: dict) -> dict:
+    for key, value in env.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise TypeError(f"env must map str to str, got {key!r}: {value!r}")
+        if not key or "=" in key or "\0" in key or "\0" in value:
+            raise ValueError(
+                f"env entry {key!r}: {value!r} is not a valid environment variable "
+                "(a name must be non-empty without '=' or NUL, a value without NUL)"
+            )
+    return env
 
 
 def _check_start_method(start_method, backend: str) -> str:
@@ -354,28 +378,26 @@ def run_world(
         return _external_result(messages, ref, backend)
     backend = _check_backend(backend, world_size)
     start_method = _check_start_method(start_method, backend)
-    env = dict(env or {})
-    for key, value in env.items():
-        if not isinstance(key, str) or not isinstance(value, str):
-            raise TypeError(f"env must map str to str, got {key!r}: {value!r}")
+    env = _check_env(dict(env or {}))
 
     from torch.distributed import TCPStore
 
     world_dir = tempfile.mkdtemp(prefix="ddpprobe-world-")
-    store = TCPStore("127.0.0.1", 0, None, True, timeout=_timedelta(pg_timeout), wait_for_workers=False)
-    spec = LaunchSpec(
-        scenario_ref=ref,
-        params=params,
-        world_size=world_size,
-        backend=backend,
-        pg_timeout=pg_timeout,
-        world_dir=world_dir,
-        master_port=store.port,
-        extra_env=env,
-        keep_cluster_env=keep_cluster_env,
-        parent_env=dict(os.environ),
-    )
+    store = None
     try:
+        store = TCPStore("127.0.0.1", 0, None, True, timeout=_timedelta(pg_timeout), wait_for_workers=False)
+        spec = LaunchSpec(
+            scenario_ref=ref,
+            params=params,
+            world_size=world_size,
+            backend=backend,
+            pg_timeout=pg_timeout,
+            world_dir=world_dir,
+            master_port=store.port,
+            extra_env=env,
+            keep_cluster_env=keep_cluster_env,
+            parent_env=dict(os.environ),
+        )
         return _World(spec, _context(start_method), timeout).run()
     finally:
         del store
@@ -444,7 +466,9 @@ class _World:
                 target=_rank.rank_main,
                 args=(self.spec, rank, result_w, life_r),
                 name=f"ddpprobe-rank{rank}",
-                daemon=True,
+                # Not daemonic: a rank may start children of its own (DataLoader workers); the launcher
+                # itself kills and reaps every rank, and a rank ends when the launcher goes away.
+                daemon=False,
             )
             process.start()
             result_w.close()
@@ -527,9 +551,17 @@ class _World:
             for rank in unfinished:
                 _signal(self.processes[rank].pid, _rank.STACK_SIGNAL)
             self._await_stacks(unfinished)
+        # A rank that reported its record is leaving by itself (destroying its process group);
+        # give it a moment so its exit code is its own, not our SIGKILL.
+        end = time.monotonic() + OK_EXIT_GRACE_S
+        for rank, process in enumerate(self.processes):
+            if self.results.get(rank, ("",))[0] == "ok":
+                process.join(timeout=max(0.0, end - time.monotonic()))
         for process in self.processes:
             if process.is_alive():
                 _signal(process.pid, signal.SIGKILL)
+            # Each rank leads its own process group: this also ends children it started and left.
+            _killpg(process.pid)
         for process in self.processes:
             process.join(timeout=10)
         for conn in list(self.conns):
@@ -616,6 +648,13 @@ class _World:
             if r in outputs and outputs[r][1].strip():
                 tails.append(f"--- rank {r} stderr (last lines) ---\n{_tail(outputs[r][1])}")
         return "\n".join([head, *lines, *tails])
+
+
+def _killpg(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _signal(pid: int, sig: int) -> None:
