@@ -17,7 +17,7 @@ One version, or only some tests, then the table from whatever JSON files exist::
     nox -s "facts(lightning='1.9.5')" -- tests/test_removed_hooks.py
     nox -s matrix
 
-``nox -r`` reuses the environments of an earlier run (install steps are skipped when nothing changed).
+``nox -r`` reuses the environments of an earlier run (pip then finds everything installed: seconds).
 """
 
 from __future__ import annotations

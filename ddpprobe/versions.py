@@ -103,7 +103,7 @@ CELL = {
     "holds": "holds",
     "does_not_hold": "**does not hold**",
     "bug_present": "bug present",
-    "bug_fixed": "**bug fixed**",
+    "bug_fixed": "**bug absent**",
     "skipped": "n/a",
     "error": "**error**",
     "not_run": "not run",
@@ -114,7 +114,7 @@ LEGEND = [
     ("holds", "the fact holds on that release (the test passed)"),
     ("**does not hold**", "the test failed on that release: the fact is false there"),
     ("bug present", "a known upstream bug (a strict xfail asserting the correct value) is still present"),
-    ("**bug fixed**", "the strict xfail passed: the upstream bug is fixed on that release"),
+    ("**bug absent**", "the strict xfail passed: the known bug is not in that release (fixed, or not yet introduced)"),
     ("n/a", "not applicable: the fact skipped there (reason below, e.g. its API does not exist there)"),
     ("**error**", "the fact's set-up or tear-down failed"),
     ("not run", "collected but not run"),
@@ -221,7 +221,7 @@ def render_matrix(matrix: dict, command: str = "nox -s facts matrix") -> str:
         "(`--semantics-report`) was merged here. Do not edit by hand; rerun the command.",
         "",
         "| pytorch-lightning | torchmetrics | torch | Python | facts | holds | does not hold | bug present "
-        "| bug fixed | n/a (skipped) | error |",
+        "| bug absent | n/a (skipped) | error |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for v in matrix["versions"]:
@@ -248,15 +248,22 @@ def render_matrix(matrix: dict, command: str = "nox -s facts matrix") -> str:
             cells = " | ".join(CELL[_outcome(row["cells"][v])] for v in versions)
             lines.append(f"| {_fact_label(row, previous)} | {cells} |")
             previous = row["function"]
-        lines += ["", "Why, cell by cell (every cell above that is not *holds*):", ""]
+        lines += ["", "Why, for every cell above that is not *holds* (versions with the same reason together):", ""]
         for row in differ:
             lines.append(f"- `{row['nodeid']}`")
+            reasons: dict = {}
             for v in versions:
                 cell = row["cells"][v]
                 if cell is None:
-                    lines.append(f"  - {v}: not in that run")
+                    reasons.setdefault("not in that run", []).append(v)
                 elif cell["outcome"] != "holds":
-                    lines.append(f"  - {v}: {_md(_short(cell['verdict'] if cell['outcome'] == 'skipped' else (cell['detail'] or cell['verdict'])))}")
+                    if cell["outcome"] == "skipped":  # "applies to ...; installed 1.9.5": the column says which
+                        why = (cell["detail"] or cell["verdict"]).split("; installed ")[0]
+                    else:
+                        why = cell["detail"] or cell["verdict"]
+                    word = CELL[cell["outcome"]].strip("*")
+                    reasons.setdefault(f"{word}: {_md(_short(why))}", []).append(v)
+            lines += [f"  - {', '.join(vs)}: {why}" for why, vs in reasons.items()]
 
     lines += ["", "## Every fact", ""]
     for topic in matrix["topics"]:

@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader
 
 from ddpprobe.audit._verdict import REMOVED_HOOKS
 from ddpprobe.launch import RankInfo
-from ddpprobe.probes.common import ddp_trainer, recorded_warnings
+from ddpprobe.probes.common import ddp_trainer, recorded_warnings, seed_everything
 
 #: Stages an audit can run, and the Trainer method for each.
 STAGES = ("validate", "fit", "test")
@@ -288,7 +288,7 @@ def audit_rank(
     """
     sys.path[:0] = [p for p in sys_path if p not in sys.path]
     model_factory, data_factory = resolve_ref(model_ref), resolve_ref(data_ref)
-    pl.seed_everything(seed, workers=True, verbose=False)
+    seed_everything(seed, workers=True)
     model = model_factory()
     if not isinstance(model, pl.LightningModule):
         if any(base.__module__.startswith("lightning.pytorch") for base in type(model).__mro__):

@@ -113,7 +113,8 @@ def early_stopping(
     (``current_epoch`` at each training epoch start), ``stopped_epoch`` (``EarlyStopping.stopped_epoch``:
     the epoch at which the stop was decided, 0 if never), ``should_stop`` and ``current_epoch``
     (the Trainer's, after ``fit``; ``current_epoch`` counts completed epochs), ``stopping_reason``
-    (name of the ``EarlyStoppingReason`` this rank's callback recorded), ``stopping_reason_message``.
+    (name of the ``EarlyStoppingReason`` this rank's callback recorded), ``stopping_reason_message``
+    (both None on releases whose ``EarlyStopping`` has no ``stopping_reason``).
     """
     stopper = EarlyStopping(
         monitor=MONITORED, mode=mode, stopping_threshold=stopping_threshold, patience=patience, check_finite=True
@@ -125,8 +126,9 @@ def early_stopping(
         "stopped_epoch": stopper.stopped_epoch,
         "should_stop": trainer.should_stop,
         "current_epoch": trainer.current_epoch,
-        "stopping_reason": stopper.stopping_reason.name,
-        "stopping_reason_message": stopper.stopping_reason_message,
+        # ``EarlyStopping.stopping_reason`` is new in 2.6 (absent up to 2.5.1): None on releases without it.
+        "stopping_reason": stopper.stopping_reason.name if hasattr(stopper, "stopping_reason") else None,
+        "stopping_reason_message": getattr(stopper, "stopping_reason_message", None),
     }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import inspect
 import warnings
 
 import pytorch_lightning as pl
@@ -43,6 +44,30 @@ def ddp_trainer(info: RankInfo, **overrides):
     )
     kwargs.update(overrides)
     return pl.Trainer(**kwargs)
+
+
+def only_loader(loaders):
+    """The one ``DataLoader`` in a Trainer's ``val_dataloaders`` / ``test_dataloaders`` after a run.
+
+    pytorch-lightning 2.x holds the user's loader as given (one loader here); 1.x holds a list with one
+    loader per dataloader (pytorch_lightning/trainer/trainer.py ``val_dataloaders``, 1.9.5).
+
+    Raises:
+        ValueError: a list holding other than exactly one loader.
+    """
+    if isinstance(loaders, (list, tuple)):
+        (loader,) = loaders
+        return loader
+    return loaders
+
+
+def seed_everything(seed: int, workers: bool = False) -> int:
+    """``pytorch_lightning.seed_everything(seed, workers)`` without its "Seed set to" log line where the
+    installed release can be asked (``verbose=False``, added in 2.4); earlier releases always log it
+    (to stderr). Returns the seed."""
+    if "verbose" in inspect.signature(pl.seed_everything).parameters:
+        return pl.seed_everything(seed, workers=workers, verbose=False)
+    return pl.seed_everything(seed, workers=workers)
 
 
 def id_loader(n: int, batch_size: int, shuffle: bool = False):

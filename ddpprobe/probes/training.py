@@ -27,7 +27,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from ddpprobe.launch import RankInfo
-from ddpprobe.probes.common import batch_ids, ddp_trainer, floats, recorded_warnings
+from ddpprobe.probes.common import batch_ids, ddp_trainer, floats, only_loader, recorded_warnings, seed_everything
 from ddpprobe.probes.data import sample_value
 
 #: Initial parameters of every probe's ``Linear(2, 1)``: ``weight`` (1, 2) and ``bias`` (1,).
@@ -165,7 +165,7 @@ def _seed(seed: Optional[int]) -> None:
     if seed is None:
         os.environ.pop("PL_GLOBAL_SEED", None)
     else:
-        pl.seed_everything(seed, verbose=False)
+        seed_everything(seed)
 
 
 def fit_regression(
@@ -200,7 +200,7 @@ def fit_regression(
     val = regression_loader(val_n, batch_size) if val_n else None
     trainer.fit(model, train_dataloaders=regression_loader(n, batch_size, shuffle=user_shuffle), val_dataloaders=val)
     train_sampler = trainer.train_dataloader.sampler
-    val_sampler = trainer.val_dataloaders.sampler if val_n else None
+    val_sampler = only_loader(trainer.val_dataloaders).sampler if val_n else None
     return {
         "train_ids": model.train_ids,
         "val_ids": model.val_ids,

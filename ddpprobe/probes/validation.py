@@ -17,7 +17,14 @@ from pytorch_lightning.loggers import CSVLogger
 from pytorch_lightning.utilities import rank_zero_only
 
 from ddpprobe.launch import RankInfo
-from ddpprobe.probes.common import batch_ids, ddp_trainer, id_loader, recorded_warnings, trainer_metrics
+from ddpprobe.probes.common import (
+    batch_ids,
+    ddp_trainer,
+    id_loader,
+    only_loader,
+    recorded_warnings,
+    trainer_metrics,
+)
 
 #: ``self.log`` options a log plan entry may carry (besides ``name``).
 LOG_OPTIONS = ("sync_dist", "reduce_fx", "on_step", "on_epoch", "rank_zero_only", "prog_bar", "logger")
@@ -116,6 +123,6 @@ def validate(
         **trainer_metrics(trainer),
         "returned": [{k: float(v) for k, v in d.items()} for d in returned],
         "warnings": warnings,
-        "sampler": type(trainer.val_dataloaders.sampler).__name__,
+        "sampler": type(only_loader(trainer.val_dataloaders).sampler).__name__,
         "experiment_type": model.experiment_type,
     }
