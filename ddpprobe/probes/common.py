@@ -104,3 +104,16 @@ def recorded_warnings():
 def batch_ids(batch) -> list:
     """The sample ids in a batch of ``IdDataset`` items, as a list of ints."""
     return [int(i) for i in batch["id"]]
+
+
+def validate_catching(info: RankInfo, model, n: int, batch_size: int) -> dict:
+    """``trainer.validate(model)`` over ``IdDataset(n)``, recording instead of raising what Lightning raises.
+
+    Returns:
+        ``{"raised": exception class name or None, "message": its text or None}``.
+    """
+    try:
+        ddp_trainer(info).validate(model, dataloaders=id_loader(n, batch_size), verbose=False)
+    except Exception as exc:  # noqa: BLE001 - what Lightning raises is the record
+        return {"raised": type(exc).__name__, "message": str(exc)}
+    return {"raised": None, "message": None}

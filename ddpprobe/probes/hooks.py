@@ -7,7 +7,7 @@ import pytorch_lightning as pl
 import torch
 
 from ddpprobe.launch import RankInfo
-from ddpprobe.probes.common import ddp_trainer, id_loader
+from ddpprobe.probes.common import validate_catching
 
 
 class _StepCounter(pl.LightningModule):
@@ -51,9 +51,5 @@ def removed_hook(info: RankInfo, hook: str, n: int = 6, batch_size: int = 2) -> 
     if hook not in MODULES:
         raise ValueError(f"hook={hook!r}: choose one of {sorted(MODULES)}")
     model = MODULES[hook]()
-    raised = message = None
-    try:
-        ddp_trainer(info).validate(model, dataloaders=id_loader(n, batch_size), verbose=False)
-    except Exception as exc:  # noqa: BLE001 - recording what Lightning raises is the point
-        raised, message = type(exc).__name__, str(exc)
-    return {"raised": raised, "message": message, "calls": model.calls}
+    outcome = validate_catching(info, model, n, batch_size)
+    return {**outcome, "calls": model.calls}

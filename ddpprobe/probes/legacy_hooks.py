@@ -13,7 +13,7 @@ import pytorch_lightning as pl
 import torch
 
 from ddpprobe.launch import RankInfo
-from ddpprobe.probes.common import batch_ids, ddp_trainer, id_loader
+from ddpprobe.probes.common import batch_ids, validate_catching
 
 #: The 1.x hooks a ``LegacyHooksProbe`` can define.
 HOOKS = ("validation_step_end", "validation_epoch_end")
@@ -81,14 +81,9 @@ def legacy_hook(info: RankInfo, hook: str, n: int = 5, batch_size: int = 2) -> d
     if hook not in MODULES:
         raise ValueError(f"hook={hook!r}: choose one of {sorted(MODULES)}")
     model = MODULES[hook]()
-    raised = message = None
-    try:
-        ddp_trainer(info).validate(model, dataloaders=id_loader(n, batch_size), verbose=False)
-    except Exception as exc:  # noqa: BLE001 - on 2.x Lightning raises for validation_epoch_end; record it
-        raised, message = type(exc).__name__, str(exc)
+    outcome = validate_catching(info, model, n, batch_size)  # 2.x raises for validation_epoch_end
     return {
-        "raised": raised,
-        "message": message,
+        **outcome,
         "seen_ids": model.seen_ids,
         "step_end_inputs": model.step_end_inputs,
         "step_end_same_object": model.step_end_same_object,
