@@ -13,6 +13,9 @@ import torch.distributed as dist
 
 
 def _init(info):
+    if info.backend == "nccl":  # NCCL reduces CUDA tensors only: make new tensors land on this rank's GPU
+        torch.cuda.set_device(info.local_rank)
+        torch.set_default_device(f"cuda:{info.local_rank}")
     dist.init_process_group(info.backend, rank=info.rank, world_size=info.world_size)
 
 

@@ -87,6 +87,10 @@ def _set_environment(spec: LaunchSpec, rank: int) -> None:
             "MKL_NUM_THREADS": "1",
         }
     )
+    if spec.backend == "nccl":
+        # Make a stuck NCCL collective raise at the process-group timeout instead of hanging.
+        os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     os.environ.update(spec.extra_env)
 
 
