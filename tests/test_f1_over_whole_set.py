@@ -1,7 +1,7 @@
 """Seed question 2: how do you log F1, precision and recall over the *entire* validation set under DDP?
 
-F1 is not decomposable: the F1 of a whole set is not the mean of its batches' (or ranks') F1. Five
-ways side by side on one dataset, each checked against scikit-learn:
+F1 is not decomposable: the F1 of a whole set is not the mean of its batches' (or ranks') F1. Four
+ways side by side on one dataset, each checked against scikit-learn (and a fifth, (e), below):
 
 (a) per-batch F1 logged with ``sync_dist=True``: Lightning averages batch F1s -> wrong;
 (b) torchmetrics ``BinaryF1Score``/``BinaryPrecision``/``BinaryRecall`` objects passed to ``self.log``:

@@ -66,7 +66,7 @@ def _run_two_nodes(tmp_path, scenario: str, params: dict, timeout: float = 120) 
     assert codes == [0] * NODES and out.exists(), f"agents exited {codes}\n" + "\n".join(l[-3000:] for l in logs)
     messages = json.loads(out.read_text())
     assert [m["status"] for m in messages] == ["ok"] * NODES * PER_NODE, messages
-    return [dict(m, record=json.loads(m["record_json"])) for m in messages]
+    return messages
 
 
 def test_two_nodes_under_torchrun_global_rank_zero_and_per_node_local_rank_zero(tmp_path):

@@ -239,7 +239,8 @@ def main(argv: Optional[list] = None) -> int:
     """``python -m ddpprobe.launch SCENARIO [--params JSON] [--out FILE]`` under torchrun/srun.
 
     Runs ``SCENARIO`` (``"module:function"``) on every rank of the external world; rank 0 writes the
-    ranks' results as JSON to ``--out`` (default: stdout). Exit code 0 if every rank produced a record.
+    ranks' results as JSON to ``--out`` (default: stdout): a list ordered by rank of ``{"rank", "pid",
+    "status", "record" (or "error"), "stdout", "stderr", "files"}``. Exit code 0 if every rank produced a record.
     """
     import argparse
 
@@ -258,7 +259,9 @@ def main(argv: Optional[list] = None) -> int:
     )
     ok = all(m["status"] == "ok" for m in messages)
     if world.rank == 0:
-        text = json.dumps(messages, indent=1)
+        readable = [{k: v for k, v in m.items() if k != "record_json"}
+                    | ({"record": json.loads(m["record_json"])} if "record_json" in m else {}) for m in messages]
+        text = json.dumps(readable, indent=1)
         if args.out == "-":
             print(text)
         else:
