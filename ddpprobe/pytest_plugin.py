@@ -25,7 +25,7 @@ import pytest
 
 from ddpprobe.launch import BACKENDS, DEFAULT_TIMEOUT_S, START_METHODS, external_world, run_world as _run_world
 from ddpprobe.launch._spec import PG_TIMEOUT_SHARE, env_float
-from ddpprobe.launch._world import MAX_SECONDS, MIN_SECONDS
+from ddpprobe.launch._world import MAX_SECONDS, MIN_SECONDS, cuda_device_count
 
 
 def pytest_addoption(parser) -> None:
@@ -113,13 +113,6 @@ def _parse_world_sizes(raw: str) -> set:
     if any(size < 1 for size in sizes):
         raise pytest.UsageError(f"--world-size / DDPPROBE_WORLD_SIZES={raw!r}: world sizes must be >= 1")
     return sizes
-
-
-def cuda_device_count() -> int:
-    """Number of CUDA devices torch sees (0 without CUDA). Does not initialise a CUDA context."""
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def backend_skip_reason(backend: str, world_size: int, device_count: int) -> Optional[str]:

@@ -559,12 +559,9 @@ def _version(distribution: str) -> Optional[str]:
 
 def environment() -> dict:
     """Versions and hardware of this machine, as the card's ``environment`` entry."""
-    try:
-        import torch
+    from ddpprobe.launch._world import cuda_device_count
 
-        gpu_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except ImportError:
-        gpu_count = 0
+    gpu_count = cuda_device_count()
     return {
         "python": platform.python_version(),
         "torch": _version("torch"),

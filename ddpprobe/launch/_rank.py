@@ -16,6 +16,7 @@ import random
 import signal
 import sys
 import threading
+import time
 import traceback
 
 from ddpprobe.launch._spec import LaunchSpec, RankInfo
@@ -231,17 +232,12 @@ def rank_main(spec: LaunchSpec, rank: int, result_conn, lifeline) -> None:
         if message[0] != "ok":
             # Stay in the world until the launcher ends it: leaving now would break the other ranks'
             # collectives with secondary "connection reset" errors and hide where they were waiting.
-            _await_launcher(lifeline_timeout_s=FAILED_RANK_LINGER_S)
+            # The lifeline thread ends the rank as soon as the launcher goes; this is only the bound.
+            time.sleep(FAILED_RANK_LINGER_S)
     finally:
         if message[0] == "ok":
             _destroy_process_group()
         os._exit(0)
-
-
-def _await_launcher(lifeline_timeout_s: float) -> None:
-    import time
-
-    time.sleep(lifeline_timeout_s)
 
 
 def _destroy_process_group() -> None:

@@ -195,13 +195,18 @@ def _check_world_size(world_size) -> int:
     return world_size
 
 
+def cuda_device_count() -> int:
+    """Number of CUDA devices torch sees (0 without CUDA). Does not initialise a CUDA context."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 def _check_backend(backend, world_size: int) -> str:
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r} is not supported; use one of {', '.join(BACKENDS)}")
     if backend == "nccl":
-        import torch
-
-        available = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        available = cuda_device_count()
         if available < world_size:
             raise RuntimeError(
                 f"backend='nccl' needs one CUDA device per rank: world_size={world_size} but this "

@@ -13,7 +13,7 @@ import torch
 from pytorch_lightning.loggers import CSVLogger
 
 from ddpprobe.launch import RankInfo
-from ddpprobe.probes.common import batch_ids, ddp_trainer, id_loader
+from ddpprobe.probes.common import batch_ids, ddp_trainer, floats, id_loader
 
 
 class NodeLayoutProbe(pl.LightningModule):
@@ -56,6 +56,6 @@ def node_layout(info: RankInfo, n: int = 10, batch_size: int = 2) -> dict:
         "is_global_zero": trainer.is_global_zero,
         "prepare_data_calls": model.prepare_data_calls,
         "seen_ids": sum(model.seen_ids, []),
-        "callback_metrics": {k: float(v) for k, v in trainer.callback_metrics.items()},
+        "callback_metrics": floats(trainer.callback_metrics),
         "experiment_type": type(trainer.logger.experiment).__name__,
     }

@@ -20,6 +20,7 @@ from ddpprobe.launch import RankInfo
 from ddpprobe.probes.common import (
     batch_ids,
     ddp_trainer,
+    floats,
     id_loader,
     only_loader,
     recorded_warnings,
@@ -121,7 +122,7 @@ def validate(
         "seen_ids": model.seen_ids,
         "epoch_end_ids": model.epoch_end_ids,
         **trainer_metrics(trainer),
-        "returned": [{k: float(v) for k, v in d.items()} for d in returned],
+        "returned": [floats(d) for d in returned],
         "warnings": warnings,
         "sampler": type(only_loader(trainer.val_dataloaders).sampler).__name__,
         "experiment_type": model.experiment_type,
