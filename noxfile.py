@@ -14,7 +14,7 @@ Regenerate everything (about 1-2 minutes per version on 2 CPU cores)::
 
 One version, or only some tests, then the table from whatever JSON files exist::
 
-    nox -s "facts(lightning='1.9.5')" -- tests/test_removed_hooks.py
+    nox -s "facts(lightning='1.9.5')" -- tests/facts/test_removed_hooks.py
     nox -s matrix
 
 ``nox -r`` reuses the environments of an earlier run (pip then finds everything installed: seconds).

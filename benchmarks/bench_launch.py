@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from ddpprobe import run_world  # noqa: E402
 from ddpprobe.probes import f1, hooks, log_spec, validation  # noqa: E402
-from tests import scenarios  # noqa: E402
+from tests.support import scenarios  # noqa: E402
 
 WORLD_SIZE = 2
 TARGET_FORKSERVER_VALIDATE_S = 0.3

@@ -17,7 +17,7 @@ import pytest
 
 from ddpprobe.probes import reductions
 from ddpprobe.probes.reductions import plan_entry
-from tests import oracle
+from tests.support import oracle
 
 N, BATCH, WORLD_SIZE = 7, 2, 2
 

@@ -20,7 +20,7 @@ import pytest
 from sklearn.metrics import f1_score, precision_score, recall_score
 
 from ddpprobe.probes import f1
-from tests import oracle
+from tests.support import oracle
 
 
 def _sklearn(ids) -> dict:

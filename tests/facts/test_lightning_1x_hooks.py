@@ -6,7 +6,7 @@ Under ddp neither hook ever sees another rank's data: ``outputs`` is the list th
 loop appended to, and ``validation_step_end`` is handed this rank's own step output (the gathering
 the 1.x docs describe for ``validation_step_end`` is DataParallel's, across the sub-batches of *one*
 process). These facts apply to pytorch-lightning <2.0; their 2.x counterparts (the hooks raise or are
-never called) are in ``tests/test_removed_hooks.py``.
+never called) are in ``tests/facts/test_removed_hooks.py``.
 Source (1.9.5): pytorch_lightning/loops/epoch/evaluation_epoch_loop.py ``_evaluation_step_end`` and
 ``advance`` (``self._outputs.append(output)``), pytorch_lightning/loops/dataloader/evaluation_loop.py
 ``_evaluation_epoch_end``, and ``Strategy.validation_step_end`` (returns its argument unchanged;
@@ -19,7 +19,7 @@ import pytest
 
 from ddpprobe.probes import legacy_hooks
 from ddpprobe.versions import requires_lightning
-from tests import oracle
+from tests.support import oracle
 
 pytestmark = requires_lightning("<2.0")
 

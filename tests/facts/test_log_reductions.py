@@ -11,7 +11,7 @@ batch-size weighting. ``rank_zero_only=True`` switches the all-reduce off; a ``t
 object bypasses all of it and syncs its own state.
 
 Every probe here logs, per batch, the batch mean of ``IdDataset``'s ``value`` (``id ** 2``) with an
-explicit ``batch_size=``; the expected numbers come from ``tests/oracle.py`` (``log_reduce``,
+explicit ``batch_size=``; the expected numbers come from ``tests/support/oracle.py`` (``log_reduce``,
 ``sync_reduce``), which restate the rule without Lightning. Sources:
 pytorch_lightning/trainer/connectors/logger_connector/result.py (``_Metadata._parse_reduce_fx``,
 ``_Sync``, ``_ResultMetric.update``/``compute``, ``_ResultCollection._get_cache``/``metrics``),
@@ -23,7 +23,7 @@ import pytest
 
 from ddpprobe.probes import reductions
 from ddpprobe.probes.reductions import plan_entry
-from tests import oracle
+from tests.support import oracle
 
 #: Samples and batch size of the reduce_fx facts: with them every competing answer differs for W = 1, 2, 3.
 N, BATCH = 19, 4

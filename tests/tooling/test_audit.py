@@ -5,7 +5,7 @@ The audit (ddpprobe/audit/) records every ``self.log`` call in each rank with it
 the final ``callback_metrics``, the stdout lines, the removed 1.x hooks the module defines and the
 dataset size, and gives each logged key a verdict. These facts run it on the two example modules of
 ``examples/`` (the seed question's F1 module and its correction) and on small modules defined here,
-and check each verdict against values computed from the data with scikit-learn and ``tests/oracle.py``:
+and check each verdict against values computed from the data with scikit-learn and ``tests/support/oracle.py``:
 the seed's F1 differs between ranks *because* each rank's shard has a different F1.
 """
 
@@ -27,7 +27,7 @@ from ddpprobe.probes.data import IdDataset
 from ddpprobe.pytest_plugin import backend_skip_reason, cuda_device_count
 from examples import corrected_f1_module as corrected
 from examples import seed_f1_module as seed
-from tests import oracle
+from tests.support import oracle
 
 pytestmark = pytest.mark.not_a_fact("tests the audit command, not a fact about DDP")
 

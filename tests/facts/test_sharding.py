@@ -14,7 +14,7 @@ from collections import Counter
 import pytest
 
 from ddpprobe.probes import validation
-from tests import oracle
+from tests.support import oracle
 
 
 @pytest.mark.parametrize("world_size, n", [(1, 5), (2, 8), (3, 9)])
@@ -62,15 +62,3 @@ def test_trainer_validate_warns_that_the_distributed_sampler_replicates_samples(
 
     counts = [len(replicate_warnings(rec)) for rec in world.records]
     assert counts == [1] + [0] * (world_size - 1), oracle.side_by_side("DistributedSampler warnings", counts)
-
-
-def test_oracle_agrees_with_torch_distributed_sampler():
-    """The sharding rule the facts use (tests/oracle.py) is the one torch's ``DistributedSampler``
-    implements, checked in this process without any process group."""
-    from torch.utils.data.distributed import DistributedSampler
-
-    for n in range(1, 12):
-        for world_size in range(1, 5):
-            for rank in range(world_size):
-                sampler = DistributedSampler(range(n), num_replicas=world_size, rank=rank, shuffle=False)
-                assert list(sampler) == oracle.shard(n, world_size, rank), (n, world_size, rank)

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from ddpprobe import RankDied, RankFailed, WorldTimeout, run_world as api_run_world
-from tests import scenarios
+from tests.support import scenarios
 
 pytestmark = pytest.mark.not_a_fact("tests the launcher itself, not a fact about DDP")
 
@@ -184,7 +184,7 @@ def test_stray_cluster_variables_in_the_parent_do_not_change_what_lightning_does
     4; the launcher removes such variables in every rank, so a 2-rank ``trainer.validate`` sees world
     size 2, ranks 0 and 1, and each rank its own ``DistributedSampler`` shard."""
     from ddpprobe.probes import validation
-    from tests import oracle
+    from tests.support import oracle
 
     for name, value in STRAY_CLUSTER_ENV.items():
         monkeypatch.setenv(name, value)
@@ -240,7 +240,7 @@ def test_the_forkserver_is_gone_as_soon_as_the_process_that_started_it_exits():
     code = (
         "import multiprocessing.forkserver as fs\n"
         "from ddpprobe import run_world\n"
-        "from tests import scenarios\n"
+        "from tests.support import scenarios\n"
         "run_world(scenarios.identity, 1, start_method='forkserver')\n"
         "print(fs._forkserver._forkserver_pid)\n"
     )

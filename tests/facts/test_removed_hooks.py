@@ -5,7 +5,7 @@ outputs". In Lightning 2.x the first is silently ignored and the second is an er
 Source: pytorch_lightning/trainer/configuration_validator.py ``__verify_eval_loop_configuration``;
 the removals are Lightning-AI/pytorch-lightning PR #16520 (epoch_end) and #16791 (step_end).
 These facts apply to pytorch-lightning >=2.0; on 1.x both hooks run, and what they receive under ddp
-is in ``tests/test_lightning_1x_hooks.py``.
+is in ``tests/facts/test_lightning_1x_hooks.py``.
 """
 
 import math

@@ -16,7 +16,7 @@ import io
 import pytest
 
 from ddpprobe.probes import log_spec, validation
-from tests import oracle
+from tests.support import oracle
 
 
 def _epoch_row(metrics_csv: str, key: str) -> float:

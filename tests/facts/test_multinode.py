@@ -19,7 +19,7 @@ import sys
 
 import pytest
 
-from tests import oracle
+from tests.support import oracle
 
 NODES, PER_NODE = 2, 2
 

@@ -36,7 +36,7 @@ from pytorch_lightning.utilities import rank_zero_only
 
 from ddpprobe.probes import log_spec, validation
 from ddpprobe.probes.common import ddp_trainer, id_loader, recorded_warnings
-from tests import oracle
+from tests.support import oracle
 
 pytestmark = pytest.mark.not_a_fact("tests that launched ranks look like torchrun's, not a fact about DDP")
 

@@ -12,7 +12,7 @@ from collections import Counter
 import pytest
 
 from ddpprobe.probes import validation
-from tests import oracle
+from tests.support import oracle
 
 
 @pytest.mark.parametrize("world_size, n", [(2, 5), (3, 10)])

@@ -27,7 +27,7 @@ import pytest
 from ddpprobe import RankFailed
 from ddpprobe.probes import training
 from ddpprobe.probes.training import INIT_BIAS, INIT_WEIGHT, regression_x, regression_y
-from tests import oracle
+from tests.support import oracle
 
 # ---------------------------------------------------------------------------------------------
 # Oracle: the optimizer steps the ranks take, computed from the data

@@ -14,7 +14,7 @@ import io
 import pytest
 
 from ddpprobe.probes import log_spec, validation
-from tests import oracle
+from tests.support import oracle
 
 
 def test_plain_print_appears_once_per_rank_while_self_print_and_rank_zero_only_print_once(run_world):

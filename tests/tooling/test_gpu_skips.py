@@ -8,7 +8,7 @@ import torch
 
 from ddpprobe import run_world
 from ddpprobe import pytest_plugin
-from tests import scenarios
+from tests.support import scenarios
 
 pytestmark = pytest.mark.not_a_fact("tests the launcher's GPU checks and skip reasons, not a fact about DDP")
 
@@ -83,7 +83,7 @@ def test_needs_gpus():
 """
 
 FIXTURE_FACT = """
-from tests import scenarios
+from tests.support import scenarios
 
 def test_world_too_big(run_world):
     run_world(scenarios.identity, {world_size})

@@ -16,7 +16,7 @@ import pytest
 
 from ddpprobe import RankFailed, WorldTimeout
 from ddpprobe.probes import nccl
-from tests import oracle
+from tests.support import oracle
 
 pytestmark = pytest.mark.gpu(min_gpus=2)
 

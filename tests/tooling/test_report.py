@@ -14,7 +14,7 @@ from importlib.metadata import version
 import pytest
 
 from ddpprobe.report import SCHEMA, picture_path, validate_card
-from tests import oracle
+from tests.support import oracle
 
 pytest_plugins = ["pytester"]
 

@@ -10,7 +10,7 @@ checkpoint only when *every* rank sees an improvement. What is not reduced stays
 only where the criterion was met. Files are written by global rank 0 alone, into rank 0's ``dirpath``.
 
 Here rank ``r`` logs ``values[r][epoch]`` (``MonitoredRegressor``, ddpprobe/probes/callbacks.py); the
-expected epochs come from the callbacks' rules applied to that table (tests/oracle.py), on tables where
+expected epochs come from the callbacks' rules applied to that table (tests/support/oracle.py), on tables where
 "any", "all" and "rank 0 decides alone" give different answers.
 Sources: pytorch_lightning/strategies/parallel.py ``ParallelStrategy.reduce_boolean_decision``;
 pytorch_lightning/callbacks/early_stopping.py ``_run_early_stopping_check``,
@@ -25,7 +25,7 @@ import pytest
 
 from ddpprobe.probes import callbacks
 from ddpprobe.versions import requires_lightning
-from tests import oracle
+from tests.support import oracle
 
 
 def _rank0_alone(decisions):

@@ -60,7 +60,7 @@ def test_pytest_under_torchrun_runs_facts_in_lockstep_and_skips_other_world_size
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
          f"--log-dir={logs}", "--redirects=3",
          "-m", "pytest", "-p", "no:xdist", "-p", "no:cacheprovider", "-q", "-rs",
-         "tests/test_sharding.py::test_each_rank_sees_a_disjoint_strided_shard_when_n_divides_by_world_size"],
+         "tests/facts/test_sharding.py::test_each_rank_sees_a_disjoint_strided_shard_when_n_divides_by_world_size"],
         cwd=root, env=env, capture_output=True, text=True, timeout=240,
     )
     outputs = [open(path).read() for path in sorted(glob.glob(str(logs / "*" / "attempt_0" / "*" / "stdout.log")))]

@@ -24,7 +24,7 @@ import pytest
 
 from ddpprobe import RankDied, RankFailed, WorldTimeout
 from ddpprobe.probes import collectives
-from tests import oracle
+from tests.support import oracle
 
 
 def _gloo_only(backend):
