@@ -13,12 +13,10 @@ import importlib
 import math
 import sys
 
-import pytorch_lightning as pl
 import torch
-from pytorch_lightning.loggers import Logger
-from pytorch_lightning.utilities import rank_zero_only
 from torch.utils.data import DataLoader
 
+from ddpprobe._lightning import fabric, pl
 from ddpprobe.audit._verdict import REMOVED_HOOKS
 from ddpprobe.launch import RankInfo
 from ddpprobe.probes.common import ddp_trainer, recorded_warnings, seed_everything
@@ -92,7 +90,7 @@ class _RecordingExperiment:
         return record
 
 
-class RecordingLogger(Logger):
+class RecordingLogger(pl.loggers.Logger):
     """A Lightning logger that writes nothing and records what it was given, on global rank 0 only.
 
     Like every Lightning logger its ``experiment`` is the real object on rank 0 and a no-op
@@ -129,17 +127,15 @@ class RecordingLogger(Logger):
 
     @property
     def experiment(self):
-        if rank_zero_only.rank > 0:
-            from lightning_fabric.loggers.logger import _DummyExperiment
-
-            return _DummyExperiment()
+        if pl.utilities.rank_zero_only.rank > 0:
+            return importlib.import_module(f"{fabric.__name__}.loggers.logger")._DummyExperiment()
         return self._experiment
 
-    @rank_zero_only
+    @pl.utilities.rank_zero_only
     def log_metrics(self, metrics, step=None) -> None:
         self.metrics.append({"step": step, "metrics": {k: _float(v) for k, v in sorted(metrics.items())}})
 
-    @rank_zero_only
+    @pl.utilities.rank_zero_only
     def log_hyperparams(self, params, *args, **kwargs) -> None:
         pass
 
@@ -154,7 +150,7 @@ def _wrap_log(model) -> list:
     """Replace ``model.log`` (on the instance only) by a wrapper that records each call's hook and
     resolved options, then calls the original. ``log_dict`` goes through ``self.log``, so it is
     recorded too. Returns the list the records go to (one entry per call)."""
-    from pytorch_lightning.trainer.connectors.logger_connector.fx_validator import _FxValidator
+    _FxValidator = importlib.import_module(f"{pl.__name__}.trainer.connectors.logger_connector.fx_validator")._FxValidator
     from torchmetrics import Metric
 
     calls: list = []

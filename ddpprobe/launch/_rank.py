@@ -144,6 +144,8 @@ def _align_process_state(rank: int) -> None:
         "lightning_utilities.core.rank_zero",
         "lightning_fabric.utilities.rank_zero",
         "pytorch_lightning.utilities.rank_zero",
+        "lightning.fabric.utilities.rank_zero",
+        "lightning.pytorch.utilities.rank_zero",
         # torchmetrics keeps its own copy (read from LOCAL_RANK at import), used by its rank_zero_warn;
         # older releases' deprecation warnings (e.g. ``Metric._update_called`` under Lightning 1.9)
         # would otherwise be emitted on every forked rank but on rank 0 only under spawn.

@@ -28,7 +28,8 @@ from ddpprobe.launch._spec import (
 )
 
 #: Modules the forkserver imports once, so that forked ranks start with them loaded.
-FORKSERVER_PRELOAD = ["torch", "torch.distributed", "pytorch_lightning", "torchmetrics", "ddpprobe.launch._rank", "ddpprobe.probes"]
+#: ``ddpprobe.probes`` imports the Lightning package chosen by ``DDPPROBE_LIGHTNING`` (ddpprobe/_lightning.py).
+FORKSERVER_PRELOAD = ["torch", "torch.distributed", "torchmetrics", "ddpprobe.launch._rank", "ddpprobe.probes"]
 
 #: Accepted range of ``timeout`` and ``pg_timeout``, in seconds.
 MIN_SECONDS = 0.01

@@ -22,11 +22,9 @@ from __future__ import annotations
 
 import os
 
-import pytorch_lightning as pl
 import torch
-from lightning_fabric.plugins import TorchCheckpointIO
-from pytorch_lightning.callbacks import EarlyStopping, ModelCheckpoint
 
+from ddpprobe._lightning import fabric, pl
 from ddpprobe.launch import RankInfo
 from ddpprobe.probes.common import ddp_trainer, id_loader, recorded_warnings
 
@@ -73,7 +71,7 @@ class _MetricRecorder(pl.Callback):
         self.seen.append(None if value is None else float(value))
 
 
-class RecordingCheckpointIO(TorchCheckpointIO):
+class RecordingCheckpointIO(fabric.plugins.TorchCheckpointIO):
     """``TorchCheckpointIO`` that also records every path it is asked to write, on this rank."""
 
     def __init__(self):
@@ -116,7 +114,7 @@ def early_stopping(
     (name of the ``EarlyStoppingReason`` this rank's callback recorded), ``stopping_reason_message``
     (both None on releases whose ``EarlyStopping`` has no ``stopping_reason``).
     """
-    stopper = EarlyStopping(
+    stopper = pl.callbacks.EarlyStopping(
         monitor=MONITORED, mode=mode, stopping_threshold=stopping_threshold, patience=patience, check_finite=True
     )
     trainer, model, recorder = _fit(info, values, max_epochs, n_per_rank, batch_size, [stopper])
@@ -152,7 +150,7 @@ def model_checkpoint(
     ``saved`` (paths this rank's ``CheckpointIO`` was asked to write, in order), ``warnings``.
     """
     given = os.path.join(info.rank_dir, "checkpoints")
-    checkpoint = ModelCheckpoint(dirpath=given, monitor=MONITORED, mode=mode, save_top_k=1)
+    checkpoint = pl.callbacks.ModelCheckpoint(dirpath=given, monitor=MONITORED, mode=mode, save_top_k=1)
     checkpoint_io = RecordingCheckpointIO()
     with recorded_warnings() as warnings:
         trainer, model, recorder = _fit(

@@ -22,10 +22,10 @@ pytorch_lightning/strategies/single_device.py ``SingleDeviceStrategy.all_gather`
 
 from __future__ import annotations
 
-import pytorch_lightning as pl
 import torch
 import torch.distributed
 
+from ddpprobe._lightning import pl
 from ddpprobe.launch import RankInfo
 from ddpprobe.probes.common import ddp_trainer, id_loader, recorded_warnings, trainer_metrics
 

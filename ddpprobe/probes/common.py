@@ -8,10 +8,9 @@ import datetime
 import inspect
 import warnings
 
-import pytorch_lightning as pl
-from pytorch_lightning.strategies import DDPStrategy
 from torch.utils.data import DataLoader
 
+from ddpprobe._lightning import pl
 from ddpprobe.launch import RankInfo
 from ddpprobe.probes.data import IdDataset
 
@@ -30,7 +29,7 @@ def ddp_trainer(info: RankInfo, **overrides):
         **overrides: any ``Trainer`` argument, e.g. ``logger=CSVLogger(".")`` or ``max_epochs=2``.
     """
     kwargs = dict(
-        strategy=DDPStrategy(
+        strategy=pl.strategies.DDPStrategy(
             process_group_backend=info.backend, timeout=datetime.timedelta(seconds=info.pg_timeout)
         ),
         accelerator=info.accelerator,

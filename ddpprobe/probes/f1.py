@@ -17,11 +17,11 @@ prefix     how
 
 from __future__ import annotations
 
-import pytorch_lightning as pl
 import torch
 from torchmetrics.classification import BinaryF1Score, BinaryPrecision, BinaryRecall
 from torchmetrics.functional.classification import binary_f1_score
 
+from ddpprobe._lightning import pl
 from ddpprobe.launch import RankInfo
 from ddpprobe.probes.common import batch_ids, ddp_trainer, id_loader, recorded_warnings, trainer_metrics
 

@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-import pytorch_lightning as pl
 import torch
 
+from ddpprobe._lightning import pl
 from ddpprobe.launch import RankInfo
 from ddpprobe.probes.common import validate_catching
 

@@ -9,9 +9,9 @@ hook was handed, so a test can compare it with the rank's own shard.
 
 from __future__ import annotations
 
-import pytorch_lightning as pl
 import torch
 
+from ddpprobe._lightning import pl
 from ddpprobe.launch import RankInfo
 from ddpprobe.probes.common import batch_ids, validate_catching
 

@@ -8,10 +8,9 @@ validation loop sees, whether ``prepare_data`` ran here (once per node by defaul
 
 from __future__ import annotations
 
-import pytorch_lightning as pl
 import torch
-from pytorch_lightning.loggers import CSVLogger
 
+from ddpprobe._lightning import pl
 from ddpprobe.launch import RankInfo
 from ddpprobe.probes.common import batch_ids, ddp_trainer, floats, id_loader
 
@@ -45,7 +44,7 @@ def node_layout(info: RankInfo, n: int = 10, batch_size: int = 2) -> dict:
     ``callback_metrics``, ``experiment_type`` (class of ``trainer.logger.experiment`` on this rank).
     """
     model = NodeLayoutProbe()
-    trainer = ddp_trainer(info, logger=CSVLogger(save_dir="."))
+    trainer = ddp_trainer(info, logger=pl.loggers.CSVLogger(save_dir="."))
     trainer.validate(model, dataloaders=id_loader(n, batch_size), verbose=False)
     return {
         "global_rank": trainer.global_rank,

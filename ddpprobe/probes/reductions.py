@@ -26,11 +26,11 @@ moment, which is how a step-level value (``on_step=True``) can be read.
 
 from __future__ import annotations
 
-import pytorch_lightning as pl
 import torch
 import torch.distributed
 from torchmetrics import MeanMetric, SumMetric
 
+from ddpprobe._lightning import pl
 from ddpprobe.launch import RankInfo
 from ddpprobe.probes.common import batch_ids, ddp_trainer, floats, id_loader, recorded_warnings, trainer_metrics
 

@@ -22,10 +22,10 @@ from __future__ import annotations
 import os
 from typing import Optional
 
-import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader
 
+from ddpprobe._lightning import pl
 from ddpprobe.launch import RankInfo
 from ddpprobe.probes.common import batch_ids, ddp_trainer, floats, only_loader, recorded_warnings, seed_everything
 from ddpprobe.probes.data import sample_value

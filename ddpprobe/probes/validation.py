@@ -11,11 +11,9 @@ under every name in its log plan, with the ``self.log`` options the plan gives, 
 
 from __future__ import annotations
 
-import pytorch_lightning as pl
 import torch
-from pytorch_lightning.loggers import CSVLogger
-from pytorch_lightning.utilities import rank_zero_only
 
+from ddpprobe._lightning import pl
 from ddpprobe.launch import RankInfo
 from ddpprobe.probes.common import (
     batch_ids,
@@ -43,7 +41,7 @@ def log_spec(name: str, **options) -> dict:
     return {"name": name, **options}
 
 
-@rank_zero_only
+@pl.utilities.rank_zero_only
 def rank_zero_print(text: str) -> None:
     """``print`` wrapped in Lightning's ``rank_zero_only``: runs on global rank 0 only."""
     print(text)
@@ -114,7 +112,7 @@ def validate(
     """
     model = ValidationProbe(logs=logs, prints=prints, experiment_log=experiment_log)
     with recorded_warnings() as warnings:
-        trainer = ddp_trainer(info, logger=CSVLogger(save_dir=".") if csv_logger else False)
+        trainer = ddp_trainer(info, logger=pl.loggers.CSVLogger(save_dir=".") if csv_logger else False)
         returned = trainer.validate(model, dataloaders=id_loader(n, batch_size), verbose=prints)
     return {
         "global_rank": trainer.global_rank,

@@ -54,7 +54,7 @@ def test_pytest_under_torchrun_runs_facts_in_lockstep_and_skips_other_world_size
     from both ranks) and the facts written for other world sizes skip with the reason."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "DDPPROBE_"))}
     env.update(OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     logs = tmp_path / "logs"
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",

@@ -244,7 +244,7 @@ def test_the_forkserver_is_gone_as_soon_as_the_process_that_started_it_exits():
         "run_world(scenarios.identity, 1, start_method='forkserver')\n"
         "print(fs._forkserver._forkserver_pid)\n"
     )
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=300)
 
     assert done.returncode == 0, done.stderr
