@@ -2,17 +2,36 @@
 
 A scenario is a top-level function ``scenario(info: RankInfo, **params) -> dict`` that the launcher
 runs in every rank; its dict is that rank's record. Importing this package imports every probe module
-in it, so the launcher's forkserver loads them all once.
+named in ``PROBE_MODULES``, so the launcher's forkserver (which preloads ``ddpprobe.probes``) loads them
+all once and a forked rank starts with them imported. Add a new probe module here.
 """
 
 import importlib
-import pkgutil
 
 from ddpprobe.probes.data import IdDataset, sample_pred, sample_target, sample_value
-from ddpprobe.probes.validation import log_spec
+from ddpprobe.probes.log_plan import log_spec
 
-for _module in pkgutil.iter_modules(__path__):
-    importlib.import_module(f"{__name__}.{_module.name}")
-del _module
+#: The probe modules of this package, imported with it (add a new probe module here).
+PROBE_MODULES = (
+    "callbacks",
+    "collectives",
+    "common",
+    "data",
+    "f1",
+    "hooks",
+    "iterable",
+    "legacy_hooks",
+    "log_plan",
+    "multilabel",
+    "multinode",
+    "nccl",
+    "reductions",
+    "training",
+    "validation",
+)
 
-__all__ = ["IdDataset", "log_spec", "sample_pred", "sample_target", "sample_value"]
+for _name in PROBE_MODULES:
+    importlib.import_module(f"{__name__}.{_name}")
+del _name
+
+__all__ = ["IdDataset", "PROBE_MODULES", "log_spec", "sample_pred", "sample_target", "sample_value"]

@@ -69,9 +69,12 @@ def seed_everything(seed: int, workers: bool = False) -> int:
     return pl.seed_everything(seed, workers=workers)
 
 
-def id_loader(n: int, batch_size: int, shuffle: bool = False):
-    """A ``DataLoader`` over ``IdDataset(n)`` (no workers). Lightning swaps in a ``DistributedSampler``."""
-    return DataLoader(IdDataset(n), batch_size=batch_size, shuffle=shuffle, num_workers=0)
+def id_loader(n: int, batch_size: int, shuffle: bool = False, dataset=IdDataset):
+    """A ``DataLoader`` over ``dataset(n)`` (an ``IdDataset`` or a subclass; no workers).
+
+    Lightning swaps in a ``DistributedSampler`` (pytorch_lightning/trainer/connectors/data_connector.py
+    ``_update_dataloader``)."""
+    return DataLoader(dataset(n), batch_size=batch_size, shuffle=shuffle, num_workers=0)
 
 
 def floats(metrics) -> dict:

@@ -46,11 +46,18 @@ class IdDataset:
 
     Shapes per item: ``id`` () int64, ``x`` (2,) float32, ``value`` () float32, ``target`` and
     ``pred`` () int64. A ``DataLoader`` with ``batch_size=B`` stacks them to ``(B,)`` and ``(B, 2)``.
+
+    A probe needing other fields subclasses it and overrides ``item(i)``; the size check, ``len`` and
+    the index check stay here (errors name the subclass).
+
+    Raises:
+        ValueError: ``n`` is not a positive int.
+        IndexError: an index outside ``0 .. n-1``.
     """
 
     def __init__(self, n: int):
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"IdDataset(n={n!r}): n must be a positive int number of samples")
+            raise ValueError(f"{type(self).__name__}(n={n!r}): n must be a positive int number of samples")
         self.n = n
 
     def __len__(self) -> int:
@@ -58,7 +65,11 @@ class IdDataset:
 
     def __getitem__(self, i: int) -> dict:
         if not 0 <= i < self.n:
-            raise IndexError(f"sample id {i} out of range for IdDataset(n={self.n})")
+            raise IndexError(f"sample id {i} out of range for {type(self).__name__}(n={self.n})")
+        return self.item(i)
+
+    def item(self, i: int) -> dict:
+        """Sample ``i`` (already checked to be in range) as a dict of tensors."""
         return {
             "id": torch.tensor(i),
             "x": torch.tensor([float(i), float(i * i)]),

@@ -1,22 +1,12 @@
 """The reduction probe: ``self.log`` with every ``reduce_fx``, step/epoch level, sync groups and value types.
 
-``ReductionProbe`` follows a *log plan*, a list of ``plan_entry(...)`` dicts. For every batch (in
-``training_step``, ``validation_step`` and ``test_step`` alike) each entry logs one value:
-
-================  =====================================================================================
-``what``          the value logged
-================  =====================================================================================
-``batch_mean``    the batch mean of ``IdDataset``'s ``value`` (``id ** 2``), a float32 tensor
-``python_float``  the same number as a Python ``float``
-``python_int``    the sum of the batch's sample ids as a Python ``int``
-``int_tensor``    the sum of the batch's sample ids as an int64 tensor
-``mean_metric``   a ``torchmetrics.MeanMetric`` object, updated with the batch's values before logging
-``sum_metric``    a ``torchmetrics.SumMetric`` object, updated with the batch's values before logging
-================  =====================================================================================
-
-An entry with ``hook="epoch_end"`` is logged once in ``on_validation_epoch_end`` instead; the only
-value there is ``metric_compute``: ``compute()`` of a separate ``MeanMetric`` fed every batch's values,
-logged as a plain tensor (its value is already the all-rank mean, since ``compute`` syncs the state).
+``ReductionProbe`` follows a *log plan*, a list of ``log_spec(...)`` dicts (ddpprobe/probes/log_plan.py,
+which lists the values an entry may log). For every batch (in ``training_step``, ``validation_step``
+and ``test_step`` alike) each step-level entry logs one value; an entry with ``hook="epoch_end"`` is
+logged once in ``on_validation_epoch_end`` (``metric_compute``: ``compute()`` of a separate
+``MeanMetric`` fed every batch's values, logged as a plain tensor; its value is already the all-rank
+mean, since ``compute`` syncs the state). Entries may log on some ranks only (``ranks``), through
+``self.log_dict`` (``via``) and into a sub process group (``subgroup``).
 
 Every batch logs ``batch_size=`` explicitly: the batch's length, or ``weights[rank][batch_idx]`` when
 the scenario gives ``weights`` (to make ranks' batch sizes differ at the same step). After each batch
@@ -33,50 +23,14 @@ from torchmetrics import MeanMetric, SumMetric
 from ddpprobe._lightning import pl
 from ddpprobe.launch import RankInfo
 from ddpprobe.probes.common import batch_ids, ddp_trainer, floats, id_loader, recorded_warnings, trainer_metrics
-
-#: Values a step-level plan entry may log (see the module docstring).
-STEP_VALUES = ("batch_mean", "python_float", "python_int", "int_tensor", "mean_metric", "sum_metric")
-#: Values an ``hook="epoch_end"`` plan entry may log.
-EPOCH_END_VALUES = ("metric_compute",)
-#: ``self.log`` options a plan entry may carry.
-LOG_OPTIONS = ("sync_dist", "reduce_fx", "on_step", "on_epoch", "rank_zero_only", "prog_bar", "logger")
-
-
-def plan_entry(name: str, what: str = "batch_mean", *, via: str = "log", hook: str = "step", ranks=None,
-               subgroup: bool = False, **options) -> dict:
-    """One entry of a ``ReductionProbe`` log plan.
-
-    Args:
-        name: the key passed to ``self.log`` (or the single key of the ``self.log_dict`` dict).
-        what: which value to log, one of ``STEP_VALUES`` (or ``EPOCH_END_VALUES`` with ``hook="epoch_end"``).
-        via: ``"log"`` for ``self.log(name, value, ...)``, ``"log_dict"`` for ``self.log_dict({name: value}, ...)``.
-        hook: ``"step"`` (every batch) or ``"epoch_end"`` (once, in ``on_validation_epoch_end``).
-        ranks: global ranks that log this entry; ``None`` means every rank.
-        subgroup: pass the scenario's sub process group as ``sync_dist_group``.
-        **options: ``self.log`` options, any of ``LOG_OPTIONS``.
-
-    Raises:
-        ValueError: an unknown ``what``, ``via``, ``hook`` or option; the message names it.
-    """
-    allowed = STEP_VALUES if hook == "step" else EPOCH_END_VALUES if hook == "epoch_end" else None
-    if allowed is None:
-        raise ValueError(f"plan_entry({name!r}): hook={hook!r}; use 'step' or 'epoch_end'")
-    if what not in allowed:
-        raise ValueError(f"plan_entry({name!r}): what={what!r} is not one of {allowed} for hook={hook!r}")
-    if via not in ("log", "log_dict"):
-        raise ValueError(f"plan_entry({name!r}): via={via!r}; use 'log' or 'log_dict'")
-    unknown = sorted(set(options) - set(LOG_OPTIONS))
-    if unknown:
-        raise ValueError(f"plan_entry({name!r}): unknown option(s) {unknown}; use any of {LOG_OPTIONS}")
-    return {"name": name, "what": what, "via": via, "hook": hook, "ranks": ranks, "subgroup": subgroup,
-            "options": options}
+from ddpprobe.probes.log_plan import check_plan, log_entry, logs_here
 
 
 class ReductionProbe(pl.LightningModule):
     """Logs per its plan (see the module docstring) and records what the Trainer's metric dicts hold.
 
     Args:
-        plan: list of ``plan_entry(...)`` dicts.
+        plan: list of ``log_spec(...)`` dicts.
         weights: ``weights[rank][batch_idx]`` is the ``batch_size=`` this rank reports for that batch;
             ``None`` reports the batch's real length.
         subgroup_ranks: global ranks of a sub process group that ``setup`` creates on every rank with
@@ -86,7 +40,7 @@ class ReductionProbe(pl.LightningModule):
     def __init__(self, plan=(), weights=None, subgroup_ranks=None):
         super().__init__()
         self.layer = torch.nn.Linear(2, 1)
-        self.plan = list(plan)
+        self.plan = check_plan(plan, type(self).__name__)
         self.weights = weights
         self.subgroup_ranks = subgroup_ranks
         self.subgroup = None
@@ -120,20 +74,6 @@ class ReductionProbe(pl.LightningModule):
             return self.sum_metric
         raise AssertionError(what)
 
-    def _logs_here(self, entry, hook):
-        return entry["hook"] == hook and (entry["ranks"] is None or self.global_rank in entry["ranks"])
-
-    def _log_entry(self, entry, value, batch_size):
-        options = dict(entry["options"])
-        if entry["subgroup"]:
-            options["sync_dist_group"] = self.subgroup
-        if batch_size is not None:
-            options["batch_size"] = batch_size
-        if entry["via"] == "log_dict":
-            self.log_dict({entry["name"]: value}, **options)
-        else:
-            self.log(entry["name"], value, **options)
-
     def _step(self, batch, batch_idx):
         ids = batch_ids(batch)
         self.seen_ids.append(ids)
@@ -141,8 +81,8 @@ class ReductionProbe(pl.LightningModule):
         self.reported_batch_sizes.append(batch_size)
         self.side_metric.update(batch["value"])
         for entry in self.plan:
-            if self._logs_here(entry, "step"):
-                self._log_entry(entry, self._value(entry["what"], batch), batch_size)
+            if logs_here(entry, "step", self.global_rank):
+                log_entry(self, entry, self._value(entry["what"], batch), batch_size, group=self.subgroup)
         # A loss for training_step; its gradient is zero, so nothing learns and nothing drifts.
         return self.layer(batch["x"]).sum() * 0.0
 
@@ -172,8 +112,8 @@ class ReductionProbe(pl.LightningModule):
         # `compute` of a metric is a collective: every rank calls it, whether it logs the result or not.
         computed = self.side_metric.compute() if any(e["hook"] == "epoch_end" for e in self.plan) else None
         for entry in self.plan:
-            if self._logs_here(entry, "epoch_end"):
-                self._log_entry(entry, computed, None)
+            if logs_here(entry, "epoch_end", self.global_rank):
+                log_entry(self, entry, computed, group=self.subgroup)
         self.side_metric.reset()
 
     def configure_optimizers(self):

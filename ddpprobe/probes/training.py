@@ -27,8 +27,16 @@ from torch.utils.data import DataLoader
 
 from ddpprobe._lightning import pl
 from ddpprobe.launch import RankInfo
-from ddpprobe.probes.common import batch_ids, ddp_trainer, floats, only_loader, recorded_warnings, seed_everything
-from ddpprobe.probes.data import sample_value
+from ddpprobe.probes.common import (
+    batch_ids,
+    ddp_trainer,
+    floats,
+    id_loader,
+    only_loader,
+    recorded_warnings,
+    seed_everything,
+)
+from ddpprobe.probes.data import IdDataset, sample_value
 
 #: Initial parameters of every probe's ``Linear(2, 1)``: ``weight`` (1, 2) and ``bias`` (1,).
 INIT_WEIGHT = [[0.5, -0.25]]
@@ -45,25 +53,15 @@ def regression_y(sample_id: int) -> float:
     return float(sample_id % 3 - 1)
 
 
-class RegressionDataset:
-    """A map-style dataset of ``n`` samples; item ``i`` is ``{"id": i, "x": regression_x(i),
-    "y": regression_y(i), "value": i ** 2}`` as tensors of shapes (), (2,), (), () (x, y, value float32).
+class RegressionDataset(IdDataset):
+    """An ``IdDataset`` whose item ``i`` is ``{"id": i, "x": regression_x(i), "y": regression_y(i),
+    "value": i ** 2}`` as tensors of shapes (), (2,), (), () (x, y, value float32).
 
     Raises:
         ValueError: ``n`` is not a positive int.
     """
 
-    def __init__(self, n: int):
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"RegressionDataset(n={n!r}): n must be a positive int number of samples")
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> dict:
-        if not 0 <= i < self.n:
-            raise IndexError(f"sample id {i} out of range for RegressionDataset(n={self.n})")
+    def item(self, i: int) -> dict:
         return {
             "id": torch.tensor(i),
             "x": torch.tensor(regression_x(i)),
@@ -74,7 +72,7 @@ class RegressionDataset:
 
 def regression_loader(n: int, batch_size: int, shuffle: bool = False) -> DataLoader:
     """A ``DataLoader`` over ``RegressionDataset(n)`` (no workers). Lightning swaps in a ``DistributedSampler``."""
-    return DataLoader(RegressionDataset(n), batch_size=batch_size, shuffle=shuffle, num_workers=0)
+    return id_loader(n, batch_size, shuffle=shuffle, dataset=RegressionDataset)
 
 
 class RegressionProbe(pl.LightningModule):

@@ -1,7 +1,8 @@
 """The validation probe: a LightningModule that records what each rank's validation loop saw and logged.
 
 ``ValidationProbe`` logs, for each batch, the batch mean of ``IdDataset``'s ``value`` (``id ** 2``)
-under every name in its log plan, with the ``self.log`` options the plan gives, and records:
+under every name in its log plan (``log_spec(name, **options)`` entries, ddpprobe/probes/log_plan.py),
+with the ``self.log`` options the plan gives, and records:
 
 - ``seen_ids``: the sample ids of each ``validation_step`` batch on this rank;
 - ``epoch_end_ids``: the ids held in ``on_validation_epoch_end`` by a list filled in ``validation_step``
@@ -24,21 +25,7 @@ from ddpprobe.probes.common import (
     recorded_warnings,
     trainer_metrics,
 )
-
-#: ``self.log`` options a log plan entry may carry (besides ``name``).
-LOG_OPTIONS = ("sync_dist", "reduce_fx", "on_step", "on_epoch", "rank_zero_only", "prog_bar", "logger")
-
-
-def log_spec(name: str, **options) -> dict:
-    """One entry of a log plan: log the batch mean of ``value`` as ``name`` with these ``self.log`` options.
-
-    Raises:
-        ValueError: an option that ``self.log`` does not take here; the message names it.
-    """
-    unknown = sorted(set(options) - set(LOG_OPTIONS))
-    if unknown:
-        raise ValueError(f"log_spec({name!r}): unknown option(s) {unknown}; use any of {LOG_OPTIONS}")
-    return {"name": name, **options}
+from ddpprobe.probes.log_plan import check_plan, log_entry, logs_here
 
 
 @pl.utilities.rank_zero_only
@@ -51,7 +38,8 @@ class ValidationProbe(pl.LightningModule):
     """Logs the batch mean of ``value`` per its log plan and records what this rank saw.
 
     Args:
-        logs: log plan, a list of ``log_spec(...)`` dicts.
+        logs: log plan, a list of ``log_spec(...)`` dicts logging ``what="batch_mean"`` from the step
+            (``ranks`` and ``via`` are honoured).
         prints: in ``on_validation_epoch_end``, call ``print``, ``self.print`` and a ``rank_zero_only``
             function once each.
         experiment_log: in ``on_validation_epoch_end``, write this rank's local mean straight to
@@ -61,7 +49,7 @@ class ValidationProbe(pl.LightningModule):
     def __init__(self, logs=(), prints=False, experiment_log=False):
         super().__init__()
         self.layer = torch.nn.Linear(2, 1)
-        self.logs = list(logs)
+        self.logs = check_plan(logs, type(self).__name__, values=("batch_mean",), hooks=("step",), subgroup=False)
         self.prints = prints
         self.experiment_log = experiment_log
         self.seen_ids: list = []
@@ -75,8 +63,8 @@ class ValidationProbe(pl.LightningModule):
         self.step_outputs.append({"ids": batch["id"], "value": batch["value"]})
         batch_mean = batch["value"].mean()
         for entry in self.logs:
-            options = {k: v for k, v in entry.items() if k != "name"}
-            self.log(entry["name"], batch_mean, batch_size=len(ids), **options)
+            if logs_here(entry, "step", self.global_rank):
+                log_entry(self, entry, batch_mean, batch_size=len(ids))
 
     def on_validation_epoch_end(self):
         self.epoch_end_ids = [int(i) for out in self.step_outputs for i in out["ids"]]

@@ -21,8 +21,7 @@ lightning_fabric/utilities/distributed.py ``_sync_ddp``, pytorch_lightning/core/
 
 import pytest
 
-from ddpprobe.probes import reductions
-from ddpprobe.probes.reductions import plan_entry
+from ddpprobe.probes import log_spec, reductions
 from tests.support import oracle
 
 #: Samples and batch size of the reduce_fx facts: with them every competing answer differs for W = 1, 2, 3.
@@ -72,7 +71,7 @@ def test_reduce_fx_reduces_each_ranks_logged_values_then_the_same_op_reduces_acr
     applied to raw samples, from a rank's unsynced value and (for "sum") from a mean of rank sums."""
     world = run_world(
         reductions.validate_plan, world_size, n=N, batch_size=BATCH,
-        plan=[plan_entry("v", reduce_fx=reduce_fx, sync_dist=True)],
+        plan=[log_spec("v", reduce_fx=reduce_fx, sync_dist=True)],
     )
 
     assert [rec["seen_ids"] for rec in world.records] == oracle.rank_batches(N, world_size, BATCH)
@@ -107,7 +106,7 @@ def test_an_unsupported_reduce_fx_string_raises_misconfiguration_exception_on_ev
     Source: result.py ``_Metadata._parse_reduce_fx``."""
     world = run_world(
         reductions.validate_plan, 2, n=4, batch_size=2,
-        plan=[plan_entry("v", reduce_fx="median", sync_dist=True)], expect_error=True,
+        plan=[log_spec("v", reduce_fx="median", sync_dist=True)], expect_error=True,
     )
 
     errors = [rec["error"] for rec in world.records]
@@ -139,7 +138,7 @@ def test_the_step_value_is_the_unweighted_mean_over_ranks_and_the_epoch_value_is
     n, batch_size, weights = 3 * world_size, 2, STEP_WEIGHTS[world_size]
     world = run_world(
         reductions.validate_plan, world_size, n=n, batch_size=batch_size, weights=weights,
-        plan=[plan_entry("v", on_step=True, on_epoch=True, sync_dist=True)],
+        plan=[log_spec("v", on_step=True, on_epoch=True, sync_dist=True)],
     )
 
     logged = _logged_batch_means(n, world_size, batch_size, weights)
@@ -177,7 +176,7 @@ def test_on_step_and_on_epoch_fork_the_name_and_only_training_puts_the_step_key_
     world_size, n, batch_size = 2, 8, 2
     scenario = reductions.validate_plan if stage == "validate" else reductions.fit_plan
     world = run_world(scenario, world_size, n=n, batch_size=batch_size,
-                      plan=[plan_entry("v", on_step=True, on_epoch=True, sync_dist=True)])
+                      plan=[log_spec("v", on_step=True, on_epoch=True, sync_dist=True)])
 
     # Training shuffles its DistributedSampler, so take the ids each rank saw from its record.
     seen = [rec["seen_ids"] for rec in world.records]
@@ -233,7 +232,7 @@ def test_the_synced_epoch_mean_is_the_batch_size_weighted_mean_even_when_the_cou
     (``torch.tensor(0)``) and ``compute``; lightning_fabric/utilities/distributed.py ``_sync_ddp``."""
     n, batch_size, weights = 3 * world_size, 2, FLOOR_WEIGHTS[world_size]
     world = run_world(reductions.validate_plan, world_size, n=n, batch_size=batch_size, weights=weights,
-                      plan=[plan_entry("v", sync_dist=True)])
+                      plan=[log_spec("v", sync_dist=True)])
 
     logged = _logged_batch_means(n, world_size, batch_size, weights)
     correct = oracle.sync_reduce("mean", logged)
@@ -258,7 +257,7 @@ def test_rank_zero_only_switches_sync_dist_off_so_each_rank_keeps_its_own_value(
     either (the hint looks at ``sync_dist``, which is True)."""
     n, batch_size = 7, 2
     world = run_world(reductions.validate_plan, world_size, n=n, batch_size=batch_size,
-                      plan=[plan_entry("v", sync_dist=True, rank_zero_only=True)])
+                      plan=[log_spec("v", sync_dist=True, rank_zero_only=True)])
 
     logged = _logged_batch_means(n, world_size, batch_size)
     local = [oracle.log_reduce("mean", rank) for rank in logged]
@@ -275,7 +274,7 @@ def test_a_value_logged_with_rank_zero_only_from_rank_0_alone_exists_on_rank_0_o
     and nothing waits for a collective the other ranks never join."""
     world_size, n, batch_size = 2, 7, 2
     world = run_world(reductions.validate_plan, world_size, n=n, batch_size=batch_size,
-                      plan=[plan_entry("v", ranks=[0], sync_dist=True, rank_zero_only=True)])
+                      plan=[log_spec("v", ranks=[0], sync_dist=True, rank_zero_only=True)])
 
     logged = _logged_batch_means(n, world_size, batch_size)
     rank0 = oracle.log_reduce("mean", logged[0])
@@ -295,7 +294,7 @@ def test_sync_dist_group_averages_over_the_groups_ranks_only(run_world, world_si
     others = [r for r in range(world_size) if r not in members]
     world = run_world(
         reductions.validate_plan, world_size, n=n, batch_size=batch_size, subgroup_ranks=members,
-        plan=[plan_entry("v", ranks=members, sync_dist=True, subgroup=True), plan_entry("v", ranks=others)],
+        plan=[log_spec("v", ranks=members, sync_dist=True, subgroup=True), log_spec("v", ranks=others)],
     )
 
     logged = _logged_batch_means(n, world_size, batch_size)
@@ -319,7 +318,7 @@ def test_a_rank_outside_sync_dist_group_that_passes_the_group_keeps_its_sum_but_
     result either way."""
     world_size, n, batch_size, members = 3, 7, 2, [0, 1]
     world = run_world(reductions.validate_plan, world_size, n=n, batch_size=batch_size, subgroup_ranks=members,
-                      plan=[plan_entry("v", reduce_fx=reduce_fx, sync_dist=True, subgroup=True)], expect_error=True)
+                      plan=[log_spec("v", reduce_fx=reduce_fx, sync_dist=True, subgroup=True)], expect_error=True)
 
     logged = _logged_batch_means(n, world_size, batch_size)
     group_value = oracle.sync_reduce(reduce_fx, [logged[r] for r in members])
@@ -349,8 +348,8 @@ def test_log_dict_with_sync_dist_gives_what_self_log_gives_for_each_key(run_worl
     with the same synced number, the one the reduce_fx rule predicts."""
     world_size, n, batch_size = 2, 7, 2
     world = run_world(reductions.validate_plan, world_size, n=n, batch_size=batch_size, plan=[
-        plan_entry("s", sync_dist=True, reduce_fx=reduce_fx),
-        plan_entry("d", via="log_dict", sync_dist=True, reduce_fx=reduce_fx),
+        log_spec("s", sync_dist=True, reduce_fx=reduce_fx),
+        log_spec("d", via="log_dict", sync_dist=True, reduce_fx=reduce_fx),
     ])
 
     logged = _logged_batch_means(n, world_size, batch_size)
@@ -370,9 +369,9 @@ def test_python_floats_and_ints_are_synced_as_float32_and_only_an_integer_tensor
     the batch mean of ``value`` as a float, the sum of the batch's ids as an int and as an int tensor."""
     world_size, n, batch_size = 2, 7, 2
     world = run_world(reductions.validate_plan, world_size, n=n, batch_size=batch_size, plan=[
-        plan_entry("f", "python_float", sync_dist=True),
-        plan_entry("i", "python_int", sync_dist=True),
-        plan_entry("t", "int_tensor", sync_dist=True),
+        log_spec("f", "python_float", sync_dist=True),
+        log_spec("i", "python_int", sync_dist=True),
+        log_spec("t", "int_tensor", sync_dist=True),
     ])
 
     rank_batches = oracle.rank_batches(n, world_size, batch_size)
@@ -408,7 +407,7 @@ def test_a_logged_metric_object_syncs_its_own_state_and_ignores_sync_dist_and_re
     world_size, n, batch_size = 3, 7, 2
     options = dict(sync_dist=sync_dist, reduce_fx=reduce_fx)
     world = run_world(reductions.validate_plan, world_size, n=n, batch_size=batch_size, plan=[
-        plan_entry("mean", "mean_metric", **options), plan_entry("sum", "sum_metric", **options),
+        log_spec("mean", "mean_metric", **options), log_spec("sum", "sum_metric", **options),
     ])
 
     padded = oracle.values(oracle.padded_indices(n, world_size))
@@ -437,7 +436,7 @@ def test_logging_metric_compute_as_a_tensor_warns_to_use_sync_dist_although_the_
     adding ``sync_dist=True`` would only average equal numbers."""
     world_size, n, batch_size = 2, 7, 2
     world = run_world(reductions.validate_plan, world_size, n=n, batch_size=batch_size,
-                      plan=[plan_entry("computed", "metric_compute", hook="epoch_end")])
+                      plan=[log_spec("computed", "metric_compute", hook="epoch_end")])
 
     padded_mean = oracle.mean(oracle.values(oracle.padded_indices(n, world_size)))
     oracle.assert_distinct(padded_mean=padded_mean, rank0_mean=oracle.mean(oracle.values(oracle.shard(n, 2, 0))),

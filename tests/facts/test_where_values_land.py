@@ -15,20 +15,19 @@ logger_connector.py ``update_eval_epoch_metrics``, pytorch_lightning/loops/evalu
 
 import pytest
 
-from ddpprobe.probes import reductions
-from ddpprobe.probes.reductions import plan_entry
+from ddpprobe.probes import log_spec, reductions
 from tests.support import oracle
 
 N, BATCH, WORLD_SIZE = 7, 2, 2
 
 #: The keys logged, all with ``sync_dist=True`` except ``local``.
 PLAN = [
-    plan_entry("plain", sync_dist=True),
-    plan_entry("bar", sync_dist=True, prog_bar=True),
-    plan_entry("hidden", sync_dist=True, logger=False),
-    plan_entry("bar_hidden", sync_dist=True, prog_bar=True, logger=False),
-    plan_entry("forked", sync_dist=True, on_step=True, on_epoch=True),
-    plan_entry("local"),
+    log_spec("plain", sync_dist=True),
+    log_spec("bar", sync_dist=True, prog_bar=True),
+    log_spec("hidden", sync_dist=True, logger=False),
+    log_spec("bar_hidden", sync_dist=True, prog_bar=True, logger=False),
+    log_spec("forked", sync_dist=True, on_step=True, on_epoch=True),
+    log_spec("local"),
 ]
 
 #: Which keys each place holds after ``validate()``/``test()`` (the facts below assert exactly these).
