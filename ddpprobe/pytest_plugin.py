@@ -1,18 +1,29 @@
-"""pytest plugin: command-line options, the ``run_world`` fixture and the ``gpu`` marker.
+"""pytest plugin: command-line options, the ``run_world`` fixture and the ``run_if`` skip vocabulary.
 
 Enable it from a ``conftest.py`` with ``pytest_plugins = ["ddpprobe.pytest_plugin"]``.
 
 Options (each also readable from an environment variable, the option wins):
 
-=====================  ==========================  =================================================
-option                 environment variable        meaning
-=====================  ==========================  =================================================
-``--backend``          ``DDPPROBE_BACKEND``        ``gloo`` (default, CPU) or ``nccl`` (a GPU per rank)
-``--world-size``       ``DDPPROBE_WORLD_SIZES``    comma list; run only facts parametrised by these W
-``--world-timeout``    ``DDPPROBE_TIMEOUT``        seconds one world may run (default 120)
-``--pg-timeout``       ``DDPPROBE_PG_TIMEOUT``     seconds a collective may block (default: half)
-``--start-method``     ``DDPPROBE_START_METHOD``   ``forkserver`` (default for gloo) or ``spawn``
-=====================  ==========================  =================================================
+=====================  ============================  ===============================================
+option                 environment variable          meaning
+=====================  ============================  ===============================================
+``--backend``          ``DDPPROBE_BACKEND``          ``gloo`` (default, CPU) or ``nccl`` (a GPU per rank)
+``--world-size``       ``DDPPROBE_WORLD_SIZES``      comma list; run only facts parametrised by these W
+``--world-timeout``    ``DDPPROBE_TIMEOUT``          seconds one world may run (default 120)
+``--pg-timeout``       ``DDPPROBE_PG_TIMEOUT``       seconds a collective may block (default: half)
+``--start-method``     ``DDPPROBE_START_METHOD``     ``forkserver`` (default for gloo) or ``spawn``
+``--lightning``        ``DDPPROBE_LIGHTNING``        ``pytorch_lightning`` (default when installed) or
+                                                     ``lightning`` (``import lightning.pytorch``)
+``--skip-unavailable`` ``DDPPROBE_SKIP_UNAVAILABLE``  under nccl, skip facts needing more CUDA devices
+                                                     than this machine has, instead of refusing the run
+=====================  ============================  ===============================================
+
+Refused before any test runs, with pytest's usage error (exit code 4) naming the value and the fix: an
+unknown backend, start method or Lightning package; timeouts that are not seconds; a world size that is
+not a whole number >= 1 or matches no collected test; and ``--backend nccl`` on a machine with fewer CUDA
+devices than the selected facts need (one per rank), unless ``--skip-unavailable`` is given. Under
+pytest-xdist the workers collect, so a refusal found at collection is reported by the controller at the
+end of the run (``ERROR: ...``, exit code 4), with no test run.
 """
 
 from __future__ import annotations
@@ -23,9 +34,17 @@ from typing import Optional
 
 import pytest
 
-from ddpprobe.launch import BACKENDS, DEFAULT_TIMEOUT_S, START_METHODS, external_world, run_world as _run_world
-from ddpprobe.launch._spec import PG_TIMEOUT_SHARE, env_float
-from ddpprobe.launch._world import MAX_SECONDS, MIN_SECONDS, cuda_device_count
+from ddpprobe import _lightning, runif
+from ddpprobe.launch import BACKENDS, START_METHODS, external_world, run_world as _run_world
+from ddpprobe.launch import DEFAULT_TIMEOUT_S, MAX_SECONDS, MIN_SECONDS, PG_TIMEOUT_SHARE, cuda_device_count
+from ddpprobe.launch._settings import env_float
+
+#: ``tests/tooling/test_audit.py`` asks whether a world can run here with this name.
+backend_skip_reason = runif.world_skip_reason
+
+_SETTINGS = pytest.StashKey[dict]()
+_REFUSED = pytest.StashKey[list]()
+_WORKER_KEY = "ddpprobe_refused"
 
 
 def pytest_addoption(parser) -> None:
@@ -40,7 +59,8 @@ def pytest_addoption(parser) -> None:
         "--world-size",
         default=os.environ.get("DDPPROBE_WORLD_SIZES", ""),
         metavar="W[,W...]",
-        help="run only the facts parametrised by these world sizes (default: all)",
+        help="run only the facts parametrised by these world sizes (default: all); a size no test is "
+        "parametrised with is refused",
     )
     group.addoption(
         "--world-timeout",
@@ -64,17 +84,47 @@ def pytest_addoption(parser) -> None:
         default=None,
         help="how ranks start: forkserver (preloaded, fast; default for gloo) or spawn (fresh interpreters)",
     )
+    group.addoption(
+        "--lightning",
+        default=None,
+        metavar="PACKAGE",
+        help="the Lightning package the facts run: pytorch_lightning (import pytorch_lightning) or lightning "
+        "(import lightning.pytorch); default DDPPROBE_LIGHTNING, else pytorch_lightning when installed",
+    )
+    group.addoption(
+        "--skip-unavailable",
+        action="store_true",
+        default=os.environ.get("DDPPROBE_SKIP_UNAVAILABLE", "") not in ("", "0"),
+        help="with --backend nccl, skip (with the reason) the facts that need more CUDA devices than this "
+        "machine has, instead of refusing the run (default DDPPROBE_SKIP_UNAVAILABLE=1)",
+    )
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_configure(config) -> None:
     config.addinivalue_line(
         "markers",
-        "gpu(min_gpus=1): a GPU-only fact; runs with --backend nccl on a machine with at least min_gpus CUDA devices",
+        "run_if(min_gpus=0, backend=None, lightning=None): run only where these needs are met, else skip "
+        "with the reason (use ddpprobe.runif.run_if to build it)",
     )
-    _check_options(config)
+    _choose_lightning(config)
+    settings = _check_options(config)
+    settings["world_sizes"] = _parse_world_sizes(config.getoption("--world-size"))
+    config.stash[_SETTINGS] = settings
+    config.stash[_REFUSED] = []
+    if settings["backend"] == "nccl" and not config.getoption("--skip-unavailable"):
+        _check_devices(settings["world_sizes"])
 
 
-def _check_options(config) -> None:
+def _choose_lightning(config) -> None:
+    """Choose the Lightning package before any test module imports a probe (xdist workers run this too)."""
+    try:
+        _lightning.use(config.getoption("--lightning") or _lightning.chosen())
+    except ValueError as exc:
+        raise pytest.UsageError(f"--lightning / {_lightning.ENV_VAR}: {exc}") from None
+
+
+def _check_options(config) -> dict:
     """Refuse bad settings once, before any test runs, naming the option and its variable."""
     backend = config.getoption("--backend")
     if backend not in BACKENDS:
@@ -99,105 +149,185 @@ def _check_options(config) -> None:
         raise pytest.UsageError(
             f"--pg-timeout {pg_timeout:g} must be shorter than the world timeout {timeout:g}, so a stuck "
             "collective is reported by the process group before the world is killed")
-
-
-def _parse_world_sizes(raw: str) -> set:
-    if not raw:
-        return set()
-    try:
-        sizes = {int(part) for part in raw.split(",") if part.strip()}
-    except ValueError:
-        raise pytest.UsageError(
-            f"--world-size / DDPPROBE_WORLD_SIZES={raw!r}: give world sizes as integers, e.g. --world-size 2,3"
-        ) from None
-    if any(size < 1 for size in sizes):
-        raise pytest.UsageError(f"--world-size / DDPPROBE_WORLD_SIZES={raw!r}: world sizes must be >= 1")
-    return sizes
-
-
-def backend_skip_reason(backend: str, world_size: int, device_count: int) -> Optional[str]:
-    """Why a backend-agnostic fact at ``world_size`` cannot run here, or None if it can."""
-    if backend == "nccl" and device_count < world_size:
-        return f"backend nccl with world size {world_size} needs {world_size} CUDA devices, found {device_count}"
-    return None
-
-
-def gpu_skip_reason(backend: str, min_gpus: int, device_count: int) -> Optional[str]:
-    """Why a ``@pytest.mark.gpu(min_gpus=N)`` fact cannot run here, or None if it can."""
-    if backend != "nccl":
-        return f"GPU-only fact: run with --backend nccl on a machine with >= {min_gpus} CUDA device(s)"
-    if device_count < min_gpus:
-        return f"GPU-only fact needs >= {min_gpus} CUDA device(s), found {device_count}"
-    return None
-
-
-def pytest_collection_modifyitems(config, items) -> None:
-    sizes = _parse_world_sizes(config.getoption("--world-size"))
-    if not sizes:
-        return
-    keep, drop = [], []
-    for item in items:
-        callspec = getattr(item, "callspec", None)
-        world_size = callspec.params.get("world_size") if callspec else None
-        (drop if world_size is not None and world_size not in sizes else keep).append(item)
-    if drop:
-        config.hook.pytest_deselected(items=drop)
-        items[:] = keep
-
-
-def pytest_sessionfinish(session, exitstatus) -> None:
-    """Inside a torchrun/srun world, leave it together so no rank aborts at exit."""
-    if external_world() is not None:
-        from ddpprobe.launch._external import shutdown
-
-        shutdown()
-
-
-def pytest_runtest_setup(item) -> None:
-    marker = item.get_closest_marker("gpu")
-    if marker is None:
-        return
-    min_gpus = marker.kwargs.get("min_gpus", marker.args[0] if marker.args else 1)
-    backend = item.config.getoption("--backend")
-    reason = gpu_skip_reason(backend, min_gpus, cuda_device_count() if backend == "nccl" else 0)
-    if reason:
-        pytest.skip(reason)
-
-
-@pytest.fixture
-def backend(request) -> str:
-    """The backend chosen with ``--backend`` (``"gloo"`` or ``"nccl"``)."""
-    return request.config.getoption("--backend")
-
-
-@pytest.fixture
-def run_world(request, backend):
-    """``ddpprobe.run_world`` with this session's backend, timeouts and start method filled in.
-
-    Under ``--backend nccl`` a world larger than the number of CUDA devices skips the test with the
-    reason, instead of failing. Inside a torchrun/srun world (every rank running this pytest session in
-    lockstep), scenarios run in-process and a fact needing another world size skips on every rank.
-    """
-    config = request.config
-    defaults = {
+    return {
         "backend": backend,
         "timeout": config.getoption("--world-timeout"),
         "pg_timeout": config.getoption("--pg-timeout"),
         "start_method": config.getoption("--start-method"),
     }
 
+
+def _parse_world_sizes(raw: str) -> frozenset:
+    """``"2,3"`` -> ``{2, 3}``; empty -> empty (every world size).
+
+    Raises:
+        pytest.UsageError: a part is not a whole number >= 1; the message names the value.
+    """
+    sizes = set()
+    for part in (raw or "").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            size = int(part)
+        except ValueError:
+            size = None
+        if size is None or size < 1:
+            raise pytest.UsageError(
+                f"--world-size / DDPPROBE_WORLD_SIZES={raw!r}: {part!r} is not a world size; give whole numbers "
+                ">= 1, e.g. --world-size 2,3")
+        sizes.add(size)
+    return frozenset(sizes)
+
+
+def _check_devices(world_sizes: frozenset) -> None:
+    """Under nccl, refuse at once a machine with fewer CUDA devices than the smallest need: one per rank of
+    the largest ``--world-size`` asked for, else one (every world has a rank)."""
+    needed = max(world_sizes, default=1)
+    found = cuda_device_count()
+    if found < needed:
+        why = f"--world-size {max(world_sizes)}" if world_sizes else "every world has at least one rank"
+        raise pytest.UsageError(
+            f"--backend nccl runs one CUDA device per rank: {needed} needed ({why}), found {found}. Run on a "
+            "machine with enough GPUs, use --backend gloo, or pass --skip-unavailable to skip the facts that "
+            "cannot run here, each with its reason")
+
+
+def _world_size_of(item) -> Optional[int]:
+    callspec = getattr(item, "callspec", None)
+    size = callspec.params.get("world_size") if callspec is not None else None
+    return size if isinstance(size, int) and not isinstance(size, bool) else None
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Keep the facts of the chosen world sizes, then mark every fact this run cannot run with a
+    ``skipif`` carrying its reason (so the skip is reported at the test), or refuse the run."""
+    settings = config.stash[_SETTINGS]
+    sizes = settings["world_sizes"]
+    if sizes:
+        present = {_world_size_of(item) for item in items} - {None}
+        missing = sorted(sizes - present)
+        if missing:
+            _refuse(config, items,
+                    f"--world-size {','.join(map(str, sorted(sizes)))}: no collected test is parametrised with world "
+                    f"size {', '.join(map(str, missing))} (world sizes present: {', '.join(map(str, sorted(present))) or 'none'})")
+            return
+        keep, drop = [], []
+        for item in items:
+            size = _world_size_of(item)
+            (drop if size is not None and size not in sizes else keep).append(item)
+        if drop:
+            config.hook.pytest_deselected(items=drop)
+            items[:] = keep
+
+    environment = runif.RunEnvironment.here(settings["backend"])
+    outside = external_world()
+    short = []
+    for item in items:
+        try:
+            unmet = runif.unmet(runif.requirements_of(item), environment)
+        except ValueError as exc:
+            raise pytest.UsageError(str(exc)) from None
+        size = _world_size_of(item)
+        if size is not None:
+            if outside is not None and size != outside.world_size:
+                unmet.append(("world", f"fact runs at world size {size}; this {outside.launcher} world has "
+                                       f"{outside.world_size} ranks"))
+            elif outside is None:
+                reason = runif.world_skip_reason(environment.backend, size, environment.cuda_devices)
+                if reason:
+                    unmet.append((runif.DEVICES, reason))
+        if not unmet:
+            continue
+        kinds = {kind for kind, _ in unmet}
+        if kinds == {runif.DEVICES} and environment.backend == "nccl" and not config.getoption("--skip-unavailable"):
+            short.append(f"{item.nodeid}: {'; '.join(reason for _, reason in unmet)}")
+        else:
+            item.add_marker(pytest.mark.skipif(True, reason="; ".join(reason for _, reason in unmet)))
+    if short:
+        listed = "\n  ".join(short[:5]) + (f"\n  ... and {len(short) - 5} more" if len(short) > 5 else "")
+        _refuse(config, items,
+                f"--backend nccl: {len(short)} selected test(s) need more CUDA devices than the "
+                f"{environment.cuda_devices} found here:\n  {listed}\nRun on a machine with more GPUs, narrow "
+                "the run (e.g. --world-size), or pass --skip-unavailable to skip them, each with its reason")
+
+
+def _refuse(config, items, message: str) -> None:
+    """Stop the run before any test: a usage error, or under xdist (where a worker collects and cannot
+    stop the controller) no test for this worker and the message for the controller."""
+    workeroutput = getattr(config, "workeroutput", None)
+    if workeroutput is None:
+        raise pytest.UsageError(message)
+    workeroutput[_WORKER_KEY] = message
+    config.hook.pytest_deselected(items=list(items))
+    items[:] = []
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    """Under xdist (controller): collect what the workers refused."""
+    message = getattr(node, "workeroutput", {}).get(_WORKER_KEY)
+    refused = node.config.stash.get(_REFUSED, None)
+    if message and refused is not None and message not in refused:
+        refused.append(message)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    for message in config.stash.get(_REFUSED, []):
+        terminalreporter.write_line(f"ERROR: {message}", red=True, bold=True)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session, exitstatus) -> None:
+    """A run the workers refused exits with pytest's usage-error code 4. Inside a torchrun/srun world,
+    leave it together so no rank aborts at exit."""
+    if session.config.stash.get(_REFUSED, None):
+        session.exitstatus = pytest.ExitCode.USAGE_ERROR
+    if external_world() is not None:
+        from ddpprobe.launch import leave_external_world as shutdown
+
+        shutdown()
+
+
+def _skip_at_the_test(reason: str):
+    """A skip reported at the test's own line, not at this plugin's (as pytest does for ``skipif``)."""
+    return pytest.skip.Exception(reason, _use_item_location=True)
+
+
+@pytest.fixture
+def backend(request) -> str:
+    """The backend chosen with ``--backend`` (``"gloo"`` or ``"nccl"``)."""
+    return request.config.stash[_SETTINGS]["backend"]
+
+
+@pytest.fixture
+def run_world(request, backend):
+    """``ddpprobe.run_world`` with this session's backend, timeouts and start method filled in.
+
+    A world that needs more CUDA devices than this machine has (``backend="nccl"``, given to the call or
+    with ``--backend nccl``; one device per rank) skips the test with the reason, or fails it when the
+    run itself asked for nccl without ``--skip-unavailable``. Facts parametrised by ``world_size`` are
+    checked at collection instead. Inside a torchrun/srun world (every rank running this pytest session
+    in lockstep), scenarios run in-process and a fact needing another world size skips on every rank.
+    """
+    config = request.config
+    settings = config.stash[_SETTINGS]
+    defaults = {key: settings[key] for key in ("backend", "timeout", "pg_timeout", "start_method")}
+
     @functools.wraps(_run_world)
     def run(scenario, world_size: int = 2, **kwargs):
         outside = external_world()
         if outside is not None:
             if world_size != outside.world_size:
-                pytest.skip(f"fact runs at world size {world_size}; this {outside.launcher} world has "
-                            f"{outside.world_size} ranks")
+                raise _skip_at_the_test(f"fact runs at world size {world_size}; this {outside.launcher} world has "
+                                        f"{outside.world_size} ranks")
         elif isinstance(world_size, int) and not isinstance(world_size, bool):
-            reason = backend_skip_reason(kwargs.get("backend", backend), world_size,
-                                         cuda_device_count() if backend == "nccl" else 0)
+            chosen = kwargs.get("backend", backend)
+            reason = runif.world_skip_reason(chosen, world_size, cuda_device_count() if chosen == "nccl" else 0)
             if reason:
-                pytest.skip(reason)
+                if backend == "nccl" and not config.getoption("--skip-unavailable"):
+                    pytest.fail(f"{reason}; pass --skip-unavailable to skip such facts", pytrace=False)
+                raise _skip_at_the_test(reason)
         merged = {k: v for k, v in defaults.items() if v is not None}
         merged.update(kwargs)
         return _run_world(scenario, world_size, **merged)

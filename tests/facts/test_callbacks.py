@@ -24,7 +24,7 @@ import math
 import pytest
 
 from ddpprobe.probes import callbacks
-from ddpprobe.versions import requires_lightning
+from ddpprobe.runif import run_if
 from tests.support import oracle
 
 
@@ -93,7 +93,7 @@ def test_early_stopping_stops_every_rank_at_the_first_epoch_any_rank_wants_to_st
     assert seen == [row[: stop + 1] for row in values], oracle.side_by_side("monitored seen", seen)
 
 
-@requires_lightning(">=2.6")  # EarlyStopping.stopping_reason arrived in 2.6 (PR #21188)
+@run_if(lightning=">=2.6")  # EarlyStopping.stopping_reason arrived in 2.6 (PR #21188)
 def test_only_the_ranks_whose_own_value_met_the_criterion_record_a_stopping_reason(run_world):
     """After the reduced stop, ``EarlyStopping.stopping_reason`` is set only on the ranks whose own value
     met the criterion (``_evaluate_stopping_criteria`` sets it before the reduction): here rank 1

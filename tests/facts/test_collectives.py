@@ -24,12 +24,8 @@ import pytest
 
 from ddpprobe import RankDied, RankFailed, WorldTimeout
 from ddpprobe.probes import collectives
+from ddpprobe.runif import run_if
 from tests.support import oracle
-
-
-def _gloo_only(backend):
-    if backend != "gloo":
-        pytest.skip("asserts how the gloo backend reports a broken collective; NCCL fails differently")
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3])
@@ -77,9 +73,9 @@ def test_with_ddp_and_one_device_all_gather_adds_a_dimension_of_1_but_a_non_dist
                                         "t": {"shape": list(local.shape), "values": local.tolist()}}
 
 
+@run_if(backend="gloo")  # asserts how gloo reports a broken collective; NCCL fails differently
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_all_gather_of_different_first_dimensions_fails_with_gloo_and_is_reported_not_hung(run_world, backend,
-                                                                                          world_size):
+def test_all_gather_of_different_first_dimensions_fails_with_gloo_and_is_reported_not_hung(run_world, world_size):
     """Rank ``r`` all-gathers a tensor of ``r + 1`` rows. ``torch.distributed.nn.functional.all_gather``
     gives each rank receive buffers shaped like its *own* tensor, so rank 0 (1 row, the smallest) gets
     blocks larger than its buffers; gloo's TCP transport checks every received message against the
@@ -88,7 +84,6 @@ def test_all_gather_of_different_first_dimensions_fails_with_gloo_and_is_reporte
     launcher reports the world as failed well before its timeout: ``RankDied`` (rank 0's abort) or,
     when a peer's broken read reaches the launcher first, ``RankFailed`` from that peer; never a
     ``WorldTimeout``. Upstream feature request for uneven all_gather: #7773."""
-    _gloo_only(backend)
     with pytest.raises((RankDied, RankFailed, WorldTimeout)) as failure:
         run_world(collectives.collective, world_size, action="uneven", timeout=8, pg_timeout=5)
 
@@ -113,9 +108,9 @@ def test_pad_gather_trim_returns_every_ranks_rows_for_uneven_first_dimensions(ru
     assert got == [expected] * world_size, oracle.side_by_side("gathered", got) + f"  expected {expected}"
 
 
+@run_if(backend="gloo")  # asserts how gloo reports a broken collective; NCCL fails differently
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_sync_dist_logging_under_if_global_rank_0_leaves_rank_0_alone_in_the_all_reduce(run_world, backend,
-                                                                                       world_size):
+def test_sync_dist_logging_under_if_global_rank_0_leaves_rank_0_alone_in_the_all_reduce(run_world, world_size):
     """``if self.global_rank == 0: self.log("rank0_value", v, sync_dist=True)`` in
     ``on_validation_epoch_end``: only rank 0 holds the value, so only rank 0 all-reduces it when the
     logger connector computes epoch metrics (``_ResultMetric.compute`` -> ``_Sync`` ->
@@ -123,7 +118,6 @@ def test_sync_dist_logging_under_if_global_rank_0_leaves_rank_0_alone_in_the_all
     and leave the process group, and rank 0's all_reduce fails with a gloo transport error
     (the peers closed their connections). The launcher reports ``RankFailed`` naming rank 0 only, with
     a traceback through the epoch-end metric sync; every other rank finished."""
-    _gloo_only(backend)
     with pytest.raises(RankFailed) as failure:
         run_world(collectives.collective, world_size, action="log_rank0", timeout=10, pg_timeout=5)
 

@@ -18,10 +18,10 @@ from collections import Counter
 import pytest
 
 from ddpprobe.probes import legacy_hooks
-from ddpprobe.versions import requires_lightning
+from ddpprobe.runif import run_if
 from tests.support import oracle
 
-pytestmark = requires_lightning("<2.0")
+pytestmark = run_if(lightning="<2.0")
 
 
 @pytest.mark.parametrize("world_size, n", [(1, 5), (2, 5), (3, 10)])

@@ -1,5 +1,5 @@
 """NCCL, the GPU backend: what differs from gloo. These facts run only with ``--backend nccl`` on a
-machine with at least two CUDA devices (``@pytest.mark.gpu(min_gpus=2)``); elsewhere they skip with
+machine with at least two CUDA devices (``run_if(min_gpus=2, backend="nccl")``); elsewhere they skip with
 that reason. Ranks are spawned, never forked, so no process that touched CUDA is forked.
 
 NCCL reduces CUDA tensors only: the default process group has no backend for CPU tensors
@@ -16,9 +16,10 @@ import pytest
 
 from ddpprobe import RankFailed, WorldTimeout
 from ddpprobe.probes import nccl
+from ddpprobe.runif import run_if
 from tests.support import oracle
 
-pytestmark = pytest.mark.gpu(min_gpus=2)
+pytestmark = run_if(min_gpus=2, backend="nccl")
 
 
 def test_a_cpu_tensor_all_reduced_over_nccl_fails_with_an_error_naming_the_device_type(run_world):

@@ -11,9 +11,9 @@ is in ``tests/facts/test_lightning_1x_hooks.py``.
 import math
 
 from ddpprobe.probes import hooks
-from ddpprobe.versions import requires_lightning
+from ddpprobe.runif import run_if
 
-pytestmark = requires_lightning(">=2.0")
+pytestmark = run_if(lightning=">=2.0")
 
 
 def test_defining_validation_epoch_end_raises_not_implemented_error_on_every_rank(run_world):

@@ -27,6 +27,7 @@ import pytest
 from ddpprobe import RankFailed
 from ddpprobe.probes import training
 from ddpprobe.probes.training import INIT_BIAS, INIT_WEIGHT, regression_x, regression_y
+from ddpprobe.runif import run_if
 from tests.support import oracle
 
 # ---------------------------------------------------------------------------------------------
@@ -239,15 +240,14 @@ def test_a_validation_loop_after_training_leaves_every_rank_with_rank_0s_running
     )
 
 
-def test_sync_batchnorm_is_refused_on_cpu_when_ddp_wraps_the_module(run_world, backend):
+@run_if(backend="gloo")  # a CPU fact: with --backend nccl the modules are on GPUs, where SyncBatchNorm works
+def test_sync_batchnorm_is_refused_on_cpu_when_ddp_wraps_the_module(run_world):
     """``Trainer(sync_batchnorm=True)`` converts every ``BatchNorm*d`` to ``SyncBatchNorm``
     (pytorch_lightning/plugins/layer_sync.py ``TorchSyncBatchNorm``), but on CPU (gloo) DDP refuses the
     module when it wraps it: ``ValueError: SyncBatchNorm layers only work with GPU modules``, on every
     world size including 1. Source: torch/nn/parallel/distributed.py
     ``_passing_sync_batchnorm_handle``; ``SyncBatchNorm.forward`` (torch/nn/modules/batchnorm.py) also
     accepts only GPU-like inputs."""
-    if backend != "gloo":
-        pytest.skip("CPU fact: with --backend nccl the modules are on GPUs, where SyncBatchNorm works")
     with pytest.raises(RankFailed) as failure:
         run_world(training.fit_batchnorm, 2, n=12, batch_size=2, sync_batchnorm=True)
     assert set(failure.value.exc_types.values()) == {"ValueError"}, failure.value.exc_types
@@ -255,7 +255,7 @@ def test_sync_batchnorm_is_refused_on_cpu_when_ddp_wraps_the_module(run_world, b
         assert "SyncBatchNorm layers only work with GPU modules" in trace, trace
 
 
-@pytest.mark.gpu(min_gpus=2)
+@run_if(min_gpus=2, backend="nccl")
 def test_sync_batchnorm_running_stats_are_the_global_batch_stats_and_equal_on_every_rank(run_world):
     """With ``Trainer(sync_batchnorm=True)`` on GPUs, ``SyncBatchNorm`` all-gathers each rank's batch
     mean, variance and count, so every rank updates its running statistics with the statistics of
