@@ -1,20 +1,28 @@
-"""The version matrix: run every fact on each pytorch-lightning release, then tabulate facts x versions.
+"""The version matrix: run every fact on each Lightning release, then tabulate facts x releases.
 
-Each ``facts`` session builds its own virtual environment with the same torch build, installs one
-pinned ``pytorch-lightning`` release, runs the whole suite with ``--semantics-report`` and keeps the
-card's JSON as ``.nox-out/semantics-<version>.json``. The ``matrix`` session merges those files into
-``docs/matrix.md`` (``ddpprobe/versions.py`` ``render_matrix``): one row per fact, one column per
-version, each cell *holds*, *does not hold*, *known bug still present*, *known bug fixed*, or *not
-applicable* (the fact skipped there, e.g. ``requires_lightning(">=2.0")`` on 1.9.5).
+Each ``facts`` session builds its own virtual environment with the same torch build, installs one pinned
+release of one Lightning distribution (``pytorch-lightning``, or the unified ``lightning`` run with
+``DDPPROBE_LIGHTNING=lightning``), runs the whole suite with ``--semantics-report`` and keeps the card's
+JSON as ``.nox-out/semantics-<distribution>-<version>.json``. The ``matrix`` session merges those files
+into ``docs/matrix.md`` (``python -m ddpprobe.card.matrix``): one row per fact, one column per release
+and package, each cell *holds*, *does not hold*, *bug present*, *bug absent* or *n/a* (the fact skipped
+there, e.g. ``requires_lightning(">=2.0")`` on 1.9.5); facts that differ between the two packages at the
+same release are listed first.
 
-Regenerate everything (about 1-2 minutes per version on 2 CPU cores)::
+The releases (``ddpprobe/card/releases.py``): the last 1.x and the last patch of every 2.x minor of
+``pytorch-lightning``, and the newest of those for ``lightning``, read from ``pip index versions`` when
+this file loads (a pinned list, with a line on stderr, when the index cannot be asked).
+
+Regenerate everything (about 1-2 minutes per release on 2 CPU cores)::
 
     pip install -e ".[matrix]"          # or: pip install nox
     nox                                 # = nox -s facts matrix
+    nox -s versions                     # the sessions' releases, one a line
 
-One version, or only some tests, then the table from whatever JSON files exist::
+One release, or only some tests, then the table from whatever JSON files exist::
 
-    nox -s "facts(lightning='1.9.5')" -- tests/facts/test_removed_hooks.py
+    nox -s "facts(pytorch-lightning==1.9.5)" -- tests/facts/test_removed_hooks.py
+    nox -s "facts(lightning==2.6.6)"
     nox -s matrix
 
 ``nox -r`` reuses the environments of an earlier run (pip then finds everything installed: seconds).
@@ -22,13 +30,33 @@ One version, or only some tests, then the table from whatever JSON files exist::
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import pathlib
 
 import nox
 
-#: pytorch-lightning releases in the matrix: the last 1.x and the last patch of every 2.x minor.
-LIGHTNING_VERSIONS = ["1.9.5", "2.0.9.post0", "2.1.4", "2.2.5", "2.3.3", "2.4.0", "2.5.1", "2.6.6"]
+ROOT = pathlib.Path(__file__).resolve().parent
+
+
+def _releases_module():
+    """ddpprobe/card/releases.py loaded as a file: it needs only the standard library and packaging (which
+    nox has), so the ddpprobe package and its dependencies need not be importable where nox runs."""
+    spec = importlib.util.spec_from_file_location("ddpprobe_card_releases", ROOT / "ddpprobe" / "card" / "releases.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+releases = _releases_module().releases
+
+#: ``(distribution, version)`` of every ``facts`` session: pytorch-lightning's last 1.x and the last patch
+#: of every 2.x minor; the unified ``lightning`` at the newest of those.
+RELEASES = [("pytorch-lightning", v) for v in releases("pytorch-lightning")] + [
+    ("lightning", v) for v in releases("lightning", newest_only=True)]
+
+#: The import package each distribution is run as (``DDPPROBE_LIGHTNING``, ddpprobe/_lightning.py).
+IMPORT_NAME = {"pytorch-lightning": "pytorch_lightning", "lightning": "lightning"}
 
 #: One torch build for every version, installed first, so no step pulls another (e.g. a CUDA) build.
 TORCH = os.environ.get("DDPPROBE_MATRIX_TORCH", "torch==2.13.0")
@@ -41,11 +69,11 @@ OUT = pathlib.Path(".nox-out")
 #: longer ship ``pkg_resources``, and torch 2.13 pulls a recent one, so such a release gets this one.
 PKG_RESOURCES_SETUPTOOLS = "setuptools<70"
 
-#: Prints "yes" when importing pytorch_lightning fails for want of ``pkg_resources`` (a feature check,
-#: not a version list, so a new release in LIGHTNING_VERSIONS needs no entry anywhere else).
+#: Prints "yes" when importing the package fails for want of ``pkg_resources`` (a feature check, not a
+#: version list, so a new release needs no entry anywhere else). ``{module}``: the import name.
 _NEEDS_PKG_RESOURCES = """
 try:
-    import pytorch_lightning
+    import {module}
 except ModuleNotFoundError as exc:
     if exc.name != "pkg_resources":
         raise
@@ -54,56 +82,57 @@ else:
     print("no")
 """
 
-ROOT = pathlib.Path(__file__).resolve().parent
-
 nox.options.sessions = ["facts", "matrix"]
 nox.options.error_on_missing_interpreters = True
 
 
 def _project_requirements() -> list:
-    """The project's runtime dependencies except pytorch-lightning, plus its ``test`` extra, from
-    pyproject.toml (the project is then installed with ``--no-deps`` so its ``pytorch-lightning>=2.0``
-    floor does not veto a 1.x pin)."""
+    """The project's runtime dependencies except Lightning, plus its ``test`` extra, from pyproject.toml
+    (the project is then installed with ``--no-deps`` so its ``pytorch-lightning`` floor does not veto a
+    1.x pin, nor pull pytorch-lightning next to ``lightning``)."""
     try:
         import tomllib
     except ModuleNotFoundError:  # Python < 3.11
         import tomli as tomllib
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    runtime = [r for r in project["dependencies"] if not r.replace("_", "-").startswith("pytorch-lightning")]
+    runtime = [r for r in project["dependencies"]
+               if not r.replace("_", "-").startswith(("pytorch-lightning", "lightning"))]
     return runtime + list(project["optional-dependencies"]["test"])
 
 
 @nox.session(python=False, default=False)
 def versions(session: nox.Session) -> None:
-    """Print the pytorch-lightning releases in the matrix, one per line."""
-    for version in LIGHTNING_VERSIONS:
-        print(version)
+    """Print the ``facts`` sessions' releases, one ``distribution==version`` a line."""
+    for distribution, version in RELEASES:
+        print(f"{distribution}=={version}")
 
 
 @nox.session
-@nox.parametrize("lightning", LIGHTNING_VERSIONS)
-def facts(session: nox.Session, lightning: str) -> None:
-    """Run the suite on ``pytorch-lightning==<lightning>``; write .nox-out/semantics-<lightning>.{md,json}.
+@nox.parametrize(["distribution", "version"], RELEASES, ids=[f"{d}=={v}" for d, v in RELEASES])
+def facts(session: nox.Session, distribution: str, version: str) -> None:
+    """Run the suite on ``<distribution>==<version>``; write .nox-out/semantics-<distribution>-<version>.{md,json}.
 
     Extra arguments after ``--`` go to pytest (test paths, ``-k``, ``--world-size``). A run with
     failing facts (pytest exit code 1) still writes its card and the session still succeeds: a fact
     that does not hold on some release is a result, not a broken run. Any other exit code (usage
     error, internal error, no tests collected) fails the session.
     """
+    module = IMPORT_NAME[distribution]
     session.install(TORCH)
-    session.install(f"pytorch-lightning=={lightning}", *_project_requirements())
+    session.install(f"{distribution}=={version}", *_project_requirements())
     session.install("--no-deps", "-e", ".")
     # Last, since torch 2.13 asks for setuptools>=77 and pip would upgrade it back: a release whose
     # import needs ``pkg_resources`` (gone from recent setuptools) gets a setuptools that has it.
-    needs = session.run_install("python", "-c", _NEEDS_PKG_RESOURCES, silent=True)
+    needs = session.run_install("python", "-c", _NEEDS_PKG_RESOURCES.format(module=module), silent=True)
     if needs is not None and needs.strip() == "yes":
         session.install(PKG_RESOURCES_SETUPTOOLS)
-    session.run("python", "-c", "import torch, pytorch_lightning, torchmetrics; "
-                "print('torch', torch.__version__, '| pytorch-lightning', pytorch_lightning.__version__, "
+    session.env["DDPPROBE_LIGHTNING"] = module
+    session.run("python", "-c", f"import torch, {module}, torchmetrics; "
+                f"print('torch', torch.__version__, '| {distribution}', {module}.__version__, "
                 "'| torchmetrics', torchmetrics.__version__)")
 
     OUT.mkdir(exist_ok=True)
-    card = OUT / f"semantics-{lightning}.md"
+    card = OUT / f"semantics-{distribution}-{version}.md"
     for stale in (card, card.with_suffix(".json")):
         stale.unlink(missing_ok=True)
     ran = session.run(
@@ -117,12 +146,12 @@ def facts(session: nox.Session, lightning: str) -> None:
 
 @nox.session(default=True)
 def matrix(session: nox.Session) -> None:
-    """Merge .nox-out/semantics-*.json into docs/matrix.md (facts x pytorch-lightning versions)."""
+    """Merge .nox-out/semantics-*.json into docs/matrix.md (facts x Lightning releases and packages)."""
     cards = sorted(str(p) for p in OUT.glob("semantics-*.json"))
     if not cards:
         session.error(f"no {OUT}/semantics-*.json: run `nox -s facts` first")
-    session.install("packaging")
-    # Run the module as a file: ddpprobe/versions.py needs only the standard library and packaging,
-    # so this environment does not need torch or Lightning.
-    session.run("python", "ddpprobe/versions.py", "matrix", *cards, "--out", "docs/matrix.md",
+    # ddpprobe.card.matrix needs only packaging and jsonschema: this environment has no torch or Lightning.
+    session.install("packaging", "jsonschema>=4.18")
+    session.install("--no-deps", "-e", ".")
+    session.run("python", "-m", "ddpprobe.card.matrix", *cards, "--out", "docs/matrix.md",
                 "--command", "nox -s facts matrix")

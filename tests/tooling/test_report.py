@@ -1,4 +1,4 @@
-"""The semantics card (``pytest --semantics-report=PATH.md``, ddpprobe/report.py): what it says about a run.
+"""The semantics card (``pytest --semantics-report=PATH.md``, ddpprobe/card/): what it says about a run.
 
 Each test runs a tiny inner pytest session over a fake fact module whose outcomes are fixed by
 construction (a passing fact, a failing one, a strict xfail that fails, one that passes, a skip, a
@@ -13,7 +13,9 @@ from importlib.metadata import version
 
 import pytest
 
-from ddpprobe.report import SCHEMA, picture_path, validate_card
+from ddpprobe import _lightning
+from ddpprobe.card.schema import SCHEMA, validate_card
+from ddpprobe.card.sharding import picture_path
 from tests.support import oracle
 
 pytest_plugins = ["pytester"]
@@ -25,7 +27,7 @@ FAKE_FACTS = '''
 
 A second paragraph that the card leaves out."""
 import pytest
-from ddpprobe.report import record_number
+from ddpprobe.card.record import record_number
 
 
 def test_two_plus_two_is_four(request, semantics):
@@ -79,9 +81,9 @@ TOOLING = "test_fake_facts.py::test_the_tooling_works"
 #: An inner conftest that logs which process (xdist worker id or "controller") writes a card.
 WRITER_LOG = '''
 import os
-import ddpprobe.report
+import ddpprobe.card.plugin
 
-_write_card = ddpprobe.report.write_card
+_write_card = ddpprobe.card.plugin.write_card
 
 
 def _logged_write_card(card, path):
@@ -90,10 +92,10 @@ def _logged_write_card(card, path):
     _write_card(card, path)
 
 
-ddpprobe.report.write_card = _logged_write_card
+ddpprobe.card.plugin.write_card = _logged_write_card
 '''
 
-PLUGINS = ["-p", "ddpprobe.pytest_plugin", "-p", "ddpprobe.report", "-p", "no:cacheprovider", "--strict-markers"]
+PLUGINS = ["-p", "ddpprobe.pytest_plugin", "-p", "ddpprobe.card.plugin", "-p", "no:cacheprovider", "--strict-markers"]
 
 
 def _make_card(pytester, *extra, subprocess=False, source=FAKE_FACTS):
@@ -130,7 +132,8 @@ def test_the_cards_json_validates_against_its_documented_schema_and_a_broken_car
     validate_card(card)
     assert card["schema"] == SCHEMA
     assert card["environment"]["torch"] == version("torch")
-    assert card["environment"]["pytorch_lightning"] == version("pytorch-lightning")
+    assert card["environment"]["lightning_package"] == _lightning.chosen()
+    assert card["environment"]["lightning"] == version(_lightning.distribution())
     assert card["environment"]["torchmetrics"] == version("torchmetrics")
     assert card["backend"] == "gloo"
     assert card["world_sizes"] == [1, 3]
@@ -224,8 +227,9 @@ def test_under_xdist_the_controller_writes_one_card_with_the_workers_numbers(pyt
 
 def test_the_sharding_picture_has_one_cell_per_rank_and_slot_from_a_real_world(pytester):
     """The card's picture comes from a real world (N=10, world size 4): one SVG cell per (rank, slot)
-    holding the sample id ``DistributedSampler`` deals there, the padding duplicates highlighted, and
-    the card links to it."""
+    holding the sample id ``DistributedSampler`` deals there; only the padding is highlighted, i.e. the
+    later copy of each repeated sample (padded list position ``slot * W + rank >= N``), not its original;
+    and the card links to it."""
     n, world_size = 10, 4
     source = 'def test_one_fact():\n    """One fact."""\n'
     _, markdown, card = _make_card(pytester, source=source)
@@ -248,4 +252,8 @@ def test_the_sharding_picture_has_one_cell_per_rank_and_slot_from_a_real_world(p
     for (rank, slot), cell in by_position.items():
         sample = int(cell.get("data-sample"))
         assert sample == expected[rank][slot]
-        assert ("duplicate" in cell.get("class").split()) == (sample in duplicated), (rank, slot, sample)
+        is_padding = slot * world_size + rank >= n  # DistributedSampler's list: 0..N-1, then the repeats
+        assert ("duplicate" in cell.get("class").split()) == is_padding, (rank, slot, sample)
+    marked = sorted([int(c.get("data-rank")), int(c.get("data-slot"))] for c in cells if "duplicate" in c.get("class"))
+    assert marked == sorted(card["sharding"]["padding"])
+    assert len(marked) == sum(oracle.duplicates(n, world_size).values()) == len(duplicated)

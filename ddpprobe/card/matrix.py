@@ -1,0 +1,264 @@
+"""The version matrix: semantics cards of several Lightning releases merged into one facts x releases table.
+
+``noxfile.py`` runs the suite once per release (:mod:`ddpprobe.card.releases`), each run writing a card's
+JSON twin; :func:`build_matrix` merges them and :func:`render_matrix` writes ``docs/matrix.md``. A column is
+one (distribution, version): ``pytorch-lightning`` releases, and the unified ``lightning`` package at the
+releases it ran, so a fact that differs between the two packages at the same release is listed as such.
+The cell words come from the card's schema (``x-cell`` of each outcome in ``schema.json``). Needs the
+standard library, ``packaging`` and ``jsonschema`` (no torch, no Lightning)::
+
+    python -m ddpprobe.card.matrix .nox-out/semantics-*.json --out docs/matrix.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import pathlib
+import sys
+from typing import Optional
+
+from packaging.version import Version
+
+from ddpprobe.card.schema import OUTCOMES, SCHEMA, card_problems
+
+#: The cell of a fact a run did not have (the test did not exist in that release's run).
+ABSENT = "–"
+
+#: Distributions in column order at the same version.
+_DISTRIBUTIONS = ("pytorch-lightning", "lightning")
+
+
+def cell_text(outcome: Optional[str]) -> str:
+    """The matrix cell of an outcome code (``None``: not in that run); problems in bold."""
+    if outcome is None:
+        return ABSENT
+    entry = OUTCOMES[outcome]
+    return f"**{entry.cell}**" if entry.problem else entry.cell
+
+
+def legend() -> list:
+    """``(cell, meaning)`` pairs for every outcome and for an absent fact."""
+    return [(cell_text(code), o.meaning) for code, o in OUTCOMES.items()] + [
+        (ABSENT, "the fact is not in that release's run (the test did not exist then)")]
+
+
+def load_card(path) -> dict:
+    """Read and check one semantics card JSON file.
+
+    Raises:
+        ValueError: the file is not a valid ``schema.json`` card (the message names the file and the
+            problems; a card of an older schema says to regenerate it).
+    """
+    card = json.loads(pathlib.Path(path).read_text(encoding="utf-8"))
+    if isinstance(card, dict) and card.get("schema") != SCHEMA:
+        raise ValueError(f"{path}: schema {card.get('schema')!r}, expected {SCHEMA!r}; regenerate it with "
+                         "`nox -s facts`")
+    problems = card_problems(card)
+    if problems:
+        raise ValueError(f"{path}: not a semantics card:\n" + "\n".join(problems[:20]))
+    if not card["environment"]["lightning"]:
+        raise ValueError(f"{path}: the card names no Lightning version")
+    return card
+
+
+def column_of(card: dict) -> str:
+    """The column a card fills: ``"2.6.6"`` for pytorch-lightning, ``"lightning 2.6.6"`` for the unified package."""
+    env = card["environment"]
+    prefix = "" if env["lightning_distribution"] == "pytorch-lightning" else f"{env['lightning_distribution']} "
+    return prefix + env["lightning"]
+
+
+def _column_key(card: dict) -> tuple:
+    env = card["environment"]
+    return Version(env["lightning"]), _DISTRIBUTIONS.index(env["lightning_distribution"])
+
+
+def build_matrix(cards: list) -> dict:
+    """Merge semantics cards (one per distribution and release) into a facts x releases matrix.
+
+    Args:
+        cards: card dicts (:func:`load_card`), any order; a later card of the same column replaces an
+            earlier one.
+
+    Returns:
+        ``{"columns": [{"column", "distribution", "version", "torchmetrics", "torch", "python", "summary",
+        "generated"}], "topics": [{"module", "path", "topic", "rows": [{"nodeid", "function", "case",
+        "fact", "cells": {column: {"outcome", "verdict", "detail"} | None}}]}]}``, columns by version,
+        pytorch-lightning before lightning. Topics and rows keep the order of the newest card, then facts
+        only older cards have.
+    """
+    by_column = {column_of(card): card for card in cards}
+    columns = sorted(by_column, key=lambda c: _column_key(by_column[c]))
+    topics: dict = {}
+    rows: dict = {}
+    for column in reversed(columns):  # newest first: its wording and order win
+        for topic in by_column[column]["topics"]:
+            entry = topics.setdefault(topic["module"], {
+                "module": topic["module"], "path": topic["path"], "topic": topic["topic"], "rows": []})
+            for fact in topic["facts"]:
+                row = rows.get(fact["nodeid"])
+                if row is None:
+                    row = rows[fact["nodeid"]] = {
+                        "nodeid": fact["nodeid"], "function": fact["function"], "case": fact["case"],
+                        "fact": fact["fact"], "cells": {c: None for c in columns}}
+                    entry["rows"].append(row)
+                row["cells"][column] = {k: fact[k] for k in ("outcome", "verdict", "detail")}
+    described = []
+    for column in columns:
+        env, card = by_column[column]["environment"], by_column[column]
+        described.append({
+            "column": column, "distribution": env["lightning_distribution"], "version": env["lightning"],
+            "torchmetrics": env["torchmetrics"], "torch": env["torch"], "python": env["python"],
+            "summary": card["summary"], "generated": card["generated"],
+        })
+    return {"columns": described, "topics": list(topics.values())}
+
+
+def _outcome(cell) -> Optional[str]:
+    return None if cell is None else cell["outcome"]
+
+
+def differing_rows(matrix: dict, columns: Optional[list] = None) -> list:
+    """Rows whose outcome is not the same in every column of ``columns`` (default all; absent counts)."""
+    columns = columns if columns is not None else [c["column"] for c in matrix["columns"]]
+    return [row for topic in matrix["topics"] for row in topic["rows"]
+            if len({_outcome(row["cells"][c]) for c in columns}) > 1]
+
+
+def package_pairs(matrix: dict) -> list:
+    """``(pytorch-lightning column, lightning column)`` for every release both packages ran."""
+    by_version: dict = {}
+    for c in matrix["columns"]:
+        by_version.setdefault(c["version"], {})[c["distribution"]] = c["column"]
+    return [(d["pytorch-lightning"], d["lightning"]) for d in by_version.values() if len(d) == 2]
+
+
+def _md(text) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _short(text, limit: int = 220) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _fact_label(row: dict, previous_function: Optional[str]) -> str:
+    fact = "″" if row["function"] == previous_function else _md(row["fact"])
+    return fact + (f" `[{row['case']}]`" if row["case"] else "")
+
+
+def _table(rows: list, columns: list) -> list:
+    lines = ["| fact | " + " | ".join(columns) + " |", "| --- | " + " | ".join("---" for _ in columns) + " |"]
+    previous = None
+    for row in rows:
+        lines.append(f"| {_fact_label(row, previous)} | "
+                     + " | ".join(cell_text(_outcome(row["cells"][c])) for c in columns) + " |")
+        previous = row["function"]
+    return lines
+
+
+def _reasons(rows: list, columns: list) -> list:
+    lines = []
+    for row in rows:
+        lines.append(f"- `{row['nodeid']}`")
+        reasons: dict = {}
+        for column in columns:
+            cell = row["cells"][column]
+            if cell is None:
+                reasons.setdefault("not in that run", []).append(column)
+            elif cell["outcome"] != "holds":
+                why = cell["detail"] or cell["verdict"]
+                if cell["outcome"] == "skipped":  # "applies to ...; installed 1.9.5": the column says which
+                    why = why.split("; installed ")[0]
+                reasons.setdefault(f"{OUTCOMES[cell['outcome']].cell}: {_md(_short(why))}", []).append(column)
+        lines += [f"  - {', '.join(cs)}: {why}" for why, cs in reasons.items()]
+    return lines
+
+
+def render_matrix(matrix: dict, command: str = "nox -s facts matrix") -> str:
+    """The matrix as Markdown: the runs, a legend, the facts that differ between the two packages at the
+    same release, the facts that differ across releases (each with the reason for every cell that is
+    not *holds*), then every fact by topic."""
+    columns = [c["column"] for c in matrix["columns"]]
+    lines = [
+        "# Version matrix: which facts hold on which Lightning release",
+        "",
+        f"Generated by `{command}` (noxfile.py) on "
+        f"{datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}: the whole suite ran once "
+        "per release, each in its own virtual environment with the same torch, and each run's semantics card "
+        "(`--semantics-report`) was merged here. A column named by a version alone is `pytorch-lightning`; "
+        "`lightning X` is the unified package (`import lightning.pytorch`). Do not edit by hand; rerun the "
+        "command.",
+        "",
+        "| release | torchmetrics | torch | Python | facts | holds | does not hold | bug present "
+        "| bug absent | n/a (skipped) | error |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for c in matrix["columns"]:
+        s = c["summary"]
+        lines.append(
+            f"| {c['column']} | {c['torchmetrics']} | {c['torch']} | {c['python']} | {sum(s.values())} "
+            f"| {s['holds']} | {s['does_not_hold']} | {s['bug_present']} | {s['bug_fixed']} | {s['skipped']} "
+            f"| {s['error'] + s['not_run']} |"
+        )
+    lines += ["", "Cells:", ""] + [f"- {cell}: {meaning}" for cell, meaning in legend()]
+
+    pairs = package_pairs(matrix)
+    if pairs:
+        lines += ["", "## Facts that differ between the two packages at the same release", ""]
+        for pl_column, l_column in pairs:
+            differ = differing_rows(matrix, [pl_column, l_column])
+            if not differ:
+                lines.append(f"{pl_column}: none; every fact has the same verdict with `pytorch_lightning` and "
+                             "`lightning.pytorch`.")
+                continue
+            lines += [f"{pl_column}: {len(differ)} test case(s) differ.", ""] + _table(differ, [pl_column, l_column])
+            lines += [""] + _reasons(differ, [pl_column, l_column])
+        lines.append("")
+
+    differ = differing_rows(matrix)
+    lines += ["", "## Facts that differ across releases", ""]
+    if not differ:
+        lines.append("None: every fact has the same verdict on every release.")
+    else:
+        lines += [f"{len(differ)} test case(s) do not have the same verdict on every release.", ""]
+        lines += _table(differ, columns)
+        lines += ["", "Why, for every cell above that is not *holds* (columns with the same reason together):", ""]
+        lines += _reasons(differ, columns)
+
+    lines += ["", "## Every fact", ""]
+    for topic in matrix["topics"]:
+        intro = f"`{topic['path']}`" + (f": {_md(_short(topic['topic'], 400))}" if topic["topic"] else "")
+        lines += [f"### {topic['module']}", "", intro, ""] + _table(topic["rows"], columns) + [""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ddpprobe.card.matrix", description=__doc__.split("\n\n")[0])
+    parser.add_argument("cards", nargs="+", help="semantics card JSON files, one per Lightning release and package")
+    parser.add_argument("--out", default="docs/matrix.md", help="Markdown file to write (default docs/matrix.md)")
+    parser.add_argument("--json", default=None, help="also write the merged matrix as JSON here")
+    parser.add_argument("--command", default="nox -s facts matrix", help="the command named in the header")
+    args = parser.parse_args(argv)
+
+    try:
+        matrix = build_matrix([load_card(p) for p in args.cards])
+    except (OSError, ValueError) as exc:
+        print(f"python -m ddpprobe.card.matrix: {exc}", file=sys.stderr)
+        return 2
+    out = pathlib.Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render_matrix(matrix, command=args.command), encoding="utf-8")
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(matrix, indent=1) + "\n", encoding="utf-8")
+    print(f"{out}: {sum(len(t['rows']) for t in matrix['topics'])} test cases x {len(matrix['columns'])} "
+          f"columns ({', '.join(c['column'] for c in matrix['columns'])}); {len(differing_rows(matrix))} differ "
+          f"across releases, {sum(len(differing_rows(matrix, list(p))) for p in package_pairs(matrix))} between "
+          "the two packages")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

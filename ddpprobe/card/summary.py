@@ -1,0 +1,134 @@
+"""What the card says first: the seed question's answers with this run's numbers, and the order of sections.
+
+The project started from one question: *validating on 2 GPUs, every print shows twice; does
+on_validation_epoch_end see the outputs of all GPUs or only its own, and if only its own, how do you log
+F1, precision and recall over the entire validation set?* :data:`SEED_QUESTIONS` splits it into parts,
+each answered by facts of the suite. :func:`seed_answers` reads a card: a part's answer is given only
+when every case of its facts holds in this run, and with the numbers those facts recorded with
+``semantics.number``; otherwise it says which verdicts the run got instead.
+
+Sections follow the README's map of the tests (the rows of its "What the tests answer" table,
+:func:`readme_order`); test modules not in the table come after, alphabetically.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+from typing import Optional
+
+SEED_QUESTION = (
+    "validating on 2 GPUs, every `print` shows twice; does `on_validation_epoch_end` see the outputs of all "
+    "GPUs or only its own, and if only its own, how do you log F1, precision and recall over the entire "
+    "validation set?"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Question:
+    """One part of the seed question, the answer its facts prove, and those facts as ``(module, function)``."""
+
+    question: str
+    answer: str
+    facts: tuple
+
+
+SEED_QUESTIONS = (
+    Question(
+        "Does `on_validation_epoch_end` see the outputs of all ranks or only its own?",
+        "Only its own. Outputs a rank collects in `validation_step` stay in that rank's process; nothing "
+        "gathers them, so each rank's `on_validation_epoch_end` holds its own shard (padding duplicates "
+        "included), and only the union over ranks is the whole set.",
+        (("test_epoch_end_outputs", "test_outputs_collected_in_validation_step_are_rank_local_at_epoch_end"),),
+    ),
+    Question(
+        "Why does every `print` show twice?",
+        "Every rank runs every hook, so a plain `print` writes once per rank. `self.print` and a "
+        "`@rank_zero_only` function write on rank 0 only; `self.logger.experiment` is a no-op on every other "
+        "rank, so a logger file holds rank 0's local value only.",
+        (("test_printing_and_loggers", "test_plain_print_appears_once_per_rank_while_self_print_and_rank_zero_only_print_once"),
+         ("test_printing_and_loggers", "test_logger_experiment_on_other_ranks_is_a_no_op_so_the_file_holds_rank_0s_local_value")),
+    ),
+    Question(
+        "How do you log F1, precision and recall over the entire validation set?",
+        "Not by averaging: a per-batch F1 logged with `sync_dist=True` is a mean of batch F1s. Log torchmetrics "
+        "objects (`BinaryF1Score`, `BinaryPrecision`, `BinaryRecall`; no `sync_dist` needed), or `all_gather` "
+        "predictions and targets, or all-reduce the TP/FP/FN counts: each equals scikit-learn on the samples the "
+        "ranks evaluated. Those include `DistributedSampler`'s padding duplicates; gather the sample ids too and "
+        "drop duplicates for the single-process value.",
+        (("test_f1_over_whole_set", "test_f1_over_the_whole_validation_set_five_ways"),
+         ("test_f1_over_whole_set", "test_metric_objects_need_no_sync_dist_and_trigger_no_sync_dist_warning")),
+    ),
+    Question(
+        "And what does `self.log` give without and with `sync_dist`?",
+        "Without `sync_dist` each rank keeps the mean over its own shard and the logger writes rank 0's; with "
+        "`sync_dist=True` every rank gets the mean over all samples the ranks evaluated, padding duplicates "
+        "included, which differs from the single-process mean when N does not divide by the world size.",
+        (("test_logging_sync_dist", "test_without_sync_dist_each_rank_keeps_its_own_value_and_only_rank_0s_reaches_the_log_file"),
+         ("test_logging_sync_dist", "test_with_sync_dist_every_rank_gets_the_mean_over_the_padded_set_not_the_dataset")),
+    ),
+)
+
+
+def anchor(module: str) -> str:
+    """The Markdown anchor of a section headed ``## <module>`` (GitHub's rule: lower case, spaces to ``-``)."""
+    return re.sub(r"[^a-z0-9_\- ]", "", module.lower()).replace(" ", "-")
+
+
+def seed_answers(card: dict, questions=SEED_QUESTIONS) -> list:
+    """Each part of the seed question with its answer as this run establishes it.
+
+    Returns:
+        ``[{"question", "answer" (None unless every case of its facts holds), "facts": [{"module",
+        "function", "fact", "cases", "holds", "verdicts", "numbers" (the recorded texts of the first
+        case that recorded any), "case" (that case's parameters)}]}]``; a fact not in the run has
+        ``cases == 0``.
+    """
+    by_function: dict = {}
+    for topic in card["topics"]:
+        for fact in topic["facts"]:
+            by_function.setdefault((topic["module"], fact["function"]), []).append(fact)
+    answers = []
+    for q in questions:
+        facts = []
+        for module, function in q.facts:
+            cases = by_function.get((module, function), [])
+            with_numbers = next((c for c in cases if c["numbers"]), None)
+            facts.append({
+                "module": module, "function": function,
+                "fact": cases[0]["fact"] if cases else function,
+                "cases": len(cases),
+                "holds": sum(c["outcome"] == "holds" for c in cases),
+                "verdicts": sorted({c["verdict"] for c in cases if c["outcome"] != "holds"}),
+                "numbers": [n["text"] for n in with_numbers["numbers"]] if with_numbers else [],
+                "case": (", ".join(f"{k}={v}" for k, v in with_numbers["params"].items())
+                         if with_numbers else None),
+            })
+        established = all(f["cases"] and f["holds"] == f["cases"] for f in facts)
+        answers.append({"question": q.question, "answer": q.answer if established else None, "facts": facts})
+    return answers
+
+
+def readme_order(readme_text: str) -> list:
+    """Test file paths in the order of the README's "What the tests answer" table (its first column).
+
+    Returns ``[]`` when the README has no such section.
+    """
+    match = re.search(r"^## What the tests answer\s*$(.*?)(?=^## |\Z)", readme_text, flags=re.M | re.S)
+    if not match:
+        return []
+    paths = []
+    for line in match.group(1).splitlines():
+        if line.startswith("|"):
+            first_cell = line.strip("|").split("|")[0]
+            paths += [p for p in re.findall(r"`([^`]+\.py)`", first_cell) if p not in paths]
+    return paths
+
+
+def order_topics(topics: list, readme: Optional[Path]) -> list:
+    """``topics`` (card topics, with ``path`` relative to the rootdir) in the README's order, the rest after,
+    alphabetically by path. Without a README (``None`` or no such file) all alphabetically."""
+    text = readme.read_text(encoding="utf-8") if readme is not None and readme.is_file() else ""
+    order = {path: i for i, path in enumerate(readme_order(text))}
+    return sorted(topics, key=lambda t: (order.get(t["path"], len(order)), t["path"]))
