@@ -34,7 +34,7 @@ def _rank0_alone(decisions):
 
 @pytest.mark.parametrize("world_size, decisions", [(1, [True]), (2, [True, False]), (3, [False, True, False]),
                                                    (3, [True, True, True])])
-def test_reduce_boolean_decision_is_all_by_default_and_any_with_all_false(run_world, world_size, decisions):
+def test_reduce_boolean_decision_is_all_by_default_and_any_with_all_false(run_world, semantics, world_size, decisions):
     """``reduce_boolean_decision(d)`` all-reduces ``int(d)`` with SUM and returns ``sum == W`` (``all``) by
     default and with ``all=True``, ``sum > 0`` (``any``) with ``all=False``; every rank gets the same
     answer."""
@@ -42,6 +42,7 @@ def test_reduce_boolean_decision_is_all_by_default_and_any_with_all_false(run_wo
 
     expected = {"default": all(decisions), "all_true": all(decisions), "all_false": any(decisions)}
     got = [rec["reduced"] for rec in world.records]
+    semantics.number("default reduction", got[0]["default"], vs=("any", any(decisions)))
     assert [rec["decision"] for rec in world.records] == decisions
     assert got == [expected] * world_size, oracle.side_by_side("reduced", got) + f"  expected {expected}"
 
@@ -68,7 +69,7 @@ def _expected_stop(values, options):
 
 @pytest.mark.parametrize("world_size", [2, 3])
 @pytest.mark.parametrize("criterion", sorted(EARLY_STOPPING_CASES))
-def test_early_stopping_stops_every_rank_at_the_first_epoch_any_rank_wants_to_stop(run_world, world_size, criterion):
+def test_early_stopping_stops_every_rank_at_the_first_epoch_any_rank_wants_to_stop(run_world, semantics, world_size, criterion):
     """``EarlyStopping`` monitoring a metric logged with ``sync_dist=False``: each rank evaluates its own
     value, then ``_run_early_stopping_check`` reduces with ``reduce_boolean_decision(should_stop,
     all=False)``. So every rank stops after the first epoch at which *any* rank's own criterion holds,
@@ -88,13 +89,14 @@ def test_early_stopping_stops_every_rank_at_the_first_epoch_any_rank_wants_to_st
     expected = {"epochs_run": list(range(stop + 1)), "stopped_epoch": stop, "should_stop": True,
                 "current_epoch": stop + 1}
     got = [{key: rec[key] for key in expected} for rec in world.records]
+    semantics.number("stopped epoch", got[0]["stopped_epoch"], vs=("when all ranks want to stop", as_epochs["all"]))
     assert got == [expected] * world_size, oracle.side_by_side("stop", got) + f"  expected {expected} ({stops})"
     seen = [rec["seen"] for rec in world.records]
     assert seen == [row[: stop + 1] for row in values], oracle.side_by_side("monitored seen", seen)
 
 
 @run_if(lightning=">=2.6")  # EarlyStopping.stopping_reason arrived in 2.6 (PR #21188)
-def test_only_the_ranks_whose_own_value_met_the_criterion_record_a_stopping_reason(run_world):
+def test_only_the_ranks_whose_own_value_met_the_criterion_record_a_stopping_reason(run_world, semantics):
     """After the reduced stop, ``EarlyStopping.stopping_reason`` is set only on the ranks whose own value
     met the criterion (``_evaluate_stopping_criteria`` sets it before the reduction): here rank 1
     (below the threshold at the stop epoch) says ``STOPPING_THRESHOLD`` while ranks 0 and 2, stopped
@@ -108,6 +110,7 @@ def test_only_the_ranks_whose_own_value_met_the_criterion_record_a_stopping_reas
     expected = ["STOPPING_THRESHOLD" if d[stop] else "NOT_STOPPED" for d in decisions]
     assert expected.count("NOT_STOPPED") >= 1 and expected.count("STOPPING_THRESHOLD") >= 1
     got = [rec["stopping_reason"] for rec in world.records]
+    semantics.number("ranks with a stopping reason", sum(r != "NOT_STOPPED" for r in got), vs=("ranks stopped", len(got)))
     assert got == expected, oracle.side_by_side("stopping_reason", got) + f"  expected {expected}"
     messages = [rec["stopping_reason_message"] or "" for rec in world.records]
     for rank, reason in enumerate(expected):
@@ -134,7 +137,7 @@ def _checkpoint_name(epoch: int) -> str:
 
 
 @pytest.mark.parametrize("world_size, values", CHECKPOINT_CASES)
-def test_model_checkpoint_saves_only_when_every_rank_improves_and_keeps_a_rank_local_best_score(run_world,
+def test_model_checkpoint_saves_only_when_every_rank_improves_and_keeps_a_rank_local_best_score(run_world, semantics,
                                                                                                 world_size, values):
     """``ModelCheckpoint(monitor=..., save_top_k=1)`` on an unsynced metric: the first epoch always saves
     (fewer than ``save_top_k`` checkpoints, no reduction); later, ``check_monitor_top_k`` reduces each
@@ -151,6 +154,7 @@ def test_model_checkpoint_saves_only_when_every_rank_improves_and_keeps_a_rank_l
     oracle.assert_distinct(last_saved_with_all=last,
                            last_saved_by_rank0_alone=oracle.top1_checkpoint_epochs(values, _rank0_alone)[-1])
     scores = [rec["best_model_score"] for rec in world.records]
+    semantics.number("rank 0's best_model_score", scores[0], vs=("rank 1's", scores[1]))
     assert scores == [row[last] for row in values], (
         oracle.side_by_side("best_model_score", scores) + f"  expected each rank's value at epoch {last}"
     )
@@ -162,7 +166,7 @@ def test_model_checkpoint_saves_only_when_every_rank_improves_and_keeps_a_rank_l
 
 
 @pytest.mark.parametrize("world_size, values", CHECKPOINT_CASES)
-def test_only_global_rank_0_writes_checkpoints_into_rank_0s_dirpath(run_world, world_size, values):
+def test_only_global_rank_0_writes_checkpoints_into_rank_0s_dirpath(run_world, semantics, world_size, values):
     """Each rank passes its own folder as ``ModelCheckpoint(dirpath=...)``; ``ModelCheckpoint.setup``
     broadcasts rank 0's, so every rank ends with ``dirpath == "rank0/checkpoints"``. Every rank calls
     ``trainer.save_checkpoint`` at each save, but ``Strategy.save_checkpoint`` hands the checkpoint to
@@ -177,6 +181,7 @@ def test_only_global_rank_0_writes_checkpoints_into_rank_0s_dirpath(run_world, w
     assert [rec["dirpath_given"] for rec in world.records] == [f"rank{r}/checkpoints" for r in range(world_size)]
     assert [rec["dirpath"] for rec in world.records] == ["rank0/checkpoints"] * world_size
     writes = [rec["saved"] for rec in world.records]
+    semantics.number("checkpoint writes on rank 0", len(writes[0]), vs=("on the other ranks", sum(map(len, writes[1:]))))
     expected_writes = [[f"rank0/checkpoints/{_checkpoint_name(e)}" for e in saved]] + [[]] * (world_size - 1)
     assert writes == expected_writes, oracle.side_by_side("CheckpointIO writes", writes)
 

@@ -55,7 +55,7 @@ def test_f1_over_the_whole_validation_set_five_ways(run_world, semantics, world_
 
     got0 = world[0].record["callback_metrics"]
     semantics.number("mean of batch F1", got0["a_f1"], vs=("metric-object F1", got0["b_f1"]))
-    semantics.number("deduplicated F1", got0["e_f1"])
+    semantics.number("deduplicated F1", got0["e_f1"], vs=("scikit-learn F1 on the N samples", single["f1"]))
     for rank in world:
         got = rank.record["callback_metrics"]
         assert got["a_f1"] == pytest.approx(batch_mean, abs=1e-6), f"rank {rank.rank}: a_f1 {got['a_f1']}"
@@ -69,10 +69,12 @@ def test_f1_over_the_whole_validation_set_five_ways(run_world, semantics, world_
             assert got[f"e_{name}"] == pytest.approx(expected, abs=1e-6), f"rank {rank.rank}: e_{name}"
 
 
-def test_metric_objects_need_no_sync_dist_and_trigger_no_sync_dist_warning(run_world):
+def test_metric_objects_need_no_sync_dist_and_trigger_no_sync_dist_warning(run_world, semantics):
     """Logging a torchmetrics object (b) emits no "recommended to use sync_dist=True" warning on any
     rank: the object syncs its own state, and Lightning knows it."""
     world = run_world(f1.f1_five_ways, 2, n=11, batch_size=3)
+    semantics.number("sync_dist warnings naming a metric object", sum(
+        "sync_dist=True" in w["message"] and "'b_" in w["message"] for rank in world for w in rank.record["warnings"]))
 
     for rank in world:
         hints = [w["message"] for w in rank.record["warnings"] if "sync_dist=True" in w["message"]]

@@ -59,7 +59,7 @@ def _messages(record, fragment):
 @pytest.mark.parametrize("reduce_fx", ["mean", "sum", "max", "min"])
 @pytest.mark.parametrize("world_size", [1, 2, 3])
 def test_reduce_fx_reduces_each_ranks_logged_values_then_the_same_op_reduces_across_ranks(
-    run_world, world_size, reduce_fx
+    run_world, semantics, world_size, reduce_fx
 ):
     """``self.log("v", batch_mean, reduce_fx=fx, sync_dist=True)`` in ``validation_step``: each rank first
     reduces its own logged values with ``fx`` (``_ResultMetric.update``: ``"mean"`` is weighted by
@@ -93,12 +93,13 @@ def test_reduce_fx_reduces_each_ranks_logged_values_then_the_same_op_reduces_acr
     oracle.assert_distinct(lightning=expected, **competing)
 
     got = _got(world, "v")
+    semantics.number(f"synced {reduce_fx}", got[0], vs=(next(iter(competing)).replace("_", " "), next(iter(competing.values()))))
     assert got == pytest.approx([expected] * world_size, rel=1e-6), (
         oracle.side_by_side("v", got) + f"  expected {expected}; competing {competing}"
     )
 
 
-def test_an_unsupported_reduce_fx_string_raises_misconfiguration_exception_on_every_rank(run_world):
+def test_an_unsupported_reduce_fx_string_raises_misconfiguration_exception_on_every_rank(run_world, semantics):
     """``reduce_fx`` must be one of "min", "max", "mean", "sum" (any case, "avg" meaning "mean") or the
     matching torch/builtin function; anything else, e.g. "median", makes ``self.log`` raise
     ``MisconfigurationException("Only `self.log(..., reduce_fx={min,max,mean,sum})` are supported. ...")``
@@ -110,6 +111,7 @@ def test_an_unsupported_reduce_fx_string_raises_misconfiguration_exception_on_ev
     )
 
     errors = [rec["error"] for rec in world.records]
+    semantics.number("ranks raising", sum(bool(e) and e["type"] == "MisconfigurationException" for e in errors), vs=("world size", 2))
     assert [e and e["type"] for e in errors] == ["MisconfigurationException"] * 2, oracle.side_by_side("error", errors)
     for e in errors:
         assert "Only `self.log(..., reduce_fx={min,max,mean,sum})` are supported." in e["message"]
@@ -126,7 +128,7 @@ STEP_WEIGHTS = {2: [[1, 3], [3, 1]], 3: [[1, 3], [3, 1], [2, 2]]}
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_the_step_value_is_the_unweighted_mean_over_ranks_and_the_epoch_value_is_batch_size_weighted(
-    run_world, world_size
+    run_world, semantics, world_size
 ):
     """``self.log("v", x, on_step=True, on_epoch=True, sync_dist=True, batch_size=b)`` with ranks passing
     different ``batch_size`` at the same step. The step value (``v_step``, read from
@@ -153,6 +155,8 @@ def test_the_step_value_is_the_unweighted_mean_over_ranks_and_the_epoch_value_is
         epoch_unweighted=oracle.mean(v for rank in logged for v, _ in rank),
         epoch_by_sample_count=oracle.mean(oracle.values(oracle.padded_indices(n, world_size))),
     )
+    semantics.number("first v_step", world.records[0]["step_logged_metrics"][0].get("v_step"), vs=("batch_size-weighted", step_weighted[0]))
+    semantics.number("v_epoch", _got(world, "v_epoch")[0], vs=("unweighted", oracle.mean(v for rank in logged for v, _ in rank)))
 
     for rec in world.records:
         got_steps = [step.get("v_step") for step in rec["step_logged_metrics"]]
@@ -165,7 +169,7 @@ def test_the_step_value_is_the_unweighted_mean_over_ranks_and_the_epoch_value_is
 
 
 @pytest.mark.parametrize("stage", ["validate", "fit"])
-def test_on_step_and_on_epoch_fork_the_name_and_only_training_puts_the_step_key_in_callback_metrics(run_world, stage):
+def test_on_step_and_on_epoch_fork_the_name_and_only_training_puts_the_step_key_in_callback_metrics(run_world, semantics, stage):
     """With ``on_step=True, on_epoch=True`` the name forks (``_Metadata.forked_name``): ``logged_metrics``
     holds ``v_step`` (the last step's value) and ``v_epoch``, never a bare ``v``. ``callback_metrics``
     holds ``v`` and ``v_epoch`` (both the epoch value) and, only in training, ``v_step`` too: for
@@ -183,6 +187,7 @@ def test_on_step_and_on_epoch_fork_the_name_and_only_training_puts_the_step_key_
     steps = [oracle.mean(oracle.mean(oracle.values(rank[s])) for rank in seen) for s in range(len(seen[0]))]
     epoch = oracle.mean(oracle.values(i for rank in seen for b in rank for i in b))
     oracle.assert_distinct(last_step=steps[-1], epoch=epoch)
+    semantics.number("v_step", world.records[0]["logged_metrics"].get("v_step"), vs=("v_epoch", world.records[0]["logged_metrics"].get("v_epoch")))
 
     for rec in world.records:
         where = f"rank {rec['global_rank']} ({stage})"
@@ -221,7 +226,7 @@ FLOOR_WEIGHTS = {2: [[1, 2], [2, 2]], 3: [[1, 1], [1, 1], [1, 2]]}
 )
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_the_synced_epoch_mean_is_the_batch_size_weighted_mean_even_when_the_count_does_not_divide_by_world_size(
-    run_world, world_size
+    run_world, semantics, world_size
 ):
     """The correct ``sync_dist=True`` epoch mean is ``sum(value * batch_size) / sum(batch_size)`` over all
     ranks. Lightning all-reduces both with the mean op, and ``cumulated_batch_size`` is an int64 tensor:
@@ -239,6 +244,7 @@ def test_the_synced_epoch_mean_is_the_batch_size_weighted_mean_even_when_the_cou
     floored = oracle.floored_sync_mean(logged)
     oracle.assert_distinct(correct=correct, floored_count=floored)
     got = _got(world, "v")
+    semantics.number("synced mean", got[0], vs=("correct weighted mean", correct))
     assert got == pytest.approx([correct] * world_size, rel=1e-6), (
         oracle.side_by_side("v", got) + f"  correct weighted mean {correct}, with floored count {floored}"
     )
@@ -250,7 +256,7 @@ def test_the_synced_epoch_mean_is_the_batch_size_weighted_mean_even_when_the_cou
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_rank_zero_only_switches_sync_dist_off_so_each_rank_keeps_its_own_value(run_world, world_size):
+def test_rank_zero_only_switches_sync_dist_off_so_each_rank_keeps_its_own_value(run_world, semantics, world_size):
     """``self.log("v", x, sync_dist=True, rank_zero_only=True)`` called on every rank: ``_Sync`` uses its
     no-op function whenever ``rank_zero_only`` is set (``_Sync._generate_sync_fn``), so no collective
     runs, nothing hangs, and each rank keeps its own weighted mean. No "sync_dist=True" hint is emitted
@@ -263,12 +269,13 @@ def test_rank_zero_only_switches_sync_dist_off_so_each_rank_keeps_its_own_value(
     local = [oracle.log_reduce("mean", rank) for rank in logged]
     oracle.assert_distinct(synced=oracle.sync_reduce("mean", logged), **{f"rank{r}": v for r, v in enumerate(local)})
     got = _got(world, "v")
+    semantics.number("rank 1's v", got[1], vs=("synced", oracle.sync_reduce("mean", logged)))
     assert got == pytest.approx(local, rel=1e-6), oracle.side_by_side("v", got) + f"  expected own values {local}"
     hints = [_messages(rec, "sync_dist=True") for rec in world.records]
     assert hints == [[]] * world_size, oracle.side_by_side("sync_dist hints", hints)
 
 
-def test_a_value_logged_with_rank_zero_only_from_rank_0_alone_exists_on_rank_0_only(run_world):
+def test_a_value_logged_with_rank_zero_only_from_rank_0_alone_exists_on_rank_0_only(run_world, semantics):
     """The documented use of ``rank_zero_only=True``: only rank 0 calls ``self.log`` (here with
     ``sync_dist=True`` as well). Rank 0 gets its own weighted mean, the other ranks have no such key,
     and nothing waits for a collective the other ranks never join."""
@@ -280,11 +287,12 @@ def test_a_value_logged_with_rank_zero_only_from_rank_0_alone_exists_on_rank_0_o
     rank0 = oracle.log_reduce("mean", logged[0])
     oracle.assert_distinct(rank0=rank0, synced=oracle.sync_reduce("mean", logged))
     got = _got(world, "v")
+    semantics.number("rank 0's v", got[0], vs=("synced", oracle.sync_reduce("mean", logged)))
     assert got[0] == pytest.approx(rank0, rel=1e-6) and got[1:] == [None], oracle.side_by_side("v", got)
 
 
 @pytest.mark.parametrize("world_size, members", [(3, [0, 1]), (4, [1, 3])])
-def test_sync_dist_group_averages_over_the_groups_ranks_only(run_world, world_size, members):
+def test_sync_dist_group_averages_over_the_groups_ranks_only(run_world, semantics, world_size, members):
     """``self.log("v", x, sync_dist=True, sync_dist_group=group)`` with ``group =
     torch.distributed.new_group(members)`` (created in ``setup`` on every rank, as ``new_group`` requires)
     and logged by the members only; the other ranks log ``v`` without ``sync_dist``. The all-reduce runs
@@ -304,11 +312,12 @@ def test_sync_dist_group_averages_over_the_groups_ranks_only(run_world, world_si
                            **{f"rank{r}": local[r] for r in range(world_size)})
     expected = [group_mean if r in members else local[r] for r in range(world_size)]
     got = _got(world, "v")
+    semantics.number(f"rank {members[0]}'s v", got[members[0]], vs=("mean over all ranks", oracle.sync_reduce("mean", logged)))
     assert got == pytest.approx(expected, rel=1e-6), oracle.side_by_side("v", got) + f"  expected {expected}"
 
 
 @pytest.mark.parametrize("reduce_fx", ["sum", "mean"])
-def test_a_rank_outside_sync_dist_group_that_passes_the_group_keeps_its_sum_but_its_mean_raises(run_world, reduce_fx):
+def test_a_rank_outside_sync_dist_group_that_passes_the_group_keeps_its_sum_but_its_mean_raises(run_world, semantics, reduce_fx):
     """W=3, group = ``new_group([0, 1])``, and rank 2 (not a member) also logs with
     ``sync_dist_group=group``. For ``reduce_fx="sum"`` (and max/min) torch's ``barrier``/``all_reduce``
     on a group the rank is not in return at once with the warning "Running all_reduce on global rank 2
@@ -326,6 +335,7 @@ def test_a_rank_outside_sync_dist_group_that_passes_the_group_keeps_its_sum_but_
     oracle.assert_distinct(group=group_value, rank2_own=rank2, world=oracle.sync_reduce(reduce_fx, logged))
     errors = [rec["error"] for rec in world.records]
     got = _got(world, "v")
+    semantics.number("rank 2's v", got[2], vs=("the group's", group_value))
     assert got[:2] == pytest.approx([group_value] * 2, rel=1e-6), oracle.side_by_side("v", got)
     assert errors[:2] == [None, None], oracle.side_by_side("error", errors)
     if reduce_fx == "sum":
@@ -342,7 +352,7 @@ def test_a_rank_outside_sync_dist_group_that_passes_the_group_keeps_its_sum_but_
 
 
 @pytest.mark.parametrize("reduce_fx", ["mean", "max"])
-def test_log_dict_with_sync_dist_gives_what_self_log_gives_for_each_key(run_world, reduce_fx):
+def test_log_dict_with_sync_dist_gives_what_self_log_gives_for_each_key(run_world, semantics, reduce_fx):
     """``self.log_dict({"d": x}, sync_dist=True, reduce_fx=fx)`` is a loop of ``self.log(key, value, ...)``
     with the same options (``LightningModule.log_dict``): ``d`` and a ``self.log("s", x, ...)`` twin end
     with the same synced number, the one the reduce_fx rule predicts."""
@@ -355,12 +365,13 @@ def test_log_dict_with_sync_dist_gives_what_self_log_gives_for_each_key(run_worl
     logged = _logged_batch_means(n, world_size, batch_size)
     expected = oracle.sync_reduce(reduce_fx, logged)
     oracle.assert_distinct(synced=expected, a_rank_unsynced=_farthest_unsynced(reduce_fx, logged, expected))
+    semantics.number("log_dict value", _got(world, "d")[0], vs=("self.log value", _got(world, "s")[0]))
     for key in ("s", "d"):
         got = _got(world, key)
         assert got == pytest.approx([expected] * world_size, rel=1e-6), oracle.side_by_side(key, got)
 
 
-def test_python_floats_and_ints_are_synced_as_float32_and_only_an_integer_tensor_gets_the_cast_warning(run_world):
+def test_python_floats_and_ints_are_synced_as_float32_and_only_an_integer_tensor_gets_the_cast_warning(run_world, semantics):
     """``self.log`` turns a Python ``float`` or ``int`` into a float32 tensor itself
     (``LightningModule.__to_tensor`` uses the default float dtype), so both sync like tensors and emit
     no warning. An int64 *tensor* is cast in ``_ResultMetric.update`` with the warning "You called
@@ -386,6 +397,7 @@ def test_python_floats_and_ints_are_synced_as_float32_and_only_an_integer_tensor
     cast = "but the value needs to be floating to be reduced. Converting it to torch.float32."
     per_key = {key: [len(_messages(rec, f"`self.log('{key}', ...)` in your `validation_step` {cast}"))
                      for rec in world.records] for key in ("f", "i", "t")}
+    semantics.number("cast warnings for the int tensor", sum(per_key["t"]), vs=("for Python numbers", sum(per_key["f"]) + sum(per_key["i"])))
     assert per_key == {"f": [0, 0], "i": [0, 0], "t": [1, 0]}, per_key
 
 
@@ -396,7 +408,7 @@ def test_python_floats_and_ints_are_synced_as_float32_and_only_an_integer_tensor
 
 @pytest.mark.parametrize("sync_dist, reduce_fx", [(False, "mean"), (True, "mean"), (True, "sum"), (False, "max")])
 def test_a_logged_metric_object_syncs_its_own_state_and_ignores_sync_dist_and_reduce_fx(
-    run_world, sync_dist, reduce_fx
+    run_world, semantics, sync_dist, reduce_fx
 ):
     """``self.log("mean", self.mean_metric, sync_dist=..., reduce_fx=...)`` with a ``torchmetrics.MeanMetric``
     (and likewise a ``SumMetric``) updated with every batch's values: ``_ResultMetric`` stores the object
@@ -418,6 +430,7 @@ def test_a_logged_metric_object_syncs_its_own_state_and_ignores_sync_dist_and_re
     oracle.assert_distinct(padded_sum=sum(padded), dataset_sum=sum(unique),
                            mean_of_rank_sums=sum(padded) / world_size,
                            **{f"rank{r}_sum": sum(v) for r, v in enumerate(rank_values)})
+    semantics.number("logged MeanMetric", _got(world, "mean")[0], vs=("dataset mean", oracle.mean(unique)))
     for key, expected in (("mean", oracle.mean(padded)), ("sum", sum(padded))):
         got = _got(world, key)
         assert got == pytest.approx([expected] * world_size, rel=1e-6), (
@@ -427,7 +440,7 @@ def test_a_logged_metric_object_syncs_its_own_state_and_ignores_sync_dist_and_re
     assert hints == [[]] * world_size, oracle.side_by_side("sync_dist hints", hints)
 
 
-def test_logging_metric_compute_as_a_tensor_warns_to_use_sync_dist_although_the_value_is_already_global(run_world):
+def test_logging_metric_compute_as_a_tensor_warns_to_use_sync_dist_although_the_value_is_already_global(run_world, semantics):
     """``self.log("computed", self.metric.compute())`` in ``on_validation_epoch_end`` logs a plain tensor:
     ``compute()`` has already all-reduced the metric's state, so every rank holds the mean over the
     padded set, yet Lightning cannot know that and rank 0 gets the hint "It is recommended to use
@@ -442,6 +455,7 @@ def test_logging_metric_compute_as_a_tensor_warns_to_use_sync_dist_although_the_
     oracle.assert_distinct(padded_mean=padded_mean, rank0_mean=oracle.mean(oracle.values(oracle.shard(n, 2, 0))),
                            rank1_mean=oracle.mean(oracle.values(oracle.shard(n, 2, 1))))
     got = _got(world, "computed")
+    semantics.number("rank 1's computed", got[1], vs=("rank 1's own mean", oracle.mean(oracle.values(oracle.shard(n, 2, 1)))))
     assert got == pytest.approx([padded_mean] * world_size, rel=1e-6), oracle.side_by_side("computed", got)
     hint = "It is recommended to use `self.log('computed', ..., sync_dist=True)` when logging on epoch level"
     counts = [len(_messages(rec, hint)) for rec in world.records]

@@ -25,7 +25,7 @@ def _epoch_row(metrics_csv: str, key: str) -> float:
     return float(rows[0][key])
 
 
-def test_without_sync_dist_each_rank_keeps_its_own_value_and_only_rank_0s_reaches_the_log_file(run_world):
+def test_without_sync_dist_each_rank_keeps_its_own_value_and_only_rank_0s_reaches_the_log_file(run_world, semantics):
     """``self.log("v", ..., sync_dist=False)``: ``callback_metrics["v"]`` is the mean over the rank's own
     shard, different on each rank; the CSV logger (rank 0 only) writes rank 0's local mean; rank 1 writes
     no file; rank 0 gets the "It is recommended to use `self.log('v', ..., sync_dist=True)`" warning."""
@@ -35,6 +35,7 @@ def test_without_sync_dist_each_rank_keeps_its_own_value_and_only_rank_0s_reache
     local = [oracle.mean(oracle.values(oracle.shard(n, world_size, r))) for r in range(world_size)]
     oracle.assert_distinct(rank0_local=local[0], rank1_local=local[1])
     got = [rec["callback_metrics"]["v"] for rec in world.records]
+    semantics.number("rank 0's v", got[0], vs=("rank 1's v", got[1]))
     assert got == pytest.approx(local), oracle.side_by_side("v", got) + f"  expected {local}"
 
     assert "lightning_logs/version_0/metrics.csv" in world[0].files

@@ -17,7 +17,7 @@ from ddpprobe.probes import log_spec, validation
 from tests.support import oracle
 
 
-def test_plain_print_appears_once_per_rank_while_self_print_and_rank_zero_only_print_once(run_world):
+def test_plain_print_appears_once_per_rank_while_self_print_and_rank_zero_only_print_once(run_world, semantics):
     """In ``on_validation_epoch_end``: ``print`` writes on every rank; ``self.print`` and a
     ``rank_zero_only`` function write on rank 0 only."""
     world_size = 3
@@ -30,19 +30,21 @@ def test_plain_print_appears_once_per_rank_while_self_print_and_rank_zero_only_p
         assert (f"rank_zero_only print on rank {r}" in lines) == (r == 0)
     plain = sum(x.stdout.count("plain print on rank") for x in world)
     once = sum(x.stdout.count("self.print on rank") + x.stdout.count("rank_zero_only print") for x in world)
+    semantics.number("plain print lines at W=3", plain, vs=("self.print + rank_zero_only lines", once))
     assert (plain, once) == (world_size, 2)
 
 
-def test_validation_results_table_is_printed_by_rank_0_only(run_world):
+def test_validation_results_table_is_printed_by_rank_0_only(run_world, semantics):
     """``trainer.validate(verbose=True)`` prints its table of logged metrics on global rank 0 only."""
     world = run_world(validation.validate, 2, n=6, batch_size=2, prints=True, logs=[log_spec("v", sync_dist=True)])
 
     # The table's header names the stage ("Validate metric"; "Runningstage.validating metric" in older
     # releases under Python 3.11); its "DataLoader 0" column is in every release.
+    semantics.number("ranks printing the table at W=2", sum("DataLoader 0" in rank.stdout for rank in world))
     assert ["DataLoader 0" in rank.stdout for rank in world] == [True, False]
 
 
-def test_logger_experiment_on_other_ranks_is_a_no_op_so_the_file_holds_rank_0s_local_value(run_world):
+def test_logger_experiment_on_other_ranks_is_a_no_op_so_the_file_holds_rank_0s_local_value(run_world, semantics):
     """Writing a rank-local value straight to ``self.logger.experiment`` (the seed's pattern): rank 0's
     experiment is the real writer, rank 1's is ``_DummyExperiment``; the file on disk holds rank 0's
     local value only and rank 1 writes nothing."""
@@ -54,5 +56,7 @@ def test_logger_experiment_on_other_ranks_is_a_no_op_so_the_file_holds_rank_0s_l
     oracle.assert_distinct(rank0=local[0], rank1=local[1], whole_set=oracle.mean(oracle.values(range(n))))
     rows = list(csv.DictReader(io.StringIO(world[0].files["lightning_logs/version_0/metrics.csv"])))
     written = [float(row["local_mean_direct"]) for row in rows if row.get("local_mean_direct")]
+    semantics.number("value in the log file", written[0] if written else None,
+                     vs=("whole-set mean", oracle.mean(oracle.values(range(n)))))
     assert written == pytest.approx([local[0]])
     assert world[1].files == {}
