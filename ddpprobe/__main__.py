@@ -1,8 +1,10 @@
 """Command line: ``python -m ddpprobe audit MODEL_FACTORY --data DATA_FACTORY [options]`` (or ``ddpprobe audit``).
 
-Exit codes: 0 no problem found; 1 an epoch-level logged key is rank-divergent, differs from the
-single-process value or is logged on some ranks only, or the stage raised; 2 bad input (a factory
-that cannot be imported or returns the wrong type, a bad option).
+Exit codes: 0 no problem found; 1 a problem found (a logged key rank-divergent, differing from the
+single-process value or logged on some ranks only; the ranks' collectives diverging; data not sharded;
+the stage raising or the world failing); 2 bad input, reported before any world starts (a factory that
+cannot be imported, raises or returns the wrong type; a module mixing both Lightning packages;
+``--world-size 1``, which would compare nothing).
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ def _parser() -> argparse.ArgumentParser:
     audit.add_argument("--data", required=True, metavar="DATA_FACTORY",
                        help="'package.module:function' returning a LightningDataModule, a DataLoader, "
                        "or {'train': DataLoader, 'val': DataLoader}")
-    audit.add_argument("--world-size", type=int, default=2, metavar="W", help="ranks of the distributed run (default 2)")
-    audit.add_argument("--stage", choices=("validate", "fit", "test"), default="validate",
+    audit.add_argument("--world-size", type=int, default=2, metavar="W",
+                       help="ranks of the distributed run, 2 or more (default 2)")
+    audit.add_argument("--stage", choices=("validate", "fit", "test", "predict"), default="validate",
                        help="Trainer method to run (default validate)")
     audit.add_argument("--limit-batches", type=int, default=None, metavar="K",
                        help="run only the first K batches of each loader on each rank")

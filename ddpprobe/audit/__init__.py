@@ -57,7 +57,7 @@ __all__ = [
 ]
 
 
-STAGES = ("validate", "fit", "test")
+STAGES = ("validate", "fit", "test", "predict")
 
 
 class AuditInputError(ValueError):
@@ -86,6 +86,24 @@ class AuditResult:
         logger_metrics: what Lightning sent to the logger in the W=N run (``[{"step", "metrics"}]``,
             rank 0 only, as with any Lightning logger).
         sync_dist_warnings: Lightning's "It is recommended to use sync_dist=True" warnings (W=N, rank 0).
+        counts: ``{loop: Counts.to_dict()}`` (ddpprobe/audit/_evidence.py): batches and samples each W=N rank's
+            loop really ran, duplicates across ranks, whether every rank ran every sample, the sampler.
+        trace: the W=N collective trace (``TRACE_SCHEMA`` below): ``{"level", "ranks", "first_divergence"}``.
+        world_error: ``{"type", "message"}`` when the W=N world failed (a rank died, raised outside the
+            stage, or hung past the timeout), else None; the trace still holds what every rank did.
+        lightning: the Lightning package the audit ran (``"pytorch_lightning"`` or ``"lightning"``),
+            chosen from what the model's class derives from.
+        predictions: ``predict`` only: prediction batches each W=N rank returned, else None.
+
+    The ``trace`` schema (version 1): ``level`` is ``"flight_recorder"`` when every rank left torch's
+    Flight Recorder entries (the backend's own sequence, DDP's gradient all_reduces included) or
+    ``"python"`` (the ``torch.distributed`` calls made from Python); ``ranks[r]`` has ``collectives``
+    (each ``{"seq", "op", "reduce_op", "dtype", "shape", "group_size", "source", "key", "metric",
+    "states", "hook", "call_site", "pg_seq", "status"}``, ``status`` ``"done"``, ``"raised"`` (with
+    ``error``) or ``"pending"``: entered and never left), ``stage`` (``"end"``, ``"raised"`` or None:
+    the rank never finished), ``stage_error``, ``flight_recorder_entries``; ``first_divergence`` is None
+    or ``{"kind": "missing" | "mismatch" | "keys", "index", "ranks", "entries", "message"}``. The event
+    format each rank writes is documented in ddpprobe/probes/trace.py.
     """
 
     model: str
@@ -102,11 +120,26 @@ class AuditResult:
     experiment_calls: list
     logger_metrics: list
     sync_dist_warnings: list
+    counts: dict = dataclasses.field(default_factory=dict)
+    trace: dict = dataclasses.field(default_factory=dict)
+    world_error: Optional[dict] = None
+    lightning: str = "pytorch_lightning"
+    predictions: Optional[list] = None
 
     @property
     def problems(self) -> list:
         """Sentences, one per finding that makes the audit fail."""
-        out = [f"{row.key}: {row.verdict}" for row in self.rows if row.problem]
+        out = [f"{row.key}{' (step values)' if row.level == 'step' else ''}: {row.verdict}"
+               for row in self.rows if row.problem]
+        divergence = (self.trace or {}).get("first_divergence")
+        if divergence:
+            out.append(f"the ranks' collectives diverge: {divergence['message']}")
+        if self.world_error:
+            out.append(f"the {self.world_size}-rank world failed: {self.world_error['type']}")
+        for kind, info in self.counts.items():
+            if info.get("unsharded"):
+                out.append(f"every rank ran all {info['samples'][0]} samples of the {kind} set (the data is not "
+                           "sharded: each rank repeats the others' work)")
         for where, info in [("W=1", self.raised["single"])] + [
             (f"rank {r}", info) for r, info in enumerate(self.raised["world"])
         ]:
@@ -117,13 +150,15 @@ class AuditResult:
     @property
     def exit_code(self) -> int:
         """1 when any epoch-level key is rank-divergent, differs from single-process or is logged on some
-        ranks only, or the stage raised; else 0."""
+        ranks only, a step value logged with sync_dist (or a Metric) is rank-local, the ranks'
+        collectives diverge, the world failed, the data is not sharded, or the stage raised; else 0."""
         return 1 if self.problems else 0
 
-    def row(self, key: str) -> KeyRow:
-        """The row of ``key``. Raises ``KeyError`` naming the logged keys."""
+    def row(self, key: str, level: Optional[str] = None) -> KeyRow:
+        """The row of ``key`` (its epoch row when it has both, unless ``level="step"``). Raises
+        ``KeyError`` naming the logged keys."""
         for row in self.rows:
-            if row.key == key:
+            if row.key == key and (level is None or row.level == level):
                 return row
         raise KeyError(f"{key!r} was not logged; logged keys: {[r.key for r in self.rows]}")
 
@@ -147,10 +182,27 @@ class AuditResult:
         return self.format()
 
 
+def resolve_ref(ref: str):
+    """Import ``"package.module:qualname"`` (or ``"package.module.name"``) and return the object.
+
+    Raises:
+        ImportError / AttributeError: the module or the name inside it does not exist.
+    """
+    import importlib
+
+    module_name, sep, qualname = ref.partition(":")
+    if not sep:
+        module_name, _, qualname = ref.rpartition(".")
+    if not module_name or not qualname:
+        raise ImportError(f"{ref!r} is not of the form 'package.module:function'")
+    obj = importlib.import_module(module_name)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
 def _ref(factory: Union[str, Callable], what: str) -> str:
     """``"module:qualname"`` of a factory given as a string or an importable top-level callable."""
-    from ddpprobe.audit._scenario import resolve_ref
-
     if isinstance(factory, str):
         ref = factory if ":" in factory else ":".join(factory.rsplit(".", 1))
     elif callable(factory):
@@ -165,9 +217,13 @@ def _ref(factory: Union[str, Callable], what: str) -> str:
     else:
         raise AuditInputError(f"the {what} factory must be a callable or 'package.module:function', got "
                               f"{type(factory).__name__} {factory!r}")
+    return ref
+
+
+def _call(ref: str, what: str):
     try:
         found = resolve_ref(ref)
-    except (ImportError, AttributeError) as exc:
+    except Exception as exc:  # noqa: BLE001 - ImportError, AttributeError, or the module raising on import
         raise AuditInputError(
             f"cannot import the {what} factory {ref!r}: {type(exc).__name__}: {exc}. Give it as "
             "'package.module:function', importable from the current directory or PYTHONPATH"
@@ -175,7 +231,55 @@ def _ref(factory: Union[str, Callable], what: str) -> str:
     if not callable(found):
         raise AuditInputError(f"the {what} factory {ref!r} is a {type(found).__name__}, not a callable; point "
                               "at a function (or class) that takes no arguments")
-    return ref
+    try:
+        return found()
+    except Exception as exc:  # noqa: BLE001 - the user's factory raising is bad input
+        raise AuditInputError(f"the {what} factory {ref!r} raised {type(exc).__name__}: {exc}; it must build "
+                              "its object with no arguments") from None
+
+
+def preflight(model_ref: str, data_ref: str, stage: str) -> str:
+    """Check the factories in this process, before any world starts; return the Lightning package to run.
+
+    Imports both factories, calls each once, reads the package from what the model's class derives
+    from (``ddpprobe._lightning.trainer_package_of``), chooses it for this process and every world it
+    launches (``ddpprobe._lightning.use``), and checks the data factory's return value for ``stage``.
+
+    Raises:
+        AuditInputError: a factory cannot be imported, raises, or returns the wrong type; the model
+            mixes both Lightning packages; or this process already runs the other package.
+    """
+    from ddpprobe import _lightning
+
+    model = _call(model_ref, "model")
+    try:
+        package = _lightning.trainer_package_of(type(model))
+    except ValueError as exc:
+        raise AuditInputError(f"the model factory {model_ref} returned a module that mixes both Lightning packages: "
+                              f"{exc}") from None
+    if package is None:
+        raise AuditInputError(
+            f"the model factory {model_ref} returned {type(model).__module__}.{type(model).__qualname__} "
+            f"{model!r:.80}, not a LightningModule; make the factory return an instance of your LightningModule "
+            "subclass, e.g. `return MyModel()`")
+    data = _call(data_ref, "data")
+    data_package = _lightning.trainer_package_of(type(data))
+    if data_package is not None and data_package != package:
+        raise AuditInputError(
+            f"the model ({model_ref}) is a {package} LightningModule but the data factory {data_ref} returned a "
+            f"{data_package} LightningDataModule; import every Lightning class from one package")
+    try:
+        _lightning.use(package)
+    except ValueError as exc:
+        raise AuditInputError(f"{exc}: the model {model_ref} needs {package}; run the audit in a fresh process "
+                              "(python -m ddpprobe audit ...)") from None
+    from ddpprobe.audit._scenario import InputError, _as_loaders
+
+    try:
+        _as_loaders(data, stage)
+    except InputError as exc:
+        raise AuditInputError(f"{data_ref}: {exc}") from None
+    return package
 
 
 def _stdout_lines(text: str) -> list:
@@ -200,75 +304,130 @@ def audit(
 
     Args:
         model_factory: a top-level callable (or ``"package.module:function"``) taking no arguments and
-            returning a ``pytorch_lightning.LightningModule``. Called once in every rank of both worlds,
-            after ``seed_everything(seed)``.
+            returning a ``LightningModule`` of ``pytorch_lightning`` or ``lightning.pytorch`` (the audit
+            runs that package's Trainer). Called once here to check it, then once in every rank of both
+            worlds, after ``seed_everything(seed)``.
         data_factory: the same for the data: returns a ``LightningDataModule``, a ``DataLoader`` (the
-            stage's loader), or ``{"train": DataLoader, "val": DataLoader}``.
-        world_size: ranks of the distributed run (>= 2 to compare anything).
-        stage: ``"validate"`` (default), ``"fit"`` or ``"test"``. In ``fit`` the weights train
-            differently at W=N (gradients averaged over W batches), so values computed from them can
+            stage's loader), or ``{"train": DataLoader, "val": DataLoader}`` (also ``"test"``, ``"predict"``).
+        world_size: ranks of the distributed run, 2 or more (1 would compare a single process with itself).
+        stage: ``"validate"`` (default), ``"fit"``, ``"test"`` or ``"predict"``. In ``fit`` the weights
+            train differently at W=N (gradients averaged over W batches), so values computed from them can
             differ from single-process for that reason alone; ``validate`` isolates logging.
         backend: ``"gloo"`` (CPU processes) or ``"nccl"`` (one CUDA device per rank).
         limit_batches: ``limit_*_batches`` for the Trainer (None: every batch).
         max_epochs: epochs for ``fit``.
         seed: ``seed_everything`` seed used before the factories run in every rank.
-        timeout: seconds each world may run (default ``DDPPROBE_TIMEOUT`` or 120).
+        timeout: seconds each world may run (default ``DDPPROBE_TIMEOUT`` or 120); a collective that
+            never completes fails after half of it (the process-group timeout).
         rtol, atol: tolerance for two values being equal.
 
     Returns:
-        An :class:`AuditResult`; ``result.exit_code`` is 1 when an epoch-level key is rank-divergent,
-        differs from single-process, or is logged on some ranks only, or the stage raised.
+        An :class:`AuditResult`; ``result.exit_code`` is 1 when it found a problem (see
+        ``AuditResult.exit_code``).
 
     Raises:
-        AuditInputError: a factory cannot be imported or returns the wrong type, or a bad option.
-        ddpprobe.WorldError: a world failed outside the user's stage (e.g. a hang in a collective:
-            ``WorldTimeout``, with each rank's stack).
+        AuditInputError: a factory cannot be imported, raises or returns the wrong type, a bad option,
+            or ``world_size`` below 2; raised before any world starts.
+        ddpprobe.WorldError: the single-process world failed (the module cannot run at all).
     """
-    from ddpprobe.launch import run_world
+    import shutil
+    import tempfile
+
+    from ddpprobe.audit import _evidence
+    from ddpprobe.launch import WorldError, run_world
 
     if stage not in STAGES:
         raise AuditInputError(f"stage={stage!r} is not supported; use one of {', '.join(STAGES)}")
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise AuditInputError(f"world_size={world_size!r} must be a positive int (2 or more to compare ranks)")
+        raise AuditInputError(f"world_size={world_size!r} must be an int of 2 or more ranks")
+    if world_size == 1:
+        raise AuditInputError("world_size=1 would run the single-process world twice and compare nothing; "
+                              "use --world-size 2 or more")
     if limit_batches is not None and (isinstance(limit_batches, bool) or not isinstance(limit_batches, int)
                                       or limit_batches < 1):
         raise AuditInputError(f"limit_batches={limit_batches!r} must be a positive int number of batches")
     model_ref, data_ref = _ref(model_factory, "model"), _ref(data_factory, "data")
+    sys_path = [os.path.abspath(p) if p else os.getcwd() for p in sys.path]
+    sys.path[:0] = [p for p in sys_path if p not in sys.path]
+    package = preflight(model_ref, data_ref, stage)
+    from ddpprobe.audit._scenario import audit_rank, trace_path
+    from ddpprobe.probes.trace import FLIGHT_RECORDER_ENV, read_trace
+
     params = dict(model_ref=model_ref, data_ref=data_ref, stage=stage, limit_batches=limit_batches,
-                  max_epochs=max_epochs, seed=seed,
-                  sys_path=[os.path.abspath(p) if p else os.getcwd() for p in sys.path])
-    from ddpprobe.audit._scenario import audit_rank
+                  max_epochs=max_epochs, seed=seed, sys_path=sys_path)
+    trace_root = tempfile.mkdtemp(prefix="ddpprobe-audit-")
+    try:
+        runs, traces, errors, outputs = {}, {}, {}, {}
+        for label, size in (("single", 1), ("world", world_size)):
+            folder = os.path.join(trace_root, label)
+            os.makedirs(folder)
+            try:
+                runs[label] = run_world(audit_rank, size, backend=backend, timeout=timeout, env=FLIGHT_RECORDER_ENV,
+                                        trace_dir=folder, **params)
+            except WorldError as exc:
+                if label == "single":
+                    raise
+                runs[label] = None
+                errors[label] = {"type": type(exc).__name__, "message": str(exc)}
+                outputs = exc.outputs
+            traces[label] = [_evidence.split(read_trace(trace_path(folder, r))) for r in range(size)]
+            for rank in runs[label] or []:
+                if rank.record.get("input_error"):
+                    raise AuditInputError(rank.record["input_error"])
+    finally:
+        shutil.rmtree(trace_root, ignore_errors=True)
 
-    runs = {}
-    for label, size in (("single", 1), ("world", world_size)):
-        result = run_world(audit_rank, size, backend=backend, timeout=timeout, **params)
-        for rank in result:
-            if rank.record.get("input_error"):
-                raise AuditInputError(rank.record["input_error"])
-        runs[label] = result
-    single, world = runs["single"][0].record, runs["world"].records
-
+    single = runs["single"][0].record
+    world = runs["world"].records if runs["world"] is not None else [
+        _record_from_trace(t) for t in traces["world"]]
+    loop = _evidence.STAGE_LOOP[stage]
+    counts = {}
+    for kind in ([loop, "val"] if stage == "fit" else [loop]):
+        found = _evidence.counts(traces["world"], traces["single"][0], kind)
+        if found is not None:
+            counts[kind] = found
     loaders = {}
-    for kind, entries in world[0]["loaders"].items():
+    for kind, entries in (world[0].get("loaders") or {}).items():
         if entries:
             size = entries[0]["dataset_size"]
             loaders[kind] = {"dataset_size": size, "per_rank": entries[0]["per_rank"],
-                             "padding_duplicates": padding_duplicates(size, world_size)}
+                             "padding_duplicates": padding_duplicates(size, world_size),
+                             "sampler": entries[0].get("sampler")}
+    completed = all(t["stage"] == "end" for t in traces["world"])
     hint = "It is recommended to use `self.log("
+    world_stdout = ([r.stdout for r in runs["world"]] if runs["world"] is not None
+                    else [outputs.get(r, ("", ""))[0] for r in range(world_size)])
     return AuditResult(
         model=model_ref,
         data=data_ref,
         stage=stage,
         world_size=world_size,
         backend=backend,
-        rows=_rows(single, world, world_size, stage, limit_batches, rtol=rtol, atol=atol),
+        rows=_rows(single, world, world_size, stage, limit_batches, rtol=rtol, atol=atol,
+                   world_logs=[t["logs"] for t in traces["world"]], single_logs=traces["single"][0]["logs"],
+                   counts=counts, completed=completed),
         stdout_lines={"single": [len(_stdout_lines(runs["single"][0].stdout))],
-                      "world": [len(_stdout_lines(r.stdout)) for r in runs["world"]]},
-        stdout_samples=[_stdout_lines(r.stdout)[:5] for r in runs["world"]],
-        removed_hooks=[{"hook": h, "effect": REMOVED_HOOKS[h]} for h in world[0]["removed_hooks"]],
+                      "world": [len(_stdout_lines(text)) for text in world_stdout]},
+        stdout_samples=[_stdout_lines(text)[:5] for text in world_stdout],
+        removed_hooks=[{"hook": h, "effect": REMOVED_HOOKS[h]} for h in (world[0].get("removed_hooks")
+                                                                         or single["removed_hooks"])],
         loaders=loaders,
-        raised={"single": single["raised"], "world": [rec["raised"] for rec in world]},
-        experiment_calls=world[0]["experiment_calls"],
-        logger_metrics=world[0]["logger_metrics"],
-        sync_dist_warnings=sorted({w["message"] for w in world[0]["warnings"] if hint in w["message"]}),
+        raised={"single": single["raised"], "world": [rec.get("raised") for rec in world]},
+        experiment_calls=world[0].get("experiment_calls") or [],
+        logger_metrics=world[0].get("logger_metrics") or [],
+        sync_dist_warnings=sorted({w["message"] for w in world[0].get("warnings") or [] if hint in w["message"]}),
+        counts={kind: c.to_dict() for kind, c in counts.items()},
+        trace=_evidence.trace_summary(traces["world"]),
+        world_error=errors.get("world"),
+        lightning=package,
+        predictions=[rec.get("predictions") for rec in world] if stage == "predict" else None,
     )
+
+
+def _record_from_trace(rank: dict) -> dict:
+    """A stand-in for the record of a rank whose world failed: what its trace holds."""
+    from ddpprobe.audit._scenario import _summarise_calls
+
+    return {"log_calls": _summarise_calls(rank["logs"]), "callback_metrics": {}, "loaders": {},
+            "raised": {"type": "RankError", "message": rank["stage_error"]} if rank["stage_error"] else None,
+            "removed_hooks": [], "experiment_calls": [], "logger_metrics": [], "warnings": []}

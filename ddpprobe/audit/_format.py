@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import textwrap
 
+from ddpprobe.audit._verdict import divergence_fixes, fix_line
+
+#: Past this many ranks the table shows min / max / distinct instead of one column per rank.
+MAX_RANK_COLUMNS = 4
+
 
 def _num(value) -> str:
     if value is None:
@@ -24,7 +29,24 @@ def _table(header: list, body: list) -> list:
 
 
 def _wrap(text: str, indent: str) -> list:
-    return textwrap.wrap(text, width=100, initial_indent=indent, subsequent_indent=indent + "  ")
+    return textwrap.wrap(text, width=100, initial_indent=indent, subsequent_indent=indent + "  ",
+                         break_long_words=False, break_on_hyphens=False)
+
+
+def _counts_line(info: dict, loader, w: int) -> str:
+    size = f"N={loader['dataset_size']}; " if loader and loader.get("dataset_size") is not None else ""
+    samples = info["samples"]
+    text = (f"{size}the ranks ran {samples} samples in {info['batches']} batches"
+            + (f" (sampler {info['sampler']})" if info.get("sampler") else ""))
+    if not info["identified"]:
+        return text + "; samples could not be identified, so repeats were not counted"
+    if info["unsharded"]:
+        return text + f"; every rank ran every sample: the data is not sharded across the {w} ranks"
+    if info["duplicates"]:
+        repeated = ", ".join(f"{k} x{v}" for k, v in info["duplicated"].items())
+        return text + f"; {info['duplicates']} repeated sample(s) across ranks ({repeated})"
+    return text + "; no sample ran twice" + (f", {info['missing_vs_single']} sample(s) of W=1 ran on no rank"
+                                             if info.get("missing_vs_single") else "")
 
 
 def format_result(result) -> str:
@@ -35,31 +57,58 @@ def format_result(result) -> str:
         f"ddpprobe audit: model {result.model}, data {result.data}",
         f"stage {result.stage}: single process (W=1) vs {w} ranks (W={w}, backend {result.backend})",
     ]
-    for kind, info in result.loaders.items():
-        if info["dataset_size"] is None:
-            lines.append(f"{kind} set: size unknown (no len()); padding not computed")
-            continue
-        dup = info["padding_duplicates"]
-        lines.append(
-            f"{kind} set: N={info['dataset_size']} samples, {info['per_rank']} per rank at W={w}; "
-            + (f"DistributedSampler pads with {dup} duplicated sample(s)" if dup else "no padding")
-        )
+    if result.lightning != "pytorch_lightning":
+        lines.append(f"Lightning package: {result.lightning} (from the model's base class)")
+    for kind, info in result.counts.items():
+        lines += _wrap(f"{kind} set: " + _counts_line(info, result.loaders.get(kind), w), "")
     lines.append("")
 
-    header = ["key", "hook", "step", "epoch", "sync_dist", "reduce_fx", "W=1"] + [f"rank {r}" for r in range(w)] + ["verdict"]
+    per_rank_columns = w <= MAX_RANK_COLUMNS
+    ranks = [f"rank {r}" for r in range(w)] if per_rank_columns else ["min", "max", "distinct"]
+    header = ["key", "hook", "step", "epoch", "sync_dist", "reduce_fx", "W=1"] + ranks + ["verdict"]
     body = []
     for row in result.rows:
         reduce_fx = "(Metric)" if row.metric_object else row.reduce_fx
-        body.append([row.key, ",".join(row.hooks), _yes(row.on_step), _yes(row.on_epoch), _yes(row.sync_dist),
-                     reduce_fx, _num(row.single), *[_num(v) for v in row.per_rank],
-                     ("! " if row.problem else "") + row.verdict])
+        key = row.key + (" [steps]" if row.level == "step" else "")
+        if per_rank_columns:
+            values = [_num(v) for v in row.per_rank]
+        else:
+            known = [v for v in row.per_rank if v is not None]
+            values = [_num(min(known)) if known else "-", _num(max(known)) if known else "-",
+                      str(len({round(v, 6) for v in known}))]
+        body.append([key, ",".join(row.hooks), _yes(row.on_step), _yes(row.on_epoch), _yes(row.sync_dist),
+                     reduce_fx, _num(row.single), *values, ("! " if row.problem else "") + row.verdict])
     lines += _table(header, body) if body else ["(no self.log calls recorded)"]
+    if any(row.level == "step" for row in result.rows):
+        lines.append("  [steps]: the values logged at each step; the columns show the last step's")
+    if not per_rank_columns:
+        lines.append(f"  {w} ranks: min, max and number of distinct values over the ranks")
 
-    notes = [row for row in result.rows if row.cause]
+    notes = [row for row in result.rows if row.cause or row.fixes]
     if notes:
         lines.append("")
         for row in notes:
-            lines += _wrap(f"{row.key}: {row.cause}", "  ")
+            key = row.key + (" [steps]" if row.level == "step" else "")
+            lines += _wrap(f"{key}: {row.cause}", "  ")
+            for fix in row.fixes:
+                lines += _wrap(fix_line(fix), "    ")
+
+    trace = result.trace or {}
+    divergence = trace.get("first_divergence")
+    if divergence or result.world_error:
+        lines.append("")
+        lines.append(f"collective trace ({trace.get('level', 'python')} level, {w} ranks):")
+        for r, rank in enumerate(trace.get("ranks", [])):
+            ended = {"end": "finished its stage", "raised": "stage raised", None: "never finished its stage"}[rank["stage"]]
+            lines.append(f"  rank {r}: {len(rank['collectives'])} collective(s) from Python, {ended}"
+                         + (f" ({rank['stage_error'][:120]})" if rank.get("stage_error") else ""))
+        if divergence:
+            lines += _wrap("first divergence: " + divergence["message"], "  ")
+            for fix in divergence_fixes(divergence):
+                lines += _wrap(fix_line(fix), "    ")
+        if result.world_error:
+            first = result.world_error["message"].splitlines()
+            lines += _wrap(f"the world failed ({result.world_error['type']}): " + " / ".join(first[:2]), "  ")
 
     lines.append("")
     single = result.stdout_lines["single"][0]

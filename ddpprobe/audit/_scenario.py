@@ -8,9 +8,9 @@ a JSON-ready record and never prints, so the rank's stdout holds only what the u
 
 from __future__ import annotations
 
-import functools
 import importlib
 import math
+import os
 import sys
 
 import torch
@@ -20,10 +20,10 @@ from ddpprobe._lightning import fabric, pl
 from ddpprobe.audit._verdict import REMOVED_HOOKS
 from ddpprobe.launch import RankInfo
 from ddpprobe.probes.common import ddp_trainer, recorded_warnings, seed_everything
+from ddpprobe.probes.trace import CollectiveTrace
 
-#: Stages an audit can run, and the Trainer method for each.
-STAGES = ("validate", "fit", "test")
-
+#: Stages an audit can run (each is the Trainer method of that name).
+STAGES = ("validate", "fit", "test", "predict")
 
 
 class InputError(Exception):
@@ -140,55 +140,15 @@ class RecordingLogger(pl.loggers.Logger):
         pass
 
 
-def _reduce_fx_name(reduce_fx) -> str:
-    if isinstance(reduce_fx, str):
-        return reduce_fx
-    return getattr(reduce_fx, "__name__", repr(reduce_fx))
-
-
-def _wrap_log(model) -> list:
-    """Replace ``model.log`` (on the instance only) by a wrapper that records each call's hook and
-    resolved options, then calls the original. ``log_dict`` goes through ``self.log``, so it is
-    recorded too. Returns the list the records go to (one entry per call)."""
-    _FxValidator = importlib.import_module(f"{pl.__name__}.trainer.connectors.logger_connector.fx_validator")._FxValidator
-    from torchmetrics import Metric
-
-    calls: list = []
-    original = model.log
-
-    @functools.wraps(original)
-    def log(name, value, *args, **kwargs):
-        options = dict(zip(("prog_bar", "logger", "on_step", "on_epoch", "reduce_fx", "enable_graph", "sync_dist",
-                            "sync_dist_group", "add_dataloader_idx", "batch_size", "metric_attribute",
-                            "rank_zero_only"), args))
-        options.update(kwargs)
-        fx = model._current_fx_name
-        result = original(name, value, *args, **kwargs)
-        try:
-            on_step, on_epoch = _FxValidator.check_logging_and_get_default_levels(
-                fx, on_step=options.get("on_step"), on_epoch=options.get("on_epoch"))
-        except Exception:  # noqa: BLE001 - the original call accepted it; keep what was given
-            on_step, on_epoch = options.get("on_step"), options.get("on_epoch")
-        calls.append({
-            "name": name,
-            "hook": fx,
-            "on_step": bool(on_step),
-            "on_epoch": bool(on_epoch),
-            "sync_dist": bool(options.get("sync_dist", False)),
-            "reduce_fx": _reduce_fx_name(options.get("reduce_fx", "mean")),
-            "rank_zero_only": bool(options.get("rank_zero_only", False)),
-            "metric_object": isinstance(value, Metric),
-        })
-        return result
-
-    model.log = log
-    return calls
+#: The fields of a ``self.log`` call that make one row of the summary (values and batch sizes vary per call).
+SUMMARY_FIELDS = ("name", "hook", "on_step", "on_epoch", "sync_dist", "reduce_fx", "rank_zero_only", "metric_object")
 
 
 def _summarise_calls(calls: list) -> list:
     """One entry per (name, hook, options) with the number of calls, in first-call order."""
     summary: dict = {}
     for call in calls:
+        call = {"name": call["key"], **{k: call[k] for k in SUMMARY_FIELDS[1:]}}
         key = tuple(sorted(call.items()))
         if key in summary:
             summary[key]["calls"] += 1
@@ -205,21 +165,22 @@ def _as_loaders(data, stage: str) -> dict:
     """Turn what the data factory returned into ``Trainer`` keyword arguments for ``stage``.
 
     Accepted: a ``LightningDataModule``; a ``DataLoader`` (the stage's loader: validation for
-    ``validate``, training for ``fit``, test for ``test``); a dict with keys ``"train"``, ``"val"``,
-    ``"test"``; for ``fit`` a ``(train, val)`` tuple.
+    ``validate``, training for ``fit``, test for ``test``, prediction for ``predict``); a dict with
+    keys ``"train"``, ``"val"``, ``"test"``, ``"predict"``; for ``fit`` a ``(train, val)`` tuple.
     """
     if isinstance(data, pl.LightningDataModule):
         return {"datamodule": data}
     if isinstance(data, DataLoader):
-        return {{"validate": "dataloaders", "test": "dataloaders", "fit": "train_dataloaders"}[stage]: data}
+        return {{"validate": "dataloaders", "test": "dataloaders", "predict": "dataloaders",
+                 "fit": "train_dataloaders"}[stage]: data}
     if isinstance(data, (tuple, list)) and stage == "fit" and len(data) == 2:
         data = {"train": data[0], "val": data[1]}
-    if isinstance(data, dict) and data and set(data) <= {"train", "val", "test"}:
+    if isinstance(data, dict) and data and set(data) <= {"train", "val", "test", "predict"}:
         if stage == "fit":
             if "train" not in data:
                 raise InputError("the data factory returned a dict without 'train'; stage 'fit' needs a training loader")
             return {"train_dataloaders": data["train"], **({"val_dataloaders": data["val"]} if "val" in data else {})}
-        key = "val" if stage == "validate" else "test"
+        key = {"validate": "val", "test": "test", "predict": "predict"}[stage]
         if key not in data:
             raise InputError(f"the data factory returned a dict without {key!r}; stage {stage!r} needs it")
         return {"dataloaders": data[key]}
@@ -229,6 +190,21 @@ def _as_loaders(data, stage: str) -> dict:
     )
 
 
+def check_model(model, model_ref: str) -> None:
+    """Raise ``InputError`` unless ``model`` is a LightningModule of the package this process runs."""
+    if isinstance(model, pl.LightningModule):
+        return
+    from ddpprobe import _lightning
+
+    other = _lightning.trainer_package_of(type(model))
+    if other is not None:
+        fix = (f"it subclasses {other}'s LightningModule but this process runs {_lightning.chosen()}; run the "
+               f"audit in a fresh process (python -m ddpprobe audit ...) so it can choose {other}")
+    else:
+        fix = "make the factory return an instance of your LightningModule subclass, e.g. `return MyModel()`"
+    raise InputError(f"the model factory {model_ref} returned {_describe(model)}, not a LightningModule; {fix}")
+
+
 def _loader_info(loaders) -> list:
     """``[{"dataset_size", "per_rank", "sampler"}]`` for a loader or a list of loaders (None entries
     where the dataset has no length, e.g. an ``IterableDataset``)."""
@@ -236,6 +212,8 @@ def _loader_info(loaders) -> list:
         return []
     if isinstance(loaders, DataLoader):
         loaders = [loaders]
+    if isinstance(loaders, dict):
+        loaders = list(loaders.values())
     out = []
     for loader in loaders:
         entry = {"dataset_size": None, "per_rank": None, "sampler": type(getattr(loader, "sampler", None)).__name__}
@@ -252,6 +230,11 @@ def _stdout_flush():
     sys.stdout.flush()
 
 
+def trace_path(trace_dir: str, rank: int) -> str:
+    """The trace file of ``rank`` in ``trace_dir`` (``rank<r>.jsonl``)."""
+    return os.path.join(trace_dir, f"rank{rank}.jsonl")
+
+
 def audit_rank(
     info: RankInfo,
     model_ref: str,
@@ -261,68 +244,77 @@ def audit_rank(
     max_epochs: int = 1,
     seed: int = 0,
     sys_path: list = (),
+    trace_dir: str = "",
 ) -> dict:
     """Scenario: build ``model_ref()`` and ``data_ref()``, run ``stage`` under DDP, record what happened.
 
     Args:
         model_ref, data_ref: ``"package.module:function"`` of the factories (called with no arguments).
-        stage: ``"validate"``, ``"fit"`` or ``"test"``.
-        limit_batches: ``limit_{train,val,test}_batches`` for the Trainer (None: all batches).
+        stage: ``"validate"``, ``"fit"``, ``"test"`` or ``"predict"``.
+        limit_batches: ``limit_{train,val,test,predict}_batches`` for the Trainer (None: all batches).
         max_epochs: epochs for ``fit``.
-        seed: passed to ``pytorch_lightning.seed_everything`` before the factories run, so every rank
-            and every world builds the same initial weights.
+        seed: passed to ``seed_everything`` before the factories run, so every rank and every world
+            builds the same initial weights.
         sys_path: import paths of the process that started the audit, prepended where missing (the
             rank's working directory is its own scratch folder, so the caller's ``""`` entry would
             not find the user's package).
+        trace_dir: folder for this rank's trace (``rank<r>.jsonl``, ddpprobe/probes/trace.py), written
+            while the stage runs; default: the rank's own folder. The audit gives a folder of its own,
+            which outlives a world that dies or hangs (the launcher removes the rank folders).
 
     Record keys: ``input_error`` (a message, and nothing else, when a factory returned the wrong
     type), ``model_class``, ``log_calls`` (one entry per distinct call site: name, hook, on_step,
     on_epoch, sync_dist, reduce_fx, rank_zero_only, metric_object, calls), ``callback_metrics``
     (name -> float), ``removed_hooks``, ``loaders`` (kind -> list of dataset_size/per_rank/sampler),
     ``raised`` (``{"type", "message"}`` if the stage raised, else None), ``experiment_calls`` and
-    ``logger_metrics`` (what reached the logger; rank 0 only), ``warnings``.
+    ``logger_metrics`` (what reached the logger; rank 0 only), ``warnings``, ``predictions``
+    (``predict`` only: number of prediction batches this rank returned).
     """
     sys.path[:0] = [p for p in sys_path if p not in sys.path]
     model_factory, data_factory = resolve_ref(model_ref), resolve_ref(data_ref)
     seed_everything(seed, workers=True)
     model = model_factory()
-    if not isinstance(model, pl.LightningModule):
-        if any(base.__module__.startswith("lightning.pytorch") for base in type(model).__mro__):
-            fix = ("it subclasses lightning.pytorch.LightningModule; ddpprobe runs pytorch_lightning, so import "
-                   "LightningModule from pytorch_lightning")
-        else:
-            fix = "make the factory return an instance of your LightningModule subclass, e.g. `return MyModel()`"
-        return {"input_error": f"the model factory {model_ref} returned {_describe(model)}, not a "
-                               f"pytorch_lightning.LightningModule; {fix}"}
     try:
+        check_model(model, model_ref)
         loaders = _as_loaders(data_factory(), stage)
     except InputError as exc:
-        return {"input_error": f"{data_ref}: {exc}"}
+        return {"input_error": str(exc) if str(exc).startswith("the model") else f"{data_ref}: {exc}"}
 
     removed = [hook for hook in REMOVED_HOOKS if callable(getattr(model, hook, None))]
-    calls = _wrap_log(model)
     logger = RecordingLogger(info.rank_dir)
     limits = {}
     if limit_batches is not None:
         limits = {"fit": {"limit_train_batches": limit_batches, "limit_val_batches": limit_batches},
                   "validate": {"limit_val_batches": limit_batches},
-                  "test": {"limit_test_batches": limit_batches}}[stage]
+                  "test": {"limit_test_batches": limit_batches},
+                  "predict": {"limit_predict_batches": limit_batches}}[stage]
     raised = None
-    with recorded_warnings() as warnings:
-        trainer = ddp_trainer(info, logger=logger, max_epochs=max_epochs, **limits)
+    predictions = None
+    with recorded_warnings() as warnings, CollectiveTrace(trace_path(trace_dir or info.rank_dir, info.rank),
+                                                          model) as trace:
+        trainer = ddp_trainer(info, logger=logger, max_epochs=max_epochs, callbacks=[trace.batch_recorder()],
+                              **limits)
+        trace.write("stage", status="start", stage=stage, rank=info.rank, world_size=info.world_size)
         try:
             if stage == "fit":
                 trainer.fit(model, **loaders)
+            elif stage == "predict":
+                out = trainer.predict(model, return_predictions=True, **loaders)
+                predictions = len(out) if out is not None else 0
             else:
                 getattr(trainer, stage)(model, verbose=False, **loaders)
         except Exception as exc:  # noqa: BLE001 - what the user's module raises is a finding
             raised = {"type": type(exc).__name__, "message": str(exc)}
+            trace.write("stage", status="raised", error=f"{type(exc).__name__}: {exc}"[:2000])
+        else:
+            trace.write("stage", status="end")
     _stdout_flush()
-    loader_kinds = {"train": "train_dataloader", "val": "val_dataloaders", "test": "test_dataloaders"}
+    loader_kinds = {"train": "train_dataloader", "val": "val_dataloaders", "test": "test_dataloaders",
+                    "predict": "predict_dataloaders"}
     return {
         "input_error": None,
         "model_class": f"{type(model).__module__}.{type(model).__qualname__}",
-        "log_calls": _summarise_calls(calls),
+        "log_calls": _summarise_calls(trace.log_calls),
         "callback_metrics": {k: _float(v) for k, v in sorted(trainer.callback_metrics.items())},
         "removed_hooks": removed,
         "loaders": {kind: _loader_info(getattr(trainer, attr, None)) for kind, attr in loader_kinds.items()},
@@ -330,4 +322,5 @@ def audit_rank(
         "experiment_calls": logger._experiment.calls,
         "logger_metrics": logger.metrics,
         "warnings": warnings,
+        "predictions": predictions,
     }

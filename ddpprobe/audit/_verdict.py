@@ -13,7 +13,59 @@ SYNCED_DIFFERS = "synced, differs from single-process"
 RANK_DIVERGENT = "rank-divergent (not synced)"
 SOME_RANKS_ONLY = "logged on some ranks only (collective-mismatch hazard)"
 STEP_LEVEL = "step-level, not compared with single-process"
+STEP_SYNCED = "step values synced (equal on every rank)"
+STEP_RANK_LOCAL = "step values rank-local (the logger gets rank 0's)"
 NOT_AT_SINGLE = "not logged in the single-process run"
+NOT_IN_WORLD = "not logged in the distributed run"
+NO_VALUE = "no value on any rank (the stage did not complete)"
+
+#: The upstream issue of the floored batch-size count in the synced epoch mean (the suite's strict xfail
+#: tests/facts/test_log_reductions.py::test_the_synced_epoch_mean_is_the_batch_size_weighted_mean_even_when_the_count_does_not_divide_by_world_size).
+FLOORED_COUNT_ISSUE = "https://github.com/Lightning-AI/pytorch-lightning/issues/21859"
+
+#: Each fix the audit prints, with the fact test that shows the fix gives the right value. A test of the
+#: audit (tests/tooling/test_audit_fixes.py) checks that every named test exists.
+FIXES = {
+    "metric_object": (
+        "log a torchmetrics Metric object (self.log(key, metric)); its state (counts) is summed over ranks "
+        "at compute(), so F1-like scores are those of the whole set",
+        "tests/facts/test_f1_over_whole_set.py::test_f1_over_the_whole_validation_set_five_ways"),
+    "sync_dist": (
+        "sync_dist=True for a per-sample mean (each batch's mean, logged with its batch_size)",
+        "tests/facts/test_logging_sync_dist.py::test_with_sync_dist_every_rank_gets_the_mean_over_the_padded_set_not_the_dataset"),
+    "mean_metric": (
+        "log a torchmetrics MeanMetric updated with each batch (its sum and count are summed over ranks, "
+        "no integer count is averaged)",
+        "tests/facts/test_log_reductions.py::test_a_logged_metric_object_syncs_its_own_state_and_ignores_sync_dist_and_reduce_fx"),
+    "dedupe": (
+        "drop the repeated samples: all_gather the sample ids with the outputs and keep each id once, or use "
+        "a set whose size divides by the world size",
+        "tests/facts/test_f1_over_whole_set.py::test_f1_over_the_whole_validation_set_five_ways"),
+    "rank_zero_only": (
+        "log a value that only rank 0 computes with rank_zero_only=True (no collective), or compute and log "
+        "it on every rank",
+        "tests/facts/test_collectives.py::test_rank_zero_only_logging_under_if_global_rank_0_completes_and_only_rank_0_holds_the_value"),
+    "step_sync": (
+        "for a step value every rank agrees on, log a tensor with sync_dist=True (a Metric object's step value "
+        "is its batch's own on each rank, whatever sync_dist says)",
+        "tests/facts/test_log_reductions.py::test_the_step_value_is_the_unweighted_mean_over_ranks_and_the_epoch_value_is_batch_size_weighted"),
+    "shard_iterable": (
+        "shard the IterableDataset by rank (each rank yields samples i with i % world_size == rank)",
+        None),
+    "even_batches": (
+        "give every rank the same number of batches (equal shards, or drop the last uneven batch) before "
+        "logging with sync_dist=True on_step or training",
+        None),
+    "compute_everywhere": (
+        "call metric.compute() (and any collective) on every rank; use the result on rank 0 only",
+        None),
+}
+
+
+def fix_line(name: str) -> str:
+    """``"Fix: <what> (shown by <test>)"`` for a :data:`FIXES` entry."""
+    text, test = FIXES[name]
+    return f"Fix: {text}" + (f" (shown by {test})" if test else "")
 
 #: Lightning 1.x hooks removed in 2.0, and what 2.x does with a module that still defines one.
 #: Source: pytorch_lightning/trainer/configuration_validator.py (``*_epoch_end`` raise
@@ -29,7 +81,7 @@ REMOVED_HOOKS = {
 }
 
 #: Verdicts that make the audit fail when the key is epoch-level.
-PROBLEMS = (SYNCED_DIFFERS, RANK_DIVERGENT, SOME_RANKS_ONLY)
+PROBLEMS = (SYNCED_DIFFERS, RANK_DIVERGENT, SOME_RANKS_ONLY, STEP_RANK_LOCAL, NO_VALUE, NOT_IN_WORLD)
 
 #: What a rank-divergent value means downstream.
 #: Sources: lightning_fabric/loggers/logger.py ``rank_zero_experiment`` and every logger's
@@ -40,8 +92,7 @@ PROBLEMS = (SYNCED_DIFFERS, RANK_DIVERGENT, SOME_RANKS_ONLY)
 RANK_DIVERGENT_MEANING = (
     "each rank keeps its own shard's value; the logger writes rank 0's value only; ModelCheckpoint names "
     "files and keeps best_model_score from rank 0's value but saves only when every rank's own value agrees; "
-    "EarlyStopping stops all ranks when any rank's value says stop. Fix: sync_dist=True for a decomposable "
-    "mean, or a torchmetrics object / all_gather / all_reduce of counts for F1-like scores"
+    "EarlyStopping stops all ranks when any rank's value says stop"
 )
 
 
@@ -63,6 +114,10 @@ class KeyRow:
         cause: why (for ``SYNCED_DIFFERS``: sampler padding and/or a non-decomposable metric;
             for ``RANK_DIVERGENT``: what that means for the logger and callbacks), or "".
         problem: the verdict counts toward a failing audit (epoch-level keys only).
+        level: ``"epoch"`` (the value in ``callback_metrics`` after the stage) or ``"step"`` (the values
+            logged at each step; ``single``/``per_rank`` hold the last step's).
+        fixes: fix lines, each naming the fact test that shows the fix works.
+        evidence: the numbers the cause was proven from (``{"name": value}``).
     """
 
     key: str
@@ -78,6 +133,9 @@ class KeyRow:
     verdict: str
     cause: str
     problem: bool
+    level: str = "epoch"
+    fixes: list = dataclasses.field(default_factory=list)
+    evidence: dict = dataclasses.field(default_factory=dict)
 
 
 def as_float(value) -> Optional[float]:
@@ -112,51 +170,150 @@ def loader_kind(hook: str, stage: str) -> str:
         return "val"
     if "test" in hook:
         return "test"
-    return {"fit": "train", "validate": "val", "test": "test"}[stage]
+    if "predict" in hook:
+        return "predict"
+    return {"fit": "train", "validate": "val", "test": "test", "predict": "predict"}[stage]
 
 
-def _differs_cause(row_calls: list, kind: str, duplicates: Optional[int], dataset_size, world_size: int,
-                   stage: str, limit_batches) -> str:
-    causes = []
-    if duplicates:
-        causes.append(
-            f"sampler padding: DistributedSampler repeats {duplicates} sample(s) of the {kind} set "
-            f"(N={dataset_size}, W={world_size}: ceil(N/W)*W - N = {duplicates}), so the ranks evaluate "
-            f"{dataset_size + duplicates} samples, not {dataset_size}"
-        )
-    metric_object = any(c["metric_object"] for c in row_calls)
-    per_batch = any(c["on_epoch"] and c["hook"].endswith("_step") for c in row_calls)
-    at_epoch_end = any(c["hook"].startswith("on_") and c["hook"].endswith("epoch_end") for c in row_calls)
-    if not metric_object and per_batch and any(c["reduce_fx"] == "mean" for c in row_calls):
-        causes.append(
-            "a per-batch value averaged over batches and ranks: W changes which samples share a batch, so a "
-            "non-decomposable metric (F1, precision, AUC, a median) averages to a different number"
-        )
-    elif not metric_object and at_epoch_end:
-        causes.append(
-            "a per-rank value averaged over ranks (sync_dist mean): a non-decomposable metric computed on each "
-            "shard and then averaged is not the metric over the whole set"
-        )
+def _key_logs(logs: list, name: str) -> list:
+    return [entry for entry in logs if entry["key"] == name]
+
+
+def _weighted(logs: list) -> Optional[tuple]:
+    """``(sum of value * batch_size, sum of batch_size)`` of one key's epoch-level log events, or None
+    when a value or batch size is unknown."""
+    total, count = 0.0, 0
+    for entry in logs:
+        if entry.get("value") is None or entry.get("batch_size") is None:
+            return None
+        total += entry["value"] * entry["batch_size"]
+        count += entry["batch_size"]
+    return total, count
+
+
+def differs_cause(name: str, calls: list, measured: float, single: float, world_logs: list, single_logs: list,
+                  counts, world_size: int, stage: str, limit_batches, rtol: float, atol: float) -> tuple:
+    """Why a synced epoch value differs from single-process, from what the ranks recorded.
+
+    Args:
+        world_logs: per rank, the ``log`` trace events of the W=N run; ``single_logs``: those at W=1.
+        counts: the :class:`~ddpprobe.audit._evidence.Counts` of the key's loop, or None.
+
+    Returns:
+        ``(cause, fixes, evidence)``. A cause is named only when the records prove it: duplicated
+        samples that the ranks really ran (padding) or every rank running every sample (unsharded);
+        the floored count of the upstream bug when recomputing the synced mean from the logged values
+        and batch sizes with a floored count gives the measured value and the correct count does not;
+        a non-decomposable metric when the ranks ran exactly the single process's samples with the
+        same weights and the per-batch (or per-rank) values still average to another number.
+        Otherwise ``"unknown"``, with the evidence.
+    """
+    causes, fixes, evidence = [], [], {"measured": measured, "single-process": single}
+    metric_object = any(c["metric_object"] for c in calls)
+    mean = all(c["reduce_fx"] == "mean" for c in calls)
+    sync_dist = any(c["sync_dist"] for c in calls)
+    same_samples = False
+    if counts is not None:
+        evidence.update({"samples per rank": counts.samples, "batches per rank": counts.batches,
+                         "duplicates": counts.duplicates if counts.identified else "unknown"})
+        if counts.unsharded:
+            causes.append(f"unsharded data: every rank ran all {counts.samples[0]} samples of the {counts.loop} "
+                          f"set (identified by {counts.by}), so each sample counts {world_size} times")
+            fixes.append("shard_iterable")
+            if not mean and close(measured, world_size * single, rtol, atol):
+                causes[-1] += f"; the synced {calls[0]['reduce_fx']} is {world_size} x the single-process value"
+        elif counts.duplicates:
+            sampler = counts.sampler or "the sampler"
+            causes.append(f"repeated samples: the ranks ran {sum(counts.samples)} samples, {counts.duplicates} of "
+                          f"them repeats ({', '.join(f'{k} x{v}' for k, v in counts.duplicated.items())}); "
+                          f"{sampler} pads each rank to the same length")
+            fixes.append("dedupe")
+        same_samples = bool(counts.identified and counts.duplicates == 0 and counts.missing_vs_single == 0)
+    per_rank = [_key_logs(logs, name) for logs in world_logs]
+    per_rank = [[e for e in logs if e["on_epoch"]] for logs in per_rank]
+    single_key = [e for e in _key_logs(single_logs, name) if e["on_epoch"]]
+    tensor_mean = mean and sync_dist and not metric_object
+    at_step = any(c["hook"].endswith("_step") for c in calls)
+    weighted = [_weighted(logs) for logs in per_rank]
+    if tensor_mean and at_step and all(w is not None for w in weighted):
+        total = sum(w[0] for w in weighted)
+        count = sum(w[1] for w in weighted)
+        correct = total / count if count else None
+        floored_count = count // world_size
+        floored = (total / world_size) / floored_count if floored_count else None
+        evidence.update({"batch-size totals per rank": [w[1] for w in weighted],
+                         "recomputed synced mean": correct, "with floored count": floored})
+        if floored is not None and close(measured, floored, rtol, atol) and not close(measured, correct, rtol, atol):
+            causes.append(
+                f"the upstream floored-count bug ({FLOORED_COUNT_ISSUE}): the ranks' batch-size totals "
+                f"{[w[1] for w in weighted]} sum to {count}, which does not divide by W={world_size}; Lightning "
+                f"averages the int64 count in integers (floor({count}/{world_size}) = {floored_count}), so every "
+                f"rank gets {floored:.6g} instead of the recomputed {correct:.6g}")
+            fixes.append("mean_metric")
+            if close(correct, single, rtol, atol):
+                causes[-1] += " (which equals single-process: this is the whole difference)"
+        elif correct is not None and close(measured, correct, rtol, atol):
+            single_w = _weighted(single_key)
+            if same_samples and single_w is not None and single_w[1] == count and not close(correct, single, rtol, atol):
+                causes.append(
+                    f"non-decomposable: the ranks ran exactly the single process's samples with the same weights "
+                    f"(batch sizes sum to {count}), yet the logged per-batch values average to {correct:.6g} at "
+                    f"W={world_size} and {single:.6g} at W=1: each batch's value depends on which samples share the "
+                    "batch (F1, precision, AUC, a median), so no average of them is the whole set's value")
+                fixes.append("metric_object")
+    elif tensor_mean and not at_step and all(len(logs) == 1 for logs in per_rank) and all(
+            logs[0].get("value") is not None for logs in per_rank):
+        values = [logs[0]["value"] for logs in per_rank]
+        unweighted = sum(values) / len(values)
+        evidence["per-rank values"] = values
+        if close(measured, unweighted, rtol, atol) and counts is not None and counts.identified:
+            weighted_by_samples = sum(v * n for v, n in zip(values, counts.samples)) / max(sum(counts.samples), 1)
+            evidence["sample-weighted mean of per-rank values"] = weighted_by_samples
+            if len(set(counts.samples)) > 1 and close(weighted_by_samples, single, rtol, atol):
+                causes.append(f"an unweighted mean over ranks of per-rank values, with unequal sample counts "
+                              f"{counts.samples}: weighting each rank by its samples gives single-process")
+                fixes.append("mean_metric")
+            elif same_samples:
+                causes.append(
+                    f"non-decomposable: each rank's value is computed on its own shard at epoch end and the ranks' "
+                    f"values average to {unweighted:.6g} (weighted by samples {weighted_by_samples:.6g}), while "
+                    f"the same samples give {single:.6g} in one process: the metric of a set is not an average of "
+                    "its parts' metrics")
+                fixes.append("metric_object")
     if stage == "fit":
-        causes.append("training at W ranks averages gradients over W batches per step, so the weights (and "
+        causes.append("also: training at W ranks averages gradients over W batches per step, so the weights (and "
                       "anything computed from them) can differ from the single-process run")
     if limit_batches is not None:
-        causes.append(f"limit_batches={limit_batches} keeps the first batches of each rank's shard, a different "
-                      "subset of samples at each W")
-    if len(causes) == 1 and not duplicates and not metric_object:
-        causes[0] += " (no padding at this W and nothing else changes, so this is the cause)"
-    return "; ".join(causes) or "unknown: no padding and no averaging found; compare the per-rank records"
+        causes.append(f"also: limit_batches={limit_batches} keeps the first batches of each rank's shard, a "
+                      "different subset of samples at each W")
+    proven = [c for c in causes if not c.startswith("also:")]
+    if not proven:
+        shown = ", ".join(f"{k} {v if not isinstance(v, float) else format(v, '.6g')}" for k, v in evidence.items())
+        causes.insert(0, f"unknown: no repeated or unsharded samples and no recomputation explains it ({shown})")
+    return "; ".join(causes), list(dict.fromkeys(fixes)), evidence
+
+
+def _step_values(logs: list, name: str) -> list:
+    return [e.get("step_value", e.get("value")) for e in _key_logs(logs, name) if e["on_step"]]
 
 
 def rows(single: dict, world: list, world_size: int, stage: str, limit_batches=None,
-         rtol: float = 1e-5, atol: float = 1e-6) -> list:
-    """One ``KeyRow`` per key logged in either run, in first-logged order.
+         rtol: float = 1e-5, atol: float = 1e-6, *, world_logs: Optional[list] = None,
+         single_logs: Optional[list] = None, counts: Optional[dict] = None, completed: bool = True) -> list:
+    """One ``KeyRow`` per key logged in either run, in first-logged order (plus a ``level="step"`` row
+    for each key logged with ``on_step=True``).
 
     Args:
         single: the W=1 rank record of ``audit_rank``.
         world: the W=N rank records, ordered by rank.
         rtol, atol: tolerance for "equal" (float32 sums in a different order differ by ~1e-7 relative).
+        world_logs, single_logs: the ``log`` trace events per W=N rank and at W=1.
+        counts: ``{loop: Counts}`` of the W=N run.
+        completed: every W=N rank finished its stage.
     """
+    world_logs = world_logs if world_logs is not None else [[] for _ in world]
+    single_logs = single_logs or []
+    counts = counts or {}
     names: list = []
     for record in [single, *world]:
         for call in record["log_calls"]:
@@ -176,37 +333,90 @@ def rows(single: dict, world: list, world_size: int, stage: str, limit_batches=N
         single_value = as_float(single["callback_metrics"].get(name))
         per_rank = [as_float(rec["callback_metrics"].get(name)) for rec in world]
         kind = loader_kind(hooks[0], stage)
-        sizes = world[0]["loaders"].get(kind) or [{}]
-        dataset_size = sizes[0].get("dataset_size")
-        duplicates = padding_duplicates(dataset_size, world_size)
+        key_counts = counts.get(kind)
         agree = all(close(v, per_rank[0], rtol, atol) for v in per_rank)
+        common = dict(key=name, hooks=hooks, on_step=on_step, on_epoch=on_epoch, sync_dist=sync_dist,
+                      reduce_fx="/".join(dict.fromkeys(c["reduce_fx"] for c in all_calls)),
+                      metric_object=metric_object, logged_on=logged_on)
 
-        cause = ""
-        if len(logged_on) != len(world):
-            verdict = SOME_RANKS_ONLY
-            cause = (f"self.log({name!r}) ran on rank(s) {logged_on} only; with sync_dist=True the other ranks "
-                     "never join its all_reduce (a hang or a mismatched collective), and callbacks monitoring it "
-                     "fail on the ranks without it")
-        elif not agree:
-            verdict = RANK_DIVERGENT
-            cause = RANK_DIVERGENT_MEANING
-        elif not on_epoch:
-            verdict = STEP_LEVEL
-            cause = "callback_metrics holds the last step's value, which depends on how the data is sharded"
-        elif not single_calls:
-            verdict = NOT_AT_SINGLE
-        elif close(per_rank[0], single_value, rtol, atol):
-            verdict = SYNCED_EQUAL
-        else:
-            verdict = SYNCED_DIFFERS
-            cause = _differs_cause(all_calls, kind, duplicates, dataset_size, world_size, stage, limit_batches)
-        if verdict in (SYNCED_EQUAL, SYNCED_DIFFERS) and not (sync_dist or metric_object) and len(world) > 1:
-            cause = ("the ranks agree although it is neither logged with sync_dist=True nor a torchmetrics "
-                     "object (synced in the module's own code, or equal by chance)" + ("; " + cause if cause else ""))
-        out.append(KeyRow(
-            key=name, hooks=hooks, on_step=on_step, on_epoch=on_epoch, sync_dist=sync_dist,
-            reduce_fx="/".join(dict.fromkeys(c["reduce_fx"] for c in all_calls)), metric_object=metric_object,
-            single=single_value, per_rank=per_rank, logged_on=logged_on, verdict=verdict, cause=cause,
-            problem=verdict in PROBLEMS and (on_epoch or verdict == SOME_RANKS_ONLY),
-        ))
+        cause, fixes, evidence = "", [], {}
+        if on_epoch or len(logged_on) not in (0, len(world)):
+            if not logged_on:
+                verdict = NOT_IN_WORLD
+                cause = "logged at W=1 but by no rank of the distributed run before it ended"
+            elif len(logged_on) != len(world):
+                verdict = SOME_RANKS_ONLY
+                others = [r for r in range(len(world)) if r not in logged_on]
+                cause = f"self.log({name!r}) ran on rank(s) {logged_on} only, never on rank(s) {others}"
+                if sync_dist and not metric_object:
+                    cause += "; its sync_dist all_reduce waits for ranks that never join it (a hang, or a mismatch with their next collective)"
+                elif metric_object:
+                    cause += "; the Metric's compute() syncs its state with ranks that never join it"
+                else:
+                    cause += ("; callbacks monitoring it fail on the ranks without it, and the logger has it only "
+                              "when rank 0 logs it")
+                fixes = ["rank_zero_only"]
+            elif all(v is None for v in per_rank) and not completed:
+                verdict = NO_VALUE
+                cause = "the distributed run ended before the epoch's values were computed (see the collective trace)"
+            elif not agree:
+                verdict = RANK_DIVERGENT
+                cause = RANK_DIVERGENT_MEANING
+                fixes = ["metric_object", "sync_dist"]
+            elif not single_calls:
+                verdict = NOT_AT_SINGLE
+            elif close(per_rank[0], single_value, rtol, atol):
+                verdict = SYNCED_EQUAL
+            else:
+                verdict = SYNCED_DIFFERS
+                cause, fixes, evidence = differs_cause(name, all_calls, per_rank[0], single_value, world_logs,
+                                                       single_logs, key_counts, world_size, stage, limit_batches,
+                                                       rtol, atol)
+            if verdict in (SYNCED_EQUAL, SYNCED_DIFFERS) and not (sync_dist or metric_object) and len(world) > 1:
+                cause = ("the ranks agree although it is neither logged with sync_dist=True nor a torchmetrics "
+                         "object (synced in the module's own code, or equal by chance)" + ("; " + cause if cause else ""))
+            out.append(KeyRow(**common, single=single_value, per_rank=per_rank, verdict=verdict, cause=cause,
+                              problem=verdict in PROBLEMS, fixes=fixes, evidence=evidence))
+        if on_step and len(logged_on) == len(world):
+            steps = [_step_values(logs, name) for logs in world_logs]
+            single_steps = _step_values(single_logs, name)
+            n = min((len(s) for s in steps), default=0)
+            same = all(len(s) == len(steps[0]) for s in steps) and all(
+                all(close(a, b, rtol, atol) for a, b in zip(s, steps[0])) for s in steps)
+            evidence = {"steps per rank": [len(s) for s in steps]}
+            if any(steps):
+                if same:
+                    verdict, cause, fixes = STEP_SYNCED, "", []
+                else:
+                    verdict = STEP_RANK_LOCAL
+                    differing = next((i for i in range(n) if not all(close(s[i], steps[0][i], rtol, atol) for s in steps)), n)
+                    cause = (f"at step {differing} the ranks logged {[s[differing] if differing < len(s) else None for s in steps]}: "
+                             "each rank's step value is its own batch's, and Lightning's logger writes rank 0's")
+                    if metric_object:
+                        cause += " (a Metric object's step value is its forward() on the rank's batch; sync_dist does not apply)"
+                    fixes = ["step_sync"]
+                out.append(KeyRow(**{**common, "key": name}, single=single_steps[-1] if single_steps else None,
+                                  per_rank=[s[-1] if s else None for s in steps], verdict=verdict, cause=cause,
+                                  problem=verdict == STEP_RANK_LOCAL and (sync_dist or metric_object),
+                                  level="step", fixes=fixes, evidence=evidence))
     return out
+
+
+
+
+def divergence_fixes(divergence: dict) -> list:
+    """The :data:`FIXES` that fit a first divergence of the ranks' collectives."""
+    entries = [e for e in divergence["entries"] if e is not None]
+    sources = {e.get("source") for e in entries}
+    if divergence["kind"] == "missing" and "torchmetrics" in sources:
+        return ["compute_everywhere"]
+    if divergence["kind"] == "missing" and "self.log" in sources and any(
+            e.get("hook", "") and e["hook"].endswith("_step") for e in entries):
+        return ["even_batches"]
+    if "internal" in sources:
+        return ["even_batches"]
+    if divergence["kind"] == "missing" and "self.log" in sources:
+        return ["rank_zero_only"]
+    if divergence["kind"] in ("keys", "mismatch") and "self.log" in sources:
+        return ["even_batches"]
+    return []

@@ -16,12 +16,12 @@ import subprocess
 import sys
 
 import pytest
-import pytorch_lightning as pl
 import torch
 from sklearn.metrics import f1_score, precision_score, recall_score
 from torch.utils.data import DataLoader
 
 from ddpprobe import audit as ddp_audit
+from ddpprobe._lightning import pl
 from ddpprobe.audit import AuditInputError, audit
 from ddpprobe.probes.data import IdDataset
 from ddpprobe.pytest_plugin import backend_skip_reason, cuda_device_count
@@ -157,7 +157,9 @@ def test_seed_module_batch_f1_with_sync_dist_is_synced_but_differs_from_single_p
     assert row.single == pytest.approx(single, abs=1e-6)
     assert row.verdict == ddp_audit.SYNCED_DIFFERS and row.sync_dist and row.problem
     assert "non-decomposable" in row.cause and "sampler padding" not in row.cause, row.cause
-    assert result.loaders["val"] == {"dataset_size": n, "per_rank": n // world_size, "padding_duplicates": 0}
+    assert result.loaders["val"] == {"dataset_size": n, "per_rank": n // world_size, "padding_duplicates": 0,
+                                     "sampler": "DistributedSampler"}
+    assert result.counts["val"]["samples"] == [n // world_size] * world_size and result.counts["val"]["duplicates"] == 0
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
@@ -231,8 +233,11 @@ def test_corrected_module_on_a_set_that_does_not_divide_by_w_is_flagged_for_samp
             oracle.side_by_side(key, row.per_rank) + f"  expected padded {padded}, single-process {single}")
         assert row.single == pytest.approx(single, abs=1e-6)
         assert row.verdict == ddp_audit.SYNCED_DIFFERS and row.problem
-        assert f"repeats {duplicates} sample(s)" in row.cause and "non-decomposable" not in row.cause, row.cause
+        assert row.cause.startswith(f"repeated samples: the ranks ran {n + duplicates} samples, {duplicates} of them "
+                                    "repeats"), row.cause
+        assert "non-decomposable" not in row.cause and "DistributedSampler pads" in row.cause, row.cause
     assert result.loaders["val"]["padding_duplicates"] == duplicates
+    assert result.counts["val"]["duplicated"] == {str(i): c + 1 for i, c in oracle.duplicates(n, world_size).items()}
     assert result.exit_code == 1
 
 
@@ -274,7 +279,7 @@ def test_bad_input_is_reported_before_or_instead_of_running_with_the_bad_value_n
     with pytest.raises(AuditInputError, match=r"cannot be imported by name.*top level"):
         audit(lambda: None, "examples.seed_f1_module:make_data")
     with pytest.raises(AuditInputError, match=r"returned torch\.nn\.modules\.linear\.Linear.*not a "
-                                              r"pytorch_lightning\.LightningModule"):
+                                              r"LightningModule"):
         audit(make_not_a_module, "examples.seed_f1_module:make_data")  # gloo: runs on any machine
 
 

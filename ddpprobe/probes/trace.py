@@ -1,0 +1,461 @@
+"""A per-rank trace of what a Lightning run did under DDP: every collective in order, every ``self.log``
+call, every batch the loops ran. Written as JSON lines while the rank runs, so a rank that aborts or is
+killed still leaves its trace up to the collective it was in.
+
+Used by the audit (ddpprobe/audit/) in its ranks::
+
+    with CollectiveTrace(path, model) as trace:     # patches torch.distributed in this process only
+        trainer = ddp_trainer(info, callbacks=[trace.batch_recorder()])
+        trainer.validate(model, dataloaders=loader)
+
+One JSON object per line (``TRACE_SCHEMA`` version 1); ``event`` says which kind:
+
+``collective`` (written *before* the call enters the backend)
+    ``seq`` (0, 1, ... per rank, Python-level calls), ``op`` (``"all_reduce"``, ``"all_gather"``,
+    ``"all_gather_object"``, ``"broadcast"``, ``"barrier"``, ``"reduce_scatter_tensor"`` ...),
+    ``reduce_op`` (``"SUM"``, ``"AVG"`` ... or None), ``dtype`` (``"float32"``; ``"object"`` for the
+    ``*_object`` calls), ``shape`` (list of ints, the tensor the rank contributes; None for objects
+    and barriers), ``source`` (``"self.log"``: Lightning syncing a logged value;
+    ``"torchmetrics"``: a ``Metric`` syncing its states at ``compute()``; ``"user"``: called from the
+    user's code, e.g. ``self.all_gather``; ``"lightning"``: the Trainer's own, e.g. a barrier),
+    ``key`` (the logged name, where there is one), ``metric`` and ``states`` (the ``Metric`` class and
+    its state names), ``hook`` (the LightningModule hook running, or the hook the key was logged
+    from), ``call_site`` (``"file.py:42 in validation_step"``: the innermost frame of the user's code,
+    else None), ``pg_seq`` (the default process group's sequence number before the call; the Flight
+    Recorder numbers the backend's collectives ``pg_seq + 1 ...``).
+``done`` / ``raised``
+    ``seq``, and for ``raised`` the ``error`` text: the collective returned or raised; ``done`` also
+    has ``pg_seq`` after the call (the backend collectives it ran are ``pg_seq`` before + 1 .. after).
+``log``
+    one ``self.log`` call: ``key``, ``hook``, ``value`` (float for a scalar tensor or number; a logged
+    ``Metric``'s batch value from its ``forward``; else None), ``step_value`` (with ``on_step``: the step
+    value Lightning keeps, after the ``sync_dist`` all_reduce where there is one), ``batch_size`` (what Lightning added to
+    the key's cumulated batch size; None where it keeps none), ``on_step``, ``on_epoch``, ``sync_dist``,
+    ``reduce_fx``, ``rank_zero_only``, ``metric_object``, ``call_site``.
+``batch``
+    a batch a loop ran: ``stage`` (``"train"``, ``"val"``, ``"test"``, ``"predict"``), ``batch_idx``,
+    ``dataloader_idx``, ``size``, ``ids`` (the batch's ``id``/``ids``/``idx``/``index`` field) or
+    ``hashes`` (one content hash per sample, from the rows of its tensors), ``sampler`` (the type
+    name of the loader's sampler, first batch only).
+``flight_recorder``
+    written at the end of a stage that returned or raised (not by a killed rank): ``entries``, torch's
+    Flight Recorder entries for this rank (``collective_seq_id``, ``profiling_name`` such as
+    ``"gloo:all_reduce"``, ``input_sizes``, ``input_dtypes``), or ``unavailable`` with the reason.
+
+Flight Recorder: on torch 2.13 it records gloo collectives too (enable with ``TORCH_FR_BUFFER_SIZE``,
+read with ``torch._C._distributed_c10d._dump_fr_trace_json``), including those Python never sees (the
+DDP reducer's gradient buckets), and its ``collective_seq_id`` equals the process group's sequence
+number. It cannot serve alone: its buffer lives in the rank's memory and is dumped on request (NCCL's
+watchdog also dumps on a timeout; gloo has no watchdog), so a rank that gloo aborts leaves nothing;
+on gloo every entry stays ``"scheduled"`` (no completion is tracked), so it cannot say who waits; and
+it knows no Lightning key, hook or torchmetrics state. So the Python-level functions of
+``torch.distributed`` are wrapped while the trace is active, each call is written before it enters the
+backend, and the Flight Recorder's entries are added at the end with ``pg_seq`` to line them up.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import sys
+import sysconfig
+import threading
+import time
+from typing import Optional
+
+import torch
+import torch.distributed
+
+from ddpprobe._lightning import fabric, pl
+
+#: Version of the JSON-lines format described in this module's docstring.
+TRACE_SCHEMA = 1
+
+#: Environment variable (and value) that turns torch's Flight Recorder on in a rank; the audit passes
+#: it to ``run_world(env=...)``. Entries kept per rank.
+FLIGHT_RECORDER_ENV = {"TORCH_FR_BUFFER_SIZE": "4000"}
+
+#: ``torch.distributed`` functions wrapped while a trace is active.
+COLLECTIVES = (
+    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "broadcast",
+    "broadcast_object_list", "barrier", "reduce", "reduce_scatter", "reduce_scatter_tensor", "gather",
+    "gather_object", "scatter", "scatter_object_list", "all_to_all", "all_to_all_single", "monitored_barrier",
+)
+
+#: Batch fields taken as a sample's identity.
+ID_FIELDS = ("id", "ids", "idx", "index", "indices", "sample_id")
+
+
+def _library_dirs() -> tuple:
+    import torchmetrics
+    import lightning_utilities
+
+    dirs = {os.path.dirname(m.__file__) for m in (torch, torchmetrics, lightning_utilities, pl, fabric)}
+    dirs.add(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # ddpprobe itself
+    for name in ("stdlib", "platstdlib"):
+        dirs.add(sysconfig.get_paths()[name])
+    return tuple(d + os.sep for d in dirs)
+
+
+def _dtype_name(dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _first_tensor(args, kwargs):
+    for value in list(args) + list(kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            return value
+        if isinstance(value, (list, tuple)) and value and isinstance(value[-1], torch.Tensor):
+            continue  # an output list (all_gather's first argument): the input comes next
+    return None
+
+
+def _contributed(op: str, args, kwargs):
+    """``(dtype, shape)`` of the tensor this rank contributes to the collective."""
+    if op == "barrier" or op == "monitored_barrier":
+        return None, None
+    if op.endswith("_object") or op.endswith("_object_list"):
+        return "object", None
+    tensors = [a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)]
+    if op in ("all_gather", "gather") and len(tensors) >= 1:
+        tensor = tensors[0]
+    elif op in ("all_gather_into_tensor", "reduce_scatter_tensor") and len(tensors) >= 2:
+        tensor = tensors[1]
+    elif tensors:
+        tensor = tensors[0]
+    else:
+        lists = [a for a in args if isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor)]
+        tensor = lists[-1][0] if lists else None
+    if tensor is None:
+        return None, None
+    return _dtype_name(tensor.dtype), list(tensor.shape)
+
+
+def _reduce_op(args, kwargs) -> Optional[str]:
+    for value in list(args) + list(kwargs.values()):
+        if isinstance(value, torch.distributed.ReduceOp.RedOpType):
+            return value.name
+        if type(value).__name__ == "ReduceOp":
+            return str(value).rsplit(".", 1)[-1]
+    return None
+
+
+def _pg_seq() -> Optional[int]:
+    try:
+        return int(torch.distributed.distributed_c10d._get_default_group()._get_sequence_number_for_group())
+    except Exception:  # noqa: BLE001 - not every backend or release has it
+        return None
+
+
+class CollectiveTrace:
+    """Record this rank's collectives, ``self.log`` calls and batches to ``path`` (JSON lines) while active.
+
+    Args:
+        path: the trace file; created (appended to if it exists); each line is flushed to the OS as it
+            is written.
+        model: the LightningModule whose ``log`` is recorded (the wrapper is set on the instance only)
+            and whose hook names label the collectives.
+
+    Use as a context manager; on exit ``torch.distributed`` and ``model.log`` are restored. The
+    callback from :meth:`batch_recorder` records the batches; pass it to the Trainer.
+    """
+
+    def __init__(self, path: str, model):
+        self.path = path
+        self.model = model
+        self._file = None
+        self._seq = 0
+        self._local = threading.local()
+        self._originals: dict = {}
+        self._library = _library_dirs()
+        self.log_calls: list = []
+
+    # -- writing ---------------------------------------------------------------------------------
+
+    def write(self, event: str, **fields) -> None:
+        """Append one line ``{"event": event, **fields, "t": seconds since the epoch}`` and flush it."""
+        line = json.dumps({"event": event, **fields, "t": round(time.time(), 6)}, default=str)
+        self._file.write(line + "\n")
+        self._file.flush()
+
+    def __enter__(self) -> "CollectiveTrace":
+        self._file = open(self.path, "a", encoding="utf-8")
+        self.write("start", schema=TRACE_SCHEMA, pid=os.getpid())
+        for name in COLLECTIVES:
+            original = getattr(torch.distributed, name, None)
+            if original is not None:
+                self._originals[name] = original
+                setattr(torch.distributed, name, self._wrap(name, original))
+        self._original_log = self.model.log
+        self.model.log = self._wrap_log(self.model.log)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for name, original in self._originals.items():
+            setattr(torch.distributed, name, original)
+        self._originals.clear()
+        self.model.log = self._original_log
+        self.dump_flight_recorder()
+        self._file.close()
+
+    def dump_flight_recorder(self) -> None:
+        """Write torch's Flight Recorder entries for this rank (an ``unavailable`` reason where it cannot)."""
+        try:
+            from torch._C._distributed_c10d import _dump_fr_trace_json
+
+            entries = json.loads(_dump_fr_trace_json()).get("entries", [])
+        except Exception as exc:  # noqa: BLE001 - off, or not built into this torch
+            self.write("flight_recorder", entries=[], unavailable=f"{type(exc).__name__}: {exc}")
+            return
+        keep = ("collective_seq_id", "profiling_name", "input_sizes", "input_dtypes", "state", "process_group")
+        self.write("flight_recorder", entries=[{k: e.get(k) for k in keep} for e in entries])
+
+    # -- where a call comes from -------------------------------------------------------------------
+
+    def _user_frame(self, frame) -> Optional[str]:
+        while frame is not None:
+            filename = frame.f_code.co_filename
+            if not filename.startswith(self._library) and not filename.startswith("<"):
+                return f"{os.path.basename(filename)}:{frame.f_lineno} in {frame.f_code.co_name}"
+            frame = frame.f_back
+        return None
+
+    def _context(self, frame) -> dict:
+        """Key, hook, metric and call site of the collective called from ``frame``."""
+        from torchmetrics import Metric
+
+        key = hook = metric = states = None
+        source = None
+        f = frame
+        while f is not None:
+            owner = f.f_locals.get("self")
+            if owner is not None:
+                kind = type(owner).__name__
+                if kind == "_ResultMetric" and key is None:
+                    key, hook = owner.meta.name, owner.meta.fx
+                    source = source or "self.log"
+                elif isinstance(owner, Metric) and metric is None and kind != "_ResultMetric":
+                    metric, states = type(owner).__name__, list(getattr(owner, "_defaults", {}))
+                    source = "torchmetrics"
+            f = f.f_back
+        call_site = self._user_frame(frame)
+        if call_site is None and key is not None:  # a logged value synced by the loop: where it was logged
+            call_site = next((c["call_site"] for c in reversed(self.log_calls)
+                              if c["key"] == key and c["hook"] == hook), None)
+        if source is None:
+            source = "user" if call_site else "lightning"
+        if hook is None:
+            hook = getattr(self.model, "_current_fx_name", None)
+        return {"source": source, "key": key, "metric": metric, "states": states, "hook": hook,
+                "call_site": call_site}
+
+    # -- the wrappers ----------------------------------------------------------------------------
+
+    def _wrap(self, name: str, original):
+        trace = self
+
+        @functools.wraps(original)
+        def collective(*args, **kwargs):
+            if getattr(trace._local, "inside", False):
+                return original(*args, **kwargs)
+            seq, trace._seq = trace._seq, trace._seq + 1
+            dtype, shape = _contributed(name, args, kwargs)
+            group = kwargs.get("group")
+            try:
+                group_size = torch.distributed.get_world_size(group)
+            except Exception:  # noqa: BLE001
+                group_size = None
+            trace.write("collective", seq=seq, op=name, reduce_op=_reduce_op(args, kwargs), dtype=dtype, shape=shape,
+                        group_size=group_size, pg_seq=_pg_seq(), **trace._context(sys._getframe(1)))
+            trace._local.inside = True
+            try:
+                result = original(*args, **kwargs)
+            except BaseException as exc:
+                trace.write("raised", seq=seq, error=f"{type(exc).__name__}: {exc}"[:2000])
+                raise
+            finally:
+                trace._local.inside = False
+            trace.write("done", seq=seq, pg_seq=_pg_seq())
+            return result
+
+        return collective
+
+    def _wrap_log(self, original):
+        trace, model = self, self.model
+        from torchmetrics import Metric
+
+        names = ("prog_bar", "logger", "on_step", "on_epoch", "reduce_fx", "enable_graph", "sync_dist",
+                 "sync_dist_group", "add_dataloader_idx", "batch_size", "metric_attribute", "rank_zero_only")
+
+        @functools.wraps(original)
+        def log(name, value, *args, **kwargs):
+            options = dict(zip(names, args))
+            options.update(kwargs)
+            fx = model._current_fx_name
+            call_site = trace._user_frame(sys._getframe(1))
+            result_metric = _result_metric(model, fx, name)
+            before = _cumulated(result_metric)
+            out = original(name, value, *args, **kwargs)
+            result_metric = result_metric or _result_metric(model, fx, name)
+            after = _cumulated(result_metric)
+            on_step, on_epoch = _levels(fx, options)
+            if isinstance(value, Metric):
+                number = step_value = _scalar(getattr(value, "_forward_cache", None))
+            else:
+                number = _scalar(value)
+                step_value = _scalar(getattr(result_metric, "_forward_cache", None)) if on_step else None
+            reduce_fx = options.get("reduce_fx", "mean")
+            call = {
+                "key": name, "hook": fx, "value": number, "step_value": step_value,
+                "batch_size": (after - before) if after is not None and before is not None else
+                              (after if after is not None else None),
+                "on_step": bool(on_step), "on_epoch": bool(on_epoch),
+                "sync_dist": bool(options.get("sync_dist", False)),
+                "reduce_fx": reduce_fx if isinstance(reduce_fx, str) else getattr(reduce_fx, "__name__", repr(reduce_fx)),
+                "rank_zero_only": bool(options.get("rank_zero_only", False)),
+                "metric_object": isinstance(value, Metric), "call_site": call_site,
+            }
+            trace.log_calls.append(call)
+            trace.write("log", **call)
+            return out
+
+        return log
+
+    def batch_recorder(self):
+        """A Lightning ``Callback`` that writes a ``batch`` event for every batch of every loop."""
+        return _BatchRecorder(self)
+
+
+def _scalar(value) -> Optional[float]:
+    try:
+        if isinstance(value, torch.Tensor):
+            if value.numel() != 1:
+                return None
+            value = value.item()
+        number = float(value)
+    except (TypeError, ValueError, RuntimeError):
+        return None
+    return number
+
+
+def _result_metric(model, fx, name):
+    try:
+        results = model.trainer._results
+        return results.get(f"{fx}.{name}") if results is not None else None
+    except Exception:  # noqa: BLE001 - no trainer attached, or another release's layout
+        return None
+
+
+def _cumulated(result_metric) -> Optional[int]:
+    if result_metric is None or not getattr(result_metric, "is_tensor", False):
+        return None
+    if not result_metric.meta.is_mean_reduction:
+        return None
+    return int(result_metric.cumulated_batch_size)
+
+
+def _levels(fx, options) -> tuple:
+    import importlib
+
+    try:
+        validator = importlib.import_module(f"{pl.__name__}.trainer.connectors.logger_connector.fx_validator")
+        return validator._FxValidator.check_logging_and_get_default_levels(
+            fx, on_step=options.get("on_step"), on_epoch=options.get("on_epoch"))
+    except Exception:  # noqa: BLE001 - the original call accepted it; keep what was given
+        return options.get("on_step"), options.get("on_epoch")
+
+
+def _leaves(batch) -> list:
+    if isinstance(batch, torch.Tensor):
+        return [batch]
+    if isinstance(batch, dict):
+        return [t for v in batch.values() for t in _leaves(v)]
+    if isinstance(batch, (list, tuple)):
+        return [t for v in batch for t in _leaves(v)]
+    return []
+
+
+def describe_batch(batch) -> dict:
+    """``{"size", "ids", "hashes"}`` of a batch: ``ids`` from an id field (``ID_FIELDS``) of a dict batch,
+    else one SHA-1 (12 hex digits) per sample over its rows of every tensor whose first dimension is
+    the batch size; ``size`` None when the batch holds no tensor."""
+    leaves = [t for t in _leaves(batch) if t.dim() > 0]
+    if not leaves:
+        return {"size": None, "ids": None, "hashes": None}
+    size = int(leaves[0].shape[0])
+    if isinstance(batch, dict):
+        for field in ID_FIELDS:
+            ids = batch.get(field)
+            if isinstance(ids, torch.Tensor) and ids.dim() == 1 and not ids.is_floating_point():
+                return {"size": size, "ids": [int(i) for i in ids], "hashes": None}
+    rows = [t.detach().cpu().contiguous() for t in leaves if t.shape[0] == size]
+    hashes = []
+    for j in range(size):
+        digest = hashlib.sha1()
+        for t in rows:
+            digest.update(t[j].numpy().tobytes() if t.dtype != torch.bfloat16 else t[j].float().numpy().tobytes())
+        hashes.append(digest.hexdigest()[:12])
+    return {"size": size, "ids": None, "hashes": hashes}
+
+
+class _BatchRecorder(pl.Callback):
+    def __init__(self, trace: CollectiveTrace):
+        self.trace = trace
+        self.samplers: set = set()
+
+    def _record(self, trainer, stage: str, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
+        fields = {"stage": stage, "batch_idx": batch_idx, "dataloader_idx": dataloader_idx, **describe_batch(batch)}
+        if (stage, dataloader_idx) not in self.samplers:
+            self.samplers.add((stage, dataloader_idx))
+            fields["sampler"] = _sampler_name(trainer, stage, dataloader_idx)
+        self.trace.write("batch", **fields)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self._record(trainer, "train", batch, batch_idx)
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+        self._record(trainer, "val", batch, batch_idx, dataloader_idx)
+
+    def on_test_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+        self._record(trainer, "test", batch, batch_idx, dataloader_idx)
+
+    def on_predict_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+        self._record(trainer, "predict", batch, batch_idx, dataloader_idx)
+
+
+def _sampler_name(trainer, stage: str, dataloader_idx: int) -> Optional[str]:
+    attr = {"train": "train_dataloader", "val": "val_dataloaders", "test": "test_dataloaders",
+            "predict": "predict_dataloaders"}[stage]
+    try:
+        loaders = getattr(trainer, attr)
+        if isinstance(loaders, (list, tuple)):
+            loaders = loaders[dataloader_idx]
+        elif isinstance(loaders, dict):
+            loaders = list(loaders.values())[dataloader_idx]
+        if isinstance(getattr(loaders, "dataset", None), torch.utils.data.IterableDataset):
+            return "IterableDataset (no sampler)"
+        sampler = getattr(loaders, "sampler", None)
+        batch_sampler = getattr(loaders, "batch_sampler", None)
+        inner = getattr(batch_sampler, "sampler", None)
+        if inner is not None and type(sampler).__name__ == "SequentialSampler" and inner is not sampler:
+            sampler = inner
+        return type(sampler).__name__ if sampler is not None else None
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def read_trace(path: str) -> list:
+    """The events of a trace file, in order; a last line cut off by a killed rank is dropped."""
+    events = []
+    try:
+        with open(path, encoding="utf-8") as handle:
+            for line in handle:
+                try:
+                    events.append(json.loads(line))
+                except json.JSONDecodeError:
+                    break
+    except FileNotFoundError:
+        pass
+    return events

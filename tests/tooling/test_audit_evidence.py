@@ -1,0 +1,303 @@
+"""The audit diagnoses from evidence recorded in the ranks: per-rank counts, the collective trace, and
+causes proven by recomputing the logged values.
+
+Each test runs ``ddpprobe audit`` on one of the modules of ``examples/reported_cases.py`` (small
+modules modelled on public bug reports) and checks its verdict and cause against numbers computed
+here from the data (``tests/support/oracle.py``): the value every rank should hold, the value a
+competing explanation would give, and which samples each rank ran.
+"""
+
+import functools
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ddpprobe import audit as ddp_audit
+from ddpprobe.audit import AuditInputError, audit
+from ddpprobe.pytest_plugin import backend_skip_reason, cuda_device_count
+from examples import reported_cases as cases
+from tests.support import oracle
+
+pytestmark = pytest.mark.not_a_fact("tests the audit command, not a fact about DDP")
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CASES = "examples.reported_cases"
+
+#: Seconds a world of these small modules may run; a collective that never completes fails after half.
+TIMEOUT = 40.0
+
+
+def _skip_unless_runnable(backend: str, world_size: int) -> None:
+    reason = backend_skip_reason(backend, world_size, cuda_device_count() if backend == "nccl" else 0)
+    if reason:
+        pytest.skip(reason)
+
+
+@functools.lru_cache(maxsize=None)
+def _audit(model: str, data: str, world_size: int, backend: str, stage: str = "validate"):
+    _skip_unless_runnable(backend, world_size)
+    return audit(f"{CASES}:{model}", f"{CASES}:{data}", world_size=world_size, backend=backend, stage=stage,
+                 timeout=TIMEOUT)
+
+
+def _synced_means(per_rank_batches: list, world_size: int) -> tuple:
+    """(correct, floored): the batch-size-weighted mean of the batch means over every rank's batches,
+    and what Lightning gives when it averages the int64 count in integers (issue #21859)."""
+    total = sum(oracle.mean(oracle.values(b)) * len(b) for batches in per_rank_batches for b in batches)
+    count = sum(len(b) for batches in per_rank_batches for b in batches)
+    return total / count, (total / world_size) / (count // world_size)
+
+
+# --- 1. a sampler that does not pad ---------------------------------------------------------------
+
+
+def test_a_sampler_that_does_not_pad_is_named_by_the_counts_and_the_floored_count_bug_is_the_cause(backend):
+    """Issue-14 input 1: ``val_loss`` with ``sync_dist=True``, 11 samples through a sampler that does not
+    pad (W=2: ranks hold 6 and 5). The counts the ranks recorded show no repeated sample (so no
+    padding is claimed), and the measured value is the synced mean with a floored count:
+    (sum / 2) / floor(11 / 2), 11/10 of the true mean; the audit names upstream issue #21859."""
+    n, world_size, batch_size = 11, 2, 2
+    result = _audit("make_unpadded_mean_model", "make_unpadded_11", world_size, backend)
+
+    shards = [oracle.batches(list(range(r, n, world_size)), batch_size) for r in range(world_size)]
+    correct, floored = _synced_means(shards, world_size)
+    padded = oracle.mean(oracle.values(oracle.padded_indices(n, world_size)))
+    oracle.assert_distinct(correct=correct, floored_count=floored, padded_mean=padded)
+    row = result.row("val_loss")
+    assert row.per_rank == pytest.approx([floored] * world_size, rel=1e-6), (
+        oracle.side_by_side("val_loss", row.per_rank) + f"  expected floored {floored}, correct {correct}")
+    assert row.single == pytest.approx(correct, rel=1e-6)
+    assert row.verdict == ddp_audit.SYNCED_DIFFERS and row.problem
+    assert ddp_audit.FLOORED_COUNT_ISSUE in row.cause, row.cause
+    assert "non-decomposable" not in row.cause and "repeat" not in row.cause, row.cause
+    assert result.counts["val"]["samples"] == [len(range(r, n, world_size)) for r in range(world_size)]
+    assert result.counts["val"]["duplicates"] == 0
+    assert "pads" not in result.format()
+
+
+# --- 2. a world of one rank -----------------------------------------------------------------------
+
+
+def test_world_size_1_is_refused_because_nothing_would_be_compared(monkeypatch):
+    """Issue-14 input 2: ``world_size=1`` runs the single-process world twice; the audit refuses it
+    (``AuditInputError``, exit code 2) before any world starts."""
+    import ddpprobe.launch
+
+    monkeypatch.setattr(ddpprobe.launch, "run_world", _no_world)
+    with pytest.raises(AuditInputError, match=r"world_size=1 .*compare nothing.*--world-size 2"):
+        audit(f"{CASES}:make_epoch_mean_model", f"{CASES}:make_sharded_iterable_5", world_size=1)
+
+
+def _no_world(*args, **kwargs):
+    raise AssertionError("a world was started for bad input")
+
+
+# --- 3. a metric object logged on_step and on_epoch -----------------------------------------------
+
+
+def _accuracy(ids) -> float:
+    return sum(1 for i in ids if i % 2 == 0) / len(ids)  # RightWrongDataset: even ids right, odd ids wrong
+
+
+def test_a_metric_objects_step_values_are_each_ranks_own_although_its_epoch_value_is_synced(backend):
+    """Issue-14 input 3: ``BinaryAccuracy`` logged ``on_step=True, on_epoch=True, sync_dist=True``;
+    rank 0's samples are all right, rank 1's all wrong. The epoch value is the accuracy of all 8
+    samples on every rank (synced, equals single-process), but the step values are each rank's own
+    batch's (1.0 on rank 0, 0.0 on rank 1): a problem, since sync_dist=True asked for synced values."""
+    n, world_size, batch_size = 8, 2, 2
+    result = _audit("make_step_and_epoch_accuracy_model", "make_right_wrong_8", world_size, backend)
+
+    whole = _accuracy(range(n))
+    last_batches = [oracle.batches(oracle.shard(n, world_size, r), batch_size)[-1] for r in range(world_size)]
+    steps = [_accuracy(b) for b in last_batches]
+    oracle.assert_distinct(epoch=whole, rank0_step=steps[0], rank1_step=steps[1])
+    epoch = result.row("val_acc", level="epoch")
+    assert (epoch.verdict, epoch.single, epoch.per_rank) == (ddp_audit.SYNCED_EQUAL, whole, [whole] * world_size)
+    step = result.row("val_acc", level="step")
+    assert step.per_rank == pytest.approx(steps), oracle.side_by_side("val_acc step", step.per_rank) + f"  {steps}"
+    assert step.verdict == ddp_audit.STEP_RANK_LOCAL and step.problem and result.exit_code == 1
+    assert any("shown by tests/facts/" in line for line in result.format().splitlines())
+
+
+def test_a_step_only_metric_shows_each_ranks_step_values_not_dashes_and_no_callback_metrics_claim(backend):
+    """Issue-14 input 3 with ``on_step=True`` only: the table shows each rank's last step value (not
+    "-") and the note does not claim ``callback_metrics`` keeps the last step's value (outside
+    training it does not: tests/facts/test_log_reductions.py
+    ``test_on_step_and_on_epoch_fork_the_name_and_only_training_puts_the_step_key_in_callback_metrics``)."""
+    n, world_size, batch_size = 8, 2, 2
+    result = _audit("make_step_only_accuracy_model", "make_right_wrong_8", world_size, backend)
+
+    steps = [_accuracy(oracle.batches(oracle.shard(n, world_size, r), batch_size)[-1]) for r in range(world_size)]
+    assert [row.level for row in result.rows] == ["step"]
+    row = result.rows[0]
+    assert row.per_rank == pytest.approx(steps) and row.verdict == ddp_audit.STEP_RANK_LOCAL
+    assert "callback_metrics" not in row.cause, row.cause
+
+
+# --- 4. an iterable dataset the user shards by i % W ----------------------------------------------
+
+
+def test_uneven_user_shards_an_epoch_mean_is_floored_not_non_decomposable(backend):
+    """Issue-14 input 4, epoch-only synced mean: 5 samples sharded ``i % 2`` (ranks run 3 and 2 batches
+    of 1). The value is a per-sample mean, so the synced mean is exact except for the floored count:
+    (30 / 2) / floor(5 / 2) = 7.5 instead of 6; the audit names issue #21859, not a non-decomposable metric."""
+    n, world_size = 5, 2
+    result = _audit("make_epoch_mean_model", "make_sharded_iterable_5", world_size, backend)
+
+    shards = [oracle.batches(list(range(r, n, world_size)), 1) for r in range(world_size)]
+    correct, floored = _synced_means(shards, world_size)
+    oracle.assert_distinct(correct=correct, floored=floored)
+    row = result.row("val_mean")
+    assert row.per_rank == pytest.approx([floored] * world_size) and row.single == pytest.approx(correct)
+    assert ddp_audit.FLOORED_COUNT_ISSUE in row.cause and "non-decomposable" not in row.cause, row.cause
+    assert result.counts["val"]["batches"] == [3, 2]
+
+
+def test_uneven_user_shards_a_synced_step_value_leaves_rank_0_alone_in_its_last_collective(backend):
+    """Issue-14 input 4 with ``on_step=True, sync_dist=True``: rank 0 runs a third batch and enters the
+    step value's sync; rank 1 has finished. The trace names the key, the hook and the line, says which
+    rank never entered, and the audit fails (exit code 1)."""
+    world_size = 2
+    result = _audit("make_step_synced_model", "make_sharded_iterable_5", world_size, backend)
+
+    divergence = result.trace["first_divergence"]
+    assert divergence is not None, result.format()
+    assert (divergence["kind"], divergence["ranks"], divergence["absent"]) == ("missing", [0], [1])
+    entry = divergence["entries"][0]
+    assert (entry["key"], entry["hook"], entry["source"]) == ("val_step_mean", "validation_step", "self.log")
+    assert "reported_cases.py" in entry["call_site"], entry
+    assert result.counts["val"]["batches"] == [3, 2]
+    assert result.exit_code == 1 and any("diverge" in p for p in result.problems)
+
+
+def test_uneven_user_shards_in_fit_the_trace_shows_gradient_sync_against_the_epoch_loss_sync(backend):
+    """Issue-14 input 4, ``--stage fit``, epoch-level ``train_loss`` with ``sync_dist=True``: rank 0's
+    third backward all-reduces gradients (a collective Python never sees; the Flight Recorder does)
+    while rank 1, done, syncs ``train_loss``. The key without a value is not called "synced"; the
+    trace gives the first divergence."""
+    world_size = 2
+    result = _audit("make_train_loss_model", "make_sharded_iterable_5_fit", world_size, backend, "fit")
+
+    row = result.row("train_loss")
+    assert row.verdict not in (ddp_audit.SYNCED_DIFFERS, ddp_audit.SYNCED_EQUAL), row
+    divergence = result.trace["first_divergence"]
+    assert divergence is not None, result.format()
+    assert result.counts["train"]["batches"] == [3, 2]
+    assert result.exit_code == 1
+
+
+# --- 5. an iterable dataset every rank iterates in full -------------------------------------------
+
+
+def test_unsharded_data_is_named_and_explains_a_synced_sum_of_w_times_the_single_process_sum(backend):
+    """Issue-14 input 5: every rank iterates all 8 samples. A synced sum (``reduce_fx="sum"`` of the
+    batch means) is W times the single-process sum, and the audit says the data is not sharded."""
+    n, world_size, batch_size = 8, 2, 2
+    result = _audit("make_synced_sum_model", "make_unsharded_iterable_8", world_size, backend)
+
+    single = sum(oracle.mean(oracle.values(b)) for b in oracle.batches(list(range(n)), batch_size))
+    oracle.assert_distinct(single=single, synced=world_size * single)
+    row = result.row("val_sum")
+    assert row.per_rank == pytest.approx([world_size * single] * world_size) and row.single == pytest.approx(single)
+    assert row.verdict == ddp_audit.SYNCED_DIFFERS and row.cause.startswith("unsharded data"), row.cause
+    assert result.counts["val"]["unsharded"] and result.counts["val"]["samples"] == [n] * world_size
+
+
+def test_unsharded_data_fails_the_audit_even_when_the_synced_mean_equals_single_process(backend):
+    """Issue-14 input 5, synced mean: the mean over W copies of the set equals the set's mean, so the key
+    passes, but every rank repeating the others' work is reported as a problem (exit code 1)."""
+    n, world_size = 8, 2
+    result = _audit("make_synced_mean_model", "make_unsharded_iterable_8", world_size, backend)
+
+    row = result.row("val_mean")
+    assert row.verdict == ddp_audit.SYNCED_EQUAL and row.single == pytest.approx(oracle.mean(oracle.values(range(n))))
+    assert result.exit_code == 1
+    assert any("not sharded" in p for p in result.problems), result.problems
+
+
+# --- 6. metric.compute() on rank 0 only -----------------------------------------------------------
+
+
+def test_compute_under_if_global_rank_0_is_named_with_its_metric_and_line(backend):
+    """Issue-14 input 6: ``if self.global_rank == 0: self.log("val_acc", self.acc.compute())``. The trace
+    shows rank 0 entering ``BinaryAccuracy``'s state sync at ``compute()`` in
+    ``on_validation_epoch_end`` and rank 1 never entering it; ``val_acc`` is logged on rank 0 only."""
+    world_size = 2
+    result = _audit("make_compute_on_rank_zero_model", "make_ids_12", world_size, backend)
+
+    divergence = result.trace["first_divergence"]
+    assert divergence is not None, result.format()
+    assert divergence["kind"] == "missing" and divergence["ranks"] == [0], divergence
+    entry = divergence["entries"][0]
+    assert (entry["source"], entry["metric"]) == ("torchmetrics", "BinaryAccuracy"), entry
+    assert "on_validation_epoch_end" in entry["call_site"] and "compute()" in divergence["message"]
+    row = result.row("val_acc")
+    assert row.logged_on == [0] and row.verdict == ddp_audit.SOME_RANKS_ONLY
+    assert "[]" not in row.cause and "sync_dist=True" not in row.cause, row.cause
+    assert result.exit_code == 1
+
+
+# --- the trace in the JSON output, large worlds, bad input ----------------------------------------
+
+
+def test_the_json_output_holds_every_ranks_collective_trace_with_keys_hooks_and_call_sites(backend):
+    """``result.to_dict()["trace"]``: per rank, the collectives in order with op, dtype, shape, source,
+    key, hook, call site and status; the ``val_loss`` syncs carry their key on every rank."""
+    result = _audit("make_unpadded_mean_model", "make_unpadded_11", 2, backend)
+
+    trace = result.to_dict()["trace"]
+    assert trace["first_divergence"] is None and len(trace["ranks"]) == 2
+    for rank in trace["ranks"]:
+        synced = [c for c in rank["collectives"] if c["key"] == "val_loss"]
+        assert [c["op"] for c in synced if c["op"] != "barrier"] == ["all_reduce", "all_reduce"], synced
+        assert {c["dtype"] for c in synced if c["op"] == "all_reduce"} == {"float32", "int64"}
+        assert all(c["status"] == "done" and c["hook"] == "validation_step" for c in synced)
+        assert rank["stage"] == "end"
+
+
+def test_a_large_world_shows_min_max_and_distinct_values_instead_of_one_column_per_rank(backend):
+    """W=5 (more than 4 ranks): the table has ``min``, ``max`` and ``distinct`` columns."""
+    result = _audit("make_synced_mean_model", "make_ids_12", 5, backend)
+
+    header = next(line for line in result.format().splitlines() if line.startswith("key"))
+    assert "min" in header and "distinct" in header and "rank 4" not in header, header
+
+
+def test_bad_input_is_reported_before_any_world_starts(monkeypatch):
+    """A factory that cannot be imported, one that raises, one that returns the wrong type, and a data
+    factory returning the wrong type: each is an ``AuditInputError`` naming it, and no world is started."""
+    import ddpprobe.launch
+
+    monkeypatch.setattr(ddpprobe.launch, "run_world", _no_world)
+    data = f"{CASES}:make_ids_12"
+    with pytest.raises(AuditInputError, match=r"cannot import the model factory 'examples\.missing:make'"):
+        audit("examples.missing:make", data)
+    with pytest.raises(AuditInputError, match=r"model factory 'tests\.tooling\.test_audit_evidence:raising_factory' raised ZeroDivisionError"):
+        audit(raising_factory, data)
+    with pytest.raises(AuditInputError, match=r"returned builtins\.dict .*not a LightningModule"):
+        audit(dict, data)
+    with pytest.raises(AuditInputError, match=r"the data factory returned builtins\.list"):
+        audit(f"{CASES}:make_synced_mean_model", list)
+
+
+def raising_factory():
+    return 1 / 0
+
+
+def test_cli_reports_bad_input_in_seconds_with_exit_code_2():
+    """``python -m ddpprobe audit`` with ``--world-size 1`` and with a factory that raises: exit code 2
+    within seconds (a fresh interpreter importing torch and Lightning once), nothing on stdout."""
+    env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    for args, message in (
+        ([f"{CASES}:make_synced_mean_model", "--data", f"{CASES}:make_ids_12", "--world-size", "1"], "compare nothing"),
+        (["tests.tooling.test_audit_evidence:raising_factory", "--data", f"{CASES}:make_ids_12"], "raised ZeroDivisionError"),
+    ):
+        start = time.monotonic()
+        proc = subprocess.run([sys.executable, "-m", "ddpprobe", "audit", *args], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=120)
+        took = time.monotonic() - start
+        assert proc.returncode == 2 and message in proc.stderr and proc.stdout == "", proc.stderr
+        assert took < 30, f"bad input took {took:.1f} s to report"
