@@ -18,6 +18,7 @@ PROBE_MODULES = (
     "common",
     "data",
     "f1",
+    "hazards",
     "hooks",
     "iterable",
     "legacy_hooks",
@@ -25,7 +26,9 @@ PROBE_MODULES = (
     "multilabel",
     "multinode",
     "nccl",
+    "predict",
     "reductions",
+    "trace",
     "training",
     "validation",
 )

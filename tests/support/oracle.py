@@ -217,3 +217,23 @@ def top1_checkpoint_epochs(values: list, combine, mode: str = "min") -> list:
             saved.append(epoch)
             best = [row[epoch] for row in values]
     return saved
+
+
+def unrepeated_shard(n: int, world_size: int, rank: int) -> list:
+    """Sample ids rank ``rank`` gets from an *unpadded* round-robin deal of ``n`` samples: ``rank, rank+W, ...``
+    below ``n``. Ranks get ``ceil`` or ``floor(n / W)`` samples; nothing is repeated or dropped.
+
+    The rule of pytorch_lightning/overrides/distributed.py ``UnrepeatedDistributedSampler.__iter__``
+    (``indices[rank:total_size:num_replicas]`` with ``total_size = len(dataset)``).
+    """
+    return list(range(rank, n, world_size))
+
+
+def drop_last_shard(n: int, world_size: int, rank: int) -> list:
+    """Sample ids rank ``rank`` gets from ``DistributedSampler(shuffle=False, drop_last=True)``: the first
+    ``floor(n / W) * W`` indices dealt round-robin; the last ``n % W`` samples are seen by no rank.
+
+    Source: torch/utils/data/distributed.py ``DistributedSampler.__init__`` (``num_samples``) and ``__iter__``.
+    """
+    total = (n // world_size) * world_size
+    return list(range(total))[rank::world_size]
