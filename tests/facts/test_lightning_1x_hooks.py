@@ -25,7 +25,7 @@ pytestmark = run_if(lightning="<2.0")
 
 
 @pytest.mark.parametrize("world_size, n", [(1, 5), (2, 5), (3, 10)])
-def test_validation_epoch_end_receives_only_the_ranks_own_outputs(run_world, world_size, n):
+def test_validation_epoch_end_receives_only_the_ranks_own_outputs(run_world, semantics, world_size, n):
     """``validation_epoch_end(outputs)`` is called once per rank with that rank's own ``validation_step``
     returns, one per batch of its shard (padding duplicates included); no rank's ``outputs`` holds
     another rank's samples, and only the union over ranks covers the dataset."""
@@ -35,6 +35,7 @@ def test_validation_epoch_end_receives_only_the_ranks_own_outputs(run_world, wor
     assert [rec["raised"] for rec in world.records] == [None] * world_size, [rec["message"] for rec in world.records]
     received = [rec["epoch_end_outputs"] for rec in world.records]
     expected = [[oracle.batches(oracle.shard(n, world_size, r), batch_size)] for r in range(world_size)]
+    semantics.number("samples in rank 0's outputs", sum(map(len, received[0][0])) if received[0] else None, vs=("N", n))
     assert received == expected, (
         oracle.side_by_side("validation_epoch_end got", received) + f"  expected (own shard, by batch) {expected}"
     )
@@ -45,7 +46,7 @@ def test_validation_epoch_end_receives_only_the_ranks_own_outputs(run_world, wor
 
 
 @pytest.mark.parametrize("world_size, n", [(1, 5), (2, 5), (3, 10)])
-def test_validation_step_end_receives_only_the_local_step_output(run_world, world_size, n):
+def test_validation_step_end_receives_only_the_local_step_output(run_world, semantics, world_size, n):
     """Under ddp ``validation_step_end(step_output)`` runs on every rank once per batch, and is handed the
     very object that rank's ``validation_step`` just returned: this rank's batch only, nothing gathered
     from the other ranks."""
@@ -55,6 +56,7 @@ def test_validation_step_end_receives_only_the_local_step_output(run_world, worl
     assert [rec["raised"] for rec in world.records] == [None] * world_size, [rec["message"] for rec in world.records]
     received = [rec["step_end_inputs"] for rec in world.records]
     expected = oracle.rank_batches(n, world_size, batch_size)
+    semantics.number("samples handed to rank 0's validation_step_end", sum(map(len, received[0])), vs=("N", n))
     assert received == expected, oracle.side_by_side("validation_step_end got", received) + f"  expected {expected}"
     assert [rec["seen_ids"] for rec in world.records] == received
     same = [rec["step_end_same_object"] for rec in world.records]

@@ -16,10 +16,11 @@ from ddpprobe.runif import run_if
 pytestmark = run_if(lightning=">=2.0")
 
 
-def test_defining_validation_epoch_end_raises_not_implemented_error_on_every_rank(run_world):
+def test_defining_validation_epoch_end_raises_not_implemented_error_on_every_rank(run_world, semantics):
     """A module that defines ``validation_epoch_end`` makes ``trainer.validate`` raise
     ``NotImplementedError`` naming the hook (before any ``validation_step`` runs), on every rank."""
     world = run_world(hooks.removed_hook, 2, hook="validation_epoch_end")
+    semantics.number("ranks raising NotImplementedError", sum(rec["raised"] == "NotImplementedError" for rec in world.records), vs=("world size", 2))
 
     for rec in world.records:
         assert rec["raised"] == "NotImplementedError", rec
@@ -27,13 +28,15 @@ def test_defining_validation_epoch_end_raises_not_implemented_error_on_every_ran
         assert rec["calls"] == {"validation_step": 0, "validation_step_end": 0, "validation_epoch_end": 0}
 
 
-def test_defining_validation_step_end_is_silently_never_called(run_world):
+def test_defining_validation_step_end_is_silently_never_called(run_world, semantics):
     """A module that defines ``validation_step_end`` validates without error or warning, and the hook is
     called zero times on every rank while ``validation_step`` runs for each of the rank's batches."""
     n, batch_size = 6, 2
     world = run_world(hooks.removed_hook, 2, hook="validation_step_end", n=n, batch_size=batch_size)
 
     batches_per_rank = math.ceil(math.ceil(n / 2) / batch_size)
+    semantics.number("validation_step_end calls on rank 0", world.records[0]["calls"]["validation_step_end"],
+                     vs=("validation_step calls", world.records[0]["calls"]["validation_step"]))
     for rec in world.records:
         assert rec["raised"] is None, rec
         assert rec["calls"]["validation_step"] == batches_per_rank

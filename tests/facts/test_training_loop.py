@@ -138,7 +138,7 @@ def _flat(stats) -> list:
 
 @pytest.mark.parametrize("world_size", [1, 2, 3])
 def test_gradients_are_averaged_over_ranks_so_every_rank_holds_the_same_parameters_after_each_step(
-    run_world, world_size
+    run_world, semantics, world_size
 ):
     """Each rank computes the loss on its own shard, so the losses differ by rank; DDP all-reduces the
     gradients during ``backward`` and divides by the world size, so every rank applies the *mean* of
@@ -159,6 +159,7 @@ def test_gradients_are_averaged_over_ranks_so_every_rank_holds_the_same_paramete
         oracle.assert_distinct(**{f"rank{r}_first_loss": expected_losses[0][r] for r in range(world_size)})
 
     params = [rank.record["params"] for rank in world]
+    semantics.number("first parameter after step 1", params[0][0][0], vs=("with summed gradients", _sgd(n, world_size, batch_size, epochs, lr, "sum")[0][0][0]))
     assert all(p == params[0] for p in params), oracle.side_by_side("params after each step", params)
     for rank in world:
         assert len(rank.record["params"]) == len(expected)
@@ -180,7 +181,7 @@ def test_gradients_are_averaged_over_ranks_so_every_rank_holds_the_same_paramete
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_batchnorm_running_stats_are_broadcast_from_rank_0_before_each_forward_then_updated_with_the_ranks_own_batch(
-    run_world, world_size
+    run_world, semantics, world_size
 ):
     """``BatchNorm1d(momentum=0.5)`` under DDP: buffers are not averaged. At the start of every forward
     DDP broadcasts rank 0's buffers to all ranks, then each rank's own forward updates them with its
@@ -211,6 +212,7 @@ def test_batchnorm_running_stats_are_broadcast_from_rank_0_before_each_forward_t
             f"rank {r}: running [mean, var] per step {got}, expected {want}"
         )
     finals = [_flat(_as_stats(rank.record["final"])) for rank in world]
+    semantics.number(f"rank {last}'s final running mean", finals[last][0], vs=("rank 0's", finals[0][0]))
     assert _flatten(finals) == pytest.approx(_flatten([_flat(s) for s in expected[-1]]), abs=1e-6), (
         oracle.side_by_side("running [mean, var] at the end of fit", finals)
     )
@@ -219,7 +221,7 @@ def test_batchnorm_running_stats_are_broadcast_from_rank_0_before_each_forward_t
     )
 
 
-def test_a_validation_loop_after_training_leaves_every_rank_with_rank_0s_running_stats(run_world):
+def test_a_validation_loop_after_training_leaves_every_rank_with_rank_0s_running_stats(run_world, semantics):
     """The same broadcast runs at the start of the first validation forward after a training step (in
     eval mode; DDP still has ``require_forward_param_sync`` set by the training forward), and eval mode
     does not update running statistics. So when every epoch ends with validation, every rank ends
@@ -235,13 +237,14 @@ def test_a_validation_loop_after_training_leaves_every_rank_with_rank_0s_running
     rank0 = _flat(expected[-1][0])
     oracle.assert_distinct(rank0s=rank0[0], rank1_without_validation=_flat(expected[-1][1])[0])
     finals = [_flat(_as_stats(rank.record["final"])) for rank in world]
+    semantics.number("rank 1's final running mean", finals[1][0], vs=("without validation", _flat(expected[-1][1])[0]))
     assert _flatten(finals) == pytest.approx(rank0 * world_size, abs=1e-6), (
         oracle.side_by_side("running [mean, var] at the end of fit", finals) + f"  expected rank 0's {rank0}"
     )
 
 
 @run_if(backend="gloo")  # a CPU fact: with --backend nccl the modules are on GPUs, where SyncBatchNorm works
-def test_sync_batchnorm_is_refused_on_cpu_when_ddp_wraps_the_module(run_world):
+def test_sync_batchnorm_is_refused_on_cpu_when_ddp_wraps_the_module(run_world, semantics):
     """``Trainer(sync_batchnorm=True)`` converts every ``BatchNorm*d`` to ``SyncBatchNorm``
     (pytorch_lightning/plugins/layer_sync.py ``TorchSyncBatchNorm``), but on CPU (gloo) DDP refuses the
     module when it wraps it: ``ValueError: SyncBatchNorm layers only work with GPU modules``, on every
@@ -250,6 +253,7 @@ def test_sync_batchnorm_is_refused_on_cpu_when_ddp_wraps_the_module(run_world):
     accepts only GPU-like inputs."""
     with pytest.raises(RankFailed) as failure:
         run_world(training.fit_batchnorm, 2, n=12, batch_size=2, sync_batchnorm=True)
+    semantics.number("ranks raising ValueError", sum(t == "ValueError" for t in failure.value.exc_types.values()), vs=("world size", 2))
     assert set(failure.value.exc_types.values()) == {"ValueError"}, failure.value.exc_types
     for trace in failure.value.tracebacks.values():
         assert "SyncBatchNorm layers only work with GPU modules" in trace, trace
@@ -288,7 +292,7 @@ def test_sync_batchnorm_running_stats_are_the_global_batch_stats_and_equal_on_ev
 
 @pytest.mark.parametrize("world_size, user_shuffle", [(1, False), (2, False), (3, False), (2, True)])
 def test_the_training_sampler_shuffles_whatever_the_user_loader_says_and_reshuffles_every_epoch(
-    run_world, world_size, user_shuffle
+    run_world, semantics, world_size, user_shuffle
 ):
     """For the training dataloader Lightning always asks for a shuffling ``DistributedSampler``
     (``_process_dataloader`` passes ``shuffle=True`` for the training stage; ``_is_dataloader_shuffled``
@@ -309,6 +313,7 @@ def test_the_training_sampler_shuffles_whatever_the_user_loader_says_and_reshuff
     sequential = [oracle.batches(oracle.shard(n, world_size, r), batch_size) for r in range(world_size)]
     assert expected["0"] != sequential, "data do not discriminate: epoch 0's shuffle is the user's order"
     assert expected["0"] != expected["1"] != expected["2"], "data do not discriminate: epochs share an order"
+    semantics.number("rank 0's epoch 0 batches", str(world[0].record["train_ids"]["0"]), vs=("the loader's order", str(sequential[0])))
 
     for epoch in expected:
         got = [rank.record["train_ids"][epoch] for rank in world]
@@ -320,13 +325,14 @@ def test_the_training_sampler_shuffles_whatever_the_user_loader_says_and_reshuff
     assert samplers == [{"class": "DistributedSampler", "shuffle": True, "seed": 0}] * world_size, samplers
 
 
-def test_seed_everything_seeds_the_training_sampler_shuffle(run_world):
+def test_seed_everything_seeds_the_training_sampler_shuffle(run_world, semantics):
     """``seed_everything(7)`` sets ``PL_GLOBAL_SEED=7``, which Lightning passes as the
     ``DistributedSampler`` seed: the ranks see torch's ``DistributedSampler(shuffle=True, seed=7)``
     order, not the seed-0 order. Source: pytorch_lightning/trainer/connectors/data_connector.py
     ``_get_distributed_sampler`` (``kwargs.setdefault("seed", int(os.getenv("PL_GLOBAL_SEED", 0)))``)."""
     n, batch_size, epochs, world_size, seed = 7, 2, 2, 2, 7
     world = run_world(training.fit_regression, world_size, n=n, batch_size=batch_size, max_epochs=epochs, seed=seed)
+    semantics.number("rank 0's epoch 0 batches", str(world[0].record["train_ids"]["0"]), vs=("with seed 0", str(_train_batches(n, world_size, 0, 0, batch_size, seed=0))))
 
     for e in range(epochs):
         expected = [_train_batches(n, world_size, r, e, batch_size, seed=seed) for r in range(world_size)]
@@ -340,7 +346,7 @@ def test_seed_everything_seeds_the_training_sampler_shuffle(run_world):
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_validation_inside_fit_keeps_the_users_order_every_epoch(run_world, world_size):
+def test_validation_inside_fit_keeps_the_users_order_every_epoch(run_world, semantics, world_size):
     """The validation dataloader (``shuffle=False``) gets a ``DistributedSampler(shuffle=False)``:
     each rank's ``validation_step`` sees its sequential shard of the padded index list, in the same
     order every epoch, although the training order changes. Source:
@@ -353,6 +359,7 @@ def test_validation_inside_fit_keeps_the_users_order_every_epoch(run_world, worl
     shuffled = [oracle.batches(oracle.distributed_sampler_ids(val_n, world_size, r, 1), batch_size)
                 for r in range(world_size)]
     assert expected != shuffled, "data do not discriminate: the epoch-1 shuffle equals the user's order"
+    semantics.number("rank 0's epoch 1 validation batches", str(world[0].record["val_ids"]["1"]), vs=("shuffled", str(shuffled[0])))
     for e in range(epochs):
         got = [rank.record["val_ids"][str(e)] for rank in world]
         assert got == expected, f"epoch {e}: " + oracle.side_by_side("validation saw", got) + f"  expected {expected}"
@@ -366,7 +373,7 @@ def test_validation_inside_fit_keeps_the_users_order_every_epoch(run_world, worl
 
 
 @pytest.mark.parametrize("world_size, n", [(2, 5), (3, 8)])
-def test_on_train_epoch_end_already_reads_this_epochs_synced_value_of_an_on_epoch_log(run_world, world_size, n):
+def test_on_train_epoch_end_already_reads_this_epochs_synced_value_of_an_on_epoch_log(run_world, semantics, world_size, n):
     """``self.log("value_mean", batch mean, on_step=False, on_epoch=True, sync_dist=True)`` in
     ``training_step``, read from ``self.trainer.callback_metrics`` in ``on_train_epoch_end``: the value
     is already this epoch's mean over every sample the ranks trained on (this epoch's shuffled, padded
@@ -385,6 +392,7 @@ def test_on_train_epoch_end_already_reads_this_epochs_synced_value_of_an_on_epoc
         epoch1_synced=synced[1], epoch0_synced=synced[0], rank0_local=local[1][0],
         over_both_epochs=oracle.mean([synced[0], synced[1]]), single_process=oracle.mean(oracle.values(range(n))),
     )
+    semantics.number("epoch 1 value_mean", world[0].record["epoch_end_metrics"]["1"].get("value_mean"), vs=("rank 0's own", local[1][0]))
     for e in range(epochs):
         got = [rank.record["epoch_end_metrics"][str(e)] for rank in world]
         values = [g.get("value_mean") for g in got]
@@ -406,7 +414,7 @@ _SAMPLER_WARNING = "Using `DistributedSampler` with the dataloaders. During `tra
 
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_the_distributed_sampler_warning_fires_for_validate_and_test_but_not_for_validation_inside_fit(
-    run_world, world_size
+    run_world, semantics, world_size
 ):
     """One Trainer runs ``fit`` (with a validation set and the sanity check), then ``validate`` and
     ``test``. The PossibleUserWarning "Using `DistributedSampler` with the dataloaders. During
@@ -421,6 +429,8 @@ def test_the_distributed_sampler_warning_fires_for_validate_and_test_but_not_for
         return sum(_SAMPLER_WARNING.format(fn=fn) in w["message"] for w in record["warnings"][phase])
 
     expected_rank0 = 1 if world_size > 1 else 0
+    semantics.number("rank 0's warnings in validate / test", f"{count(world[0].record, 'validate', 'validate')} / "
+                     f"{count(world[0].record, 'test', 'test')}", vs=("in fit", sum("Using `DistributedSampler`" in w["message"] for w in world[0].record["warnings"]["fit"])))
     for phase, fn in (("validate", "validate"), ("test", "test")):
         got = [count(rank.record, phase, fn) for rank in world]
         assert got == [expected_rank0] + [0] * (world_size - 1), oracle.side_by_side(f"warnings in {phase}", got)

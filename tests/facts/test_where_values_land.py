@@ -53,7 +53,7 @@ def _expected_values():
 
 
 @pytest.mark.parametrize("stage", ["validate", "test"])
-def test_each_metrics_dict_holds_the_keys_its_log_options_route_there_on_every_rank(run_world, stage):
+def test_each_metrics_dict_holds_the_keys_its_log_options_route_there_on_every_rank(run_world, semantics, stage):
     """After ``trainer.validate()`` (and likewise ``trainer.test()``) on every rank:
     ``callback_metrics`` holds every epoch-level key (``logger=False`` ones too; for ``on_step=True,
     on_epoch=True`` the bare name and ``_epoch``, no ``_step`` outside training); ``logged_metrics`` holds
@@ -65,6 +65,8 @@ def test_each_metrics_dict_holds_the_keys_its_log_options_route_there_on_every_r
     world = run_world(reductions.validate_then_test, WORLD_SIZE, n=N, batch_size=BATCH, plan=PLAN)
 
     expected = _expected_values()
+    semantics.number("rank 1's local in callback_metrics", world.records[1][stage]["callback_metrics"].get("local"),
+                     vs=("rank 0's", world.records[0][stage]["callback_metrics"].get("local")))
     for rec in world.records:
         got = rec[stage]
         assert len(got["returned"]) == 1, got["returned"]
@@ -80,7 +82,7 @@ def test_each_metrics_dict_holds_the_keys_its_log_options_route_there_on_every_r
                 )
 
 
-def test_the_results_table_is_printed_by_rank_0_only_with_rank_0s_numbers(run_world):
+def test_the_results_table_is_printed_by_rank_0_only_with_rank_0s_numbers(run_world, semantics):
     """``verbose=True`` (the default of ``validate``/``test``) prints the "Validate metric" and "Test
     metric" tables to stdout on global rank 0 only; other ranks print nothing. The table lists the
     returned (``logger=True``, epoch-level) keys with rank 0's numbers, so a ``sync_dist=False`` value
@@ -88,6 +90,7 @@ def test_the_results_table_is_printed_by_rank_0_only_with_rank_0s_numbers(run_wo
     world = run_world(reductions.validate_then_test, WORLD_SIZE, n=N, batch_size=BATCH, plan=PLAN)
 
     expected = _expected_values()
+    semantics.number("ranks printing the tables", sum("Validate metric" in rank.stdout for rank in world), vs=("world size", WORLD_SIZE))
     for header in ("Validate metric", "Test metric"):
         shown = [header in rank.stdout for rank in world]
         assert shown == [True] + [False] * (WORLD_SIZE - 1), oracle.side_by_side(f"prints {header!r}", shown)
