@@ -26,12 +26,14 @@ import json
 import os
 import sys
 import tempfile
-import traceback
 from typing import Optional
 
-from ddpprobe.launch import _rank
 from ddpprobe.launch._files import read_text as _read, snapshot as _snapshot
-from ddpprobe.launch._spec import RankInfo
+from ddpprobe.launch._message import run_scenario
+from ddpprobe.launch._rank import paths
+from ddpprobe.launch._results import WorldResult, build_result
+from ddpprobe.launch._settings import Settings, resolve_settings
+from ddpprobe.launch._spec import RankInfo, accelerator
 
 #: Variables that tell a process it is one rank of an externally launched world.
 #: torchrun sets TORCHELASTIC_RUN_ID (torch.distributed.is_torchelastic_launched); srun sets SLURM_PROCID.
@@ -157,7 +159,7 @@ class _Captured:
         sys.stderr.flush()
         for fd, path in self.paths.items():
             self.saved[fd] = os.dup(fd)
-            target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             os.dup2(target, fd)
             os.close(target)
         return self
@@ -171,51 +173,47 @@ class _Captured:
         return False
 
 
-def run_in_external_world(
-    world: ExternalWorld, scenario_ref: str, params: dict, backend: str, timeout: float, pg_timeout: float
-) -> list:
-    """Run the scenario in this process as rank ``world.rank``; return every rank's message.
+def run_in_external_world(world: ExternalWorld, scenario_ref: str, params: dict, settings: Settings) -> WorldResult:
+    """Run the scenario in this process as rank ``world.rank``; exchange every rank's ``RankMessage``
+    and build the world's result from them, on every rank alike (ddpprobe/launch/_results.py).
 
-    Each message is a dict: ``rank``, ``pid``, ``status`` (``"ok"``, ``"error"`` or
-    ``"unserialisable"``), ``record_json`` or ``error`` (type, message, traceback), ``stdout``,
-    ``stderr``, ``files`` (``{relative path: text}`` of the rank's working directory).
+    Raises what ``run_world`` raises (``RankFailed``, a ``TypeError`` for a record JSON cannot hold),
+    on every rank, since every rank has every rank's message.
     """
-    _ensure_process_group(world, backend, pg_timeout)
+    messages = exchange_messages(world, scenario_ref, params, settings)
+    head = f"external world of {len(messages)} rank(s) running {scenario_ref} (backend={settings.backend})"
+    return build_result(messages, head)
+
+
+def exchange_messages(world: ExternalWorld, scenario_ref: str, params: dict, settings: Settings) -> list:
+    """Run the scenario here as rank ``world.rank``; return every rank's ``RankMessage``, ordered by rank."""
+    _ensure_process_group(world, settings.backend, settings.pg_timeout)
     with tempfile.TemporaryDirectory(prefix="ddpprobe-external-") as world_dir:
-        files = _rank.paths(world_dir, world.rank)
-        os.makedirs(files["dir"])
+        files = paths(world_dir, world.rank)
+        os.makedirs(files["dir"], mode=0o700)
         info = RankInfo(
             rank=world.rank,
             world_size=world.world_size,
-            backend=backend,
-            accelerator="gpu" if backend == "nccl" else "cpu",
-            pg_timeout=pg_timeout,
+            backend=settings.backend,
+            accelerator=accelerator(settings.backend),
+            pg_timeout=settings.pg_timeout,
             world_dir=world_dir,
             rank_dir=files["dir"],
             local_rank=world.local_rank,
             node_rank=world.node_rank,
             num_nodes=world.num_nodes,
         )
-        message = {"rank": world.rank, "pid": os.getpid()}
         cwd = os.getcwd()
         os.chdir(files["dir"])
         try:
             with _Captured(files["stdout"], files["stderr"]):
-                try:
-                    record = _rank.resolve(scenario_ref)(info, **params)
-                    try:
-                        message.update(status="ok", record_json=json.dumps(record))
-                    except (TypeError, ValueError):
-                        where, type_name = _rank.find_unserialisable(record) or ("record", type(record).__name__)
-                        message.update(status="unserialisable", error=f"{where} is a {type_name}, which JSON cannot hold")
-                except Exception as exc:  # noqa: BLE001 - reported to every rank
-                    message.update(status="error", error=(type(exc).__name__, str(exc), traceback.format_exc()))
+                message = run_scenario(scenario_ref, info, params, os.getpid())
         finally:
             os.chdir(cwd)
-        message.update(
-            stdout=_read(files["stdout"]), stderr=_read(files["stderr"]), files=_snapshot(files["dir"])
+        message = dataclasses.replace(
+            message, stdout=_read(files["stdout"]), stderr=_read(files["stderr"]), files=_snapshot(files["dir"])
         )
-    return _exchange(message, timeout)
+    return sorted(_exchange(message, settings.timeout), key=lambda m: m.rank)
 
 
 def shutdown() -> None:
@@ -239,29 +237,38 @@ def main(argv: Optional[list] = None) -> int:
     """``python -m ddpprobe.launch SCENARIO [--params JSON] [--out FILE]`` under torchrun/srun.
 
     Runs ``SCENARIO`` (``"module:function"``) on every rank of the external world; rank 0 writes the
-    ranks' results as JSON to ``--out`` (default: stdout): a list ordered by rank of ``{"rank", "pid",
-    "status", "record" (or "error"), "stdout", "stderr", "files"}``. Exit code 0 if every rank produced a record.
+    ranks' messages as JSON to ``--out`` (default: stdout): a list ordered by rank of ``{"rank", "pid",
+    "status", "record" (or "exc_type", "error", "traceback"), "stdout", "stderr", "files"}``
+    (``RankMessage.to_json_dict``). ``--backend``, ``--timeout`` and ``--pg-timeout`` default to
+    ``DDPPROBE_BACKEND``, ``DDPPROBE_TIMEOUT`` and ``DDPPROBE_PG_TIMEOUT`` like every world
+    (ddpprobe/launch/_settings.py). Exit code 0 if every rank produced a record, 2 for bad settings.
     """
     import argparse
+
+    from ddpprobe.launch._settings import BACKENDS, SettingsError
 
     parser = argparse.ArgumentParser(prog="python -m ddpprobe.launch")
     parser.add_argument("scenario", help='importable "module:function"')
     parser.add_argument("--params", default="{}", help="JSON object of scenario parameters")
-    parser.add_argument("--backend", default="gloo", choices=("gloo", "nccl"))
-    parser.add_argument("--timeout", type=float, default=120.0)
+    parser.add_argument("--backend", default=None, choices=BACKENDS, help="default DDPPROBE_BACKEND or gloo")
+    parser.add_argument("--timeout", type=float, default=None, help="seconds; default DDPPROBE_TIMEOUT or 120")
+    parser.add_argument("--pg-timeout", type=float, default=None,
+                        help="seconds; default DDPPROBE_PG_TIMEOUT or half the timeout")
     parser.add_argument("--out", default="-")
     args = parser.parse_args(argv)
+    try:
+        settings = resolve_settings(backend=args.backend, timeout=args.timeout, pg_timeout=args.pg_timeout,
+                                    names={"backend": "--backend", "timeout": "--timeout",
+                                           "pg_timeout": "--pg-timeout"})
+    except SettingsError as exc:
+        parser.error(str(exc))
     world = external_world()
     if world is None:
         parser.error("no external world found: run under torchrun (TORCHELASTIC_RUN_ID, RANK, WORLD_SIZE) or srun")
-    messages = run_in_external_world(
-        world, args.scenario, json.loads(args.params), args.backend, args.timeout, args.timeout / 2
-    )
-    ok = all(m["status"] == "ok" for m in messages)
+    messages = exchange_messages(world, args.scenario, json.loads(args.params), settings)
+    ok = all(m.status == "ok" for m in messages)
     if world.rank == 0:
-        readable = [{k: v for k, v in m.items() if k != "record_json"}
-                    | ({"record": json.loads(m["record_json"])} if "record_json" in m else {}) for m in messages]
-        text = json.dumps(readable, indent=1)
+        text = json.dumps([m.to_json_dict() for m in messages], indent=1)
         if args.out == "-":
             print(text)
         else:

@@ -2,24 +2,22 @@
 
 A rank sets up the environment Lightning reads, captures its own stdout/stderr into files, arms
 ``faulthandler`` so the parent can ask for its Python stack, runs the scenario, and sends back one
-message: ``("ok", json_text)``, ``("error", exc_type, message, traceback_text)`` or
-``("unserialisable", message)``.
+``RankMessage`` (ddpprobe/launch/_message.py). It imports nothing of ddpprobe but the plain data it
+exchanges (``_spec``, ``_message``), so a rank's side of the launcher can be read on its own.
 """
 
 from __future__ import annotations
 
 import faulthandler
-import importlib
-import json
 import os
 import random
 import signal
 import sys
 import threading
 import time
-import traceback
 
-from ddpprobe.launch._spec import LaunchSpec, RankInfo
+from ddpprobe.launch._message import run_scenario
+from ddpprobe.launch._spec import LaunchSpec
 
 #: Exit code of a rank whose parent (the launcher) went away: the rank ends itself.
 ORPHAN_EXIT_CODE = 70
@@ -54,6 +52,10 @@ def paths(world_dir: str, rank: int) -> dict:
 def _set_environment(spec: LaunchSpec, rank: int) -> None:
     """Make this process look like a rank started by an external launcher (torchrun-style).
 
+    Global rank ``rank`` is local rank ``rank % devices`` on node ``rank // devices`` (``NODE_RANK``,
+    also as torchrun's ``GROUP_RANK``; ``LOCAL_WORLD_SIZE`` ranks per node): with ``num_nodes > 1`` the
+    world looks to Lightning like several nodes, though every rank runs on this host.
+
     ``LOCAL_RANK`` in the environment tells Lightning's ``LightningEnvironment`` that the processes
     already exist (``creates_processes_externally``), so it joins the world instead of launching more.
     Source: lightning_fabric/plugins/environments/lightning.py.
@@ -79,8 +81,10 @@ def _set_environment(spec: LaunchSpec, rank: int) -> None:
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(spec.master_port),
             "WORLD_SIZE": str(spec.world_size),
-            "NODE_RANK": "0",
-            "LOCAL_RANK": str(rank),
+            "NODE_RANK": str(rank // spec.devices),
+            "GROUP_RANK": str(rank // spec.devices),
+            "LOCAL_RANK": str(rank % spec.devices),
+            "LOCAL_WORLD_SIZE": str(spec.devices),
             "RANK": str(rank),  # what torchrun sets too; env:// init_process_group reads it
             "TORCHELASTIC_USE_AGENT_STORE": "True",
             "GLOO_SOCKET_IFNAME": "lo",
@@ -98,7 +102,7 @@ def _set_environment(spec: LaunchSpec, rank: int) -> None:
 def _capture_output(files: dict) -> None:
     """Point file descriptors 1 and 2 (and ``sys.stdout``/``sys.stderr``) at the rank's own files."""
     for fd, path in ((1, files["stdout"]), (2, files["stderr"])):
-        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         os.dup2(target, fd)
         os.close(target)
     sys.stdout = open(1, "w", buffering=1, closefd=False, encoding="utf-8", errors="replace")
@@ -118,13 +122,13 @@ def _watch_parent(lifeline) -> None:
     threading.Thread(target=watch, name="ddpprobe-lifeline", daemon=True).start()
 
 
-def _align_process_state(rank: int) -> None:
+def _align_process_state(rank: int, local_rank: int) -> None:
     """Undo what a forked rank inherited from the forkserver, so it matches a fresh interpreter.
 
     - ``rank_zero_only.rank`` is read from ``RANK``/``LOCAL_RANK`` when Lightning is *imported*
       (lightning_fabric/utilities/rank_zero.py); the forkserver imported it with no rank set, so it
       would say 0 in every rank. Set it to this rank, as a fresh import here would (torchmetrics'
-      own copy, torchmetrics/utilities/prints.py, reads ``LOCAL_RANK``, which the launcher sets to the rank).
+      own copy, torchmetrics/utilities/prints.py, reads ``LOCAL_RANK``: the local rank).
     - Python's and NumPy's global random generators are seeded from OS entropy in a fresh
       interpreter; forked ranks would share the server's state. Reseed them.
     - torch's default CPU generator: older torch seeds it with a fixed default
@@ -146,44 +150,16 @@ def _align_process_state(rank: int) -> None:
         "pytorch_lightning.utilities.rank_zero",
         "lightning.fabric.utilities.rank_zero",
         "lightning.pytorch.utilities.rank_zero",
-        # torchmetrics keeps its own copy (read from LOCAL_RANK at import), used by its rank_zero_warn;
-        # older releases' deprecation warnings (e.g. ``Metric._update_called`` under Lightning 1.9)
-        # would otherwise be emitted on every forked rank but on rank 0 only under spawn.
-        "torchmetrics.utilities.prints",
     ):
         module = sys.modules.get(module_name)
         if module is not None and hasattr(module, "rank_zero_only"):
             module.rank_zero_only.rank = rank
-
-
-def resolve(ref: str):
-    """Import ``"package.module:qualname"`` and return the object."""
-    module_name, _, qualname = ref.partition(":")
-    obj = importlib.import_module(module_name)
-    for part in qualname.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
-def find_unserialisable(value, path: str = "record"):
-    """Return ``(path, type_name)`` of the first part of ``value`` that JSON cannot hold, else None."""
-    if isinstance(value, (str, int, float, bool)) or value is None:
-        return None
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if not isinstance(key, (str, int, float, bool)) and key is not None:
-                return f"{path} key {key!r}", type(key).__name__
-            found = find_unserialisable(item, f"{path}[{key!r}]")
-            if found:
-                return found
-        return None
-    if isinstance(value, (list, tuple)):
-        for index, item in enumerate(value):
-            found = find_unserialisable(item, f"{path}[{index}]")
-            if found:
-                return found
-        return None
-    return path, type(value).__name__
+    # torchmetrics keeps its own copy (read from LOCAL_RANK at import), used by its rank_zero_warn;
+    # older releases' deprecation warnings (e.g. ``Metric._update_called`` under Lightning 1.9)
+    # would otherwise be emitted on every forked rank but on rank 0 only under spawn.
+    module = sys.modules.get("torchmetrics.utilities.prints")
+    if module is not None and hasattr(module, "rank_zero_only"):
+        module.rank_zero_only.rank = local_rank
 
 
 def rank_main(spec: LaunchSpec, rank: int, result_conn, lifeline) -> None:
@@ -191,53 +167,29 @@ def rank_main(spec: LaunchSpec, rank: int, result_conn, lifeline) -> None:
     # Lead a process group of our own, so the launcher can end children this rank leaves behind.
     os.setpgid(0, 0)
     files = paths(spec.world_dir, rank)
-    os.makedirs(files["dir"], exist_ok=True)
+    os.makedirs(files["dir"], mode=0o700, exist_ok=True)
     _capture_output(files)
     faulthandler.enable(file=sys.stderr, all_threads=True)
-    stack_file = open(files["stack"], "w")
+    stack_file = os.fdopen(os.open(files["stack"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w")
     faulthandler.register(STACK_SIGNAL, file=stack_file, all_threads=True)
     _watch_parent(lifeline)
     _set_environment(spec, rank)
     os.chdir(files["dir"])
-    _align_process_state(rank)
-    info = RankInfo(
-        rank=rank,
-        world_size=spec.world_size,
-        backend=spec.backend,
-        accelerator="gpu" if spec.backend == "nccl" else "cpu",
-        pg_timeout=spec.pg_timeout,
-        world_dir=spec.world_dir,
-        rank_dir=files["dir"],
-        local_rank=rank,
-        node_rank=0,
-        num_nodes=1,
-    )
-    try:
-        scenario = resolve(spec.scenario_ref)
-        record = scenario(info, **spec.params)
-        try:
-            message = ("ok", json.dumps(record))
-        except (TypeError, ValueError):
-            where, type_name = find_unserialisable(record) or ("record", type(record).__name__)
-            message = (
-                "unserialisable",
-                f"{where} is a {type_name}, which JSON cannot hold; return plain lists, dicts, "
-                "str, int, float, bool or None (e.g. tensor.tolist() or float(tensor))",
-            )
-    except BaseException as exc:  # noqa: BLE001 - every failure is reported to the launcher
-        message = ("error", type(exc).__name__, str(exc), traceback.format_exc())
+    _align_process_state(rank, rank % spec.devices)
+    message = run_scenario(spec.scenario_ref, spec.rank_info(rank, files["dir"]), spec.params, os.getpid(),
+                           catch=BaseException)
     sys.stdout.flush()
     sys.stderr.flush()
     try:
         result_conn.send(message)
         result_conn.close()
-        if message[0] != "ok":
+        if message.status != "ok":
             # Stay in the world until the launcher ends it: leaving now would break the other ranks'
             # collectives with secondary "connection reset" errors and hide where they were waiting.
             # The lifeline thread ends the rank as soon as the launcher goes; this is only the bound.
             time.sleep(FAILED_RANK_LINGER_S)
     finally:
-        if message[0] == "ok":
+        if message.status == "ok":
             _destroy_process_group()
         os._exit(0)
 

@@ -7,46 +7,12 @@ torch objects, open files or anything tied to the parent process.
 from __future__ import annotations
 
 import dataclasses
-import math
-import os
 
-#: Backends a world can be launched with. ``gloo`` runs on CPUs; ``nccl`` needs one CUDA device per rank.
-BACKENDS = ("gloo", "nccl")
-
-#: How rank processes are started. ``forkserver`` forks each rank from a server process that has
-#: already imported torch and pytorch_lightning (fast); ``spawn`` starts a fresh interpreter per rank
-#: (slow, the fidelity reference).
-START_METHODS = ("forkserver", "spawn")
+from ddpprobe.launch._settings import PG_TIMEOUT_SHARE, env_float  # noqa: F401 - their former home
 
 #: Largest world this launcher starts on one machine. Every rank is a full Python process holding
 #: torch and Lightning (about 300 MB each); more than this is almost certainly a typo.
 MAX_WORLD_SIZE = 64
-
-#: Seconds a whole world may run before every rank is killed (``DDPPROBE_TIMEOUT``).
-DEFAULT_TIMEOUT_S = 120.0
-
-#: Share of the world timeout given to the process group (``DDPPROBE_PG_TIMEOUT`` sets it in seconds).
-#: A collective that never completes then fails inside the rank with gloo's/NCCL's own error, which
-#: the launcher reports, before the world timeout has to kill anything.
-PG_TIMEOUT_SHARE = 0.5
-
-
-def env_float(name: str, default: float) -> float:
-    """Read a positive number of seconds from environment variable ``name``.
-
-    Raises:
-        ValueError: the variable is set but is not a positive number; the message names the variable.
-    """
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r} is not a number of seconds; set it to e.g. {name}=60") from None
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name}={raw!r} must be a positive, finite number of seconds")
-    return value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,9 +29,10 @@ class RankInfo:
         world_dir: absolute path of the world's scratch folder, shared by all ranks.
         rank_dir: absolute path of this rank's working directory (``world_dir/rank<r>``); the rank
             starts with it as its current directory, so Lightning's default log folders land there.
-        local_rank: rank on this node (equal to ``rank`` in a world ddpprobe launched, which is one node).
-        node_rank: index of this rank's node (0 in a launched world).
-        num_nodes: number of nodes; ``world_size // num_nodes`` ranks run on each. Pass
+        local_rank: rank on this node, ``rank % devices`` (equal to ``rank`` in a one-node world).
+        node_rank: index of this rank's node, ``rank // devices`` (0 in a one-node world).
+        num_nodes: number of nodes; ``world_size // num_nodes`` ranks run on each (a launched world
+            with ``run_world(num_nodes=N)`` makes N "nodes" of forked ranks on this host). Pass
             ``Trainer(devices=info.devices, num_nodes=info.num_nodes)`` (``ddp_trainer`` does).
     """
 
@@ -97,9 +64,35 @@ class LaunchSpec:
     pg_timeout: float
     world_dir: str
     master_port: int
+    num_nodes: int
     extra_env: dict
     keep_cluster_env: bool
     #: The launcher's ``os.environ`` when ``run_world`` was called. A forked rank inherits the
     #: forkserver's environment, frozen when the server started; the rank replaces it with this, so a
     #: variable set (or removed) in the launcher later reaches the ranks as it would with ``spawn``.
     parent_env: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def devices(self) -> int:
+        """Ranks per node."""
+        return self.world_size // self.num_nodes
+
+    def rank_info(self, rank: int, rank_dir: str) -> RankInfo:
+        """The ``RankInfo`` of global rank ``rank``: node ``rank // devices``, local rank ``rank % devices``."""
+        return RankInfo(
+            rank=rank,
+            world_size=self.world_size,
+            backend=self.backend,
+            accelerator=accelerator(self.backend),
+            pg_timeout=self.pg_timeout,
+            world_dir=self.world_dir,
+            rank_dir=rank_dir,
+            local_rank=rank % self.devices,
+            node_rank=rank // self.devices,
+            num_nodes=self.num_nodes,
+        )
+
+
+def accelerator(backend: str) -> str:
+    """The ``Trainer(accelerator=...)`` value for a backend: ``"gpu"`` for nccl, else ``"cpu"``."""
+    return "gpu" if backend == "nccl" else "cpu"

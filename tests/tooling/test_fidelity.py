@@ -32,8 +32,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from pytorch_lightning.utilities import rank_zero_only
-
+from ddpprobe._lightning import pl
 from ddpprobe.probes import log_spec, validation
 from ddpprobe.probes.common import ddp_trainer, id_loader, recorded_warnings
 from tests.support import oracle
@@ -51,6 +50,9 @@ UNSYNCED_WARNING = "It is recommended to use `self.log('unsynced', ..., sync_dis
 # ---------------------------------------------------------------------------------------------
 # Scenarios (run inside the ranks)
 # ---------------------------------------------------------------------------------------------
+
+
+rank_zero_only = pl.utilities.rank_zero_only
 
 
 @rank_zero_only

@@ -176,6 +176,8 @@ def test_a_death_that_arrives_just_after_a_peers_exception_is_still_reported_as_
     err = failure.value
     assert err.exitcodes == {1: 3}
     assert "rank 0 raised ValueError: rank 0 fails first" in str(err)
+    assert err.rank_errors == {0: "ValueError: rank 0 fails first",
+                               1: "ended with exit code 3 without reporting a result"}
     assert _gone(err.pids)
 
 
