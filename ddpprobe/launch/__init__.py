@@ -34,12 +34,14 @@ from ddpprobe.launch._arguments import cuda_device_count
 from ddpprobe.launch._external import ExternalWorld, external_world, shutdown as leave_external_world
 from ddpprobe.launch._message import RankMessage
 from ddpprobe.launch._results import (
+    STDERR_TAIL_LINES,
     RankDied,
     RankFailed,
     RankResult,
     WorldError,
     WorldResult,
     WorldTimeout,
+    build_result,
 )
 from ddpprobe.launch._settings import (
     BACKENDS,
@@ -66,6 +68,7 @@ __all__ = [
     "MIN_SECONDS",
     "PG_TIMEOUT_SHARE",
     "START_METHODS",
+    "STDERR_TAIL_LINES",
     "RankDied",
     "RankFailed",
     "RankInfo",
@@ -76,6 +79,7 @@ __all__ = [
     "WorldError",
     "WorldResult",
     "WorldTimeout",
+    "build_result",
     "cuda_device_count",
     "external_world",
     "leave_external_world",

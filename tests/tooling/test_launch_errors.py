@@ -13,8 +13,15 @@ import sys
 
 import pytest
 
-from ddpprobe.launch import RankDied, RankFailed, RankMessage, WorldResult, WorldTimeout
-from ddpprobe.launch._results import STDERR_TAIL_LINES, build_result
+from ddpprobe.launch import (
+    STDERR_TAIL_LINES,
+    RankDied,
+    RankFailed,
+    RankMessage,
+    WorldResult,
+    WorldTimeout,
+    build_result,
+)
 
 pytestmark = pytest.mark.not_a_fact("tests the launcher's failure reports, not a fact about DDP")
 

@@ -89,14 +89,11 @@ def sockets_while_running(info, launcher_pid: int, lightning: bool = True):
 
 
 def folder_modes(info):
-    """The permission bits of the world folder, this rank's folder and its captured output files."""
-    from ddpprobe.launch import _rank  # the rank's own side of the launcher names its files
-
-    files = _rank.paths(info.world_dir, info.rank)
-    return {what: oct(stat.S_IMODE(os.stat(path).st_mode))
-            for what, path in (("world_dir", info.world_dir), ("rank_dir", files["dir"]),
-                               ("stdout", files["stdout"]), ("stderr", files["stderr"]),
-                               ("stack", files["stack"]))}
+    """The permission bits of the world folder and of every entry this rank has in it (its folder
+    ``rank<r>`` and its captured output ``rank<r>.stdout``, ``.stderr``, ``.stack``), as octal text."""
+    mine = [name for name in os.listdir(info.world_dir) if name.split(".")[0] == f"rank{info.rank}"]
+    return {name: oct(stat.S_IMODE(os.stat(os.path.join(info.world_dir, name)).st_mode))
+            for name in [".", *sorted(mine)]}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -123,5 +120,6 @@ def test_the_world_folder_and_the_ranks_files_are_readable_by_this_user_only(run
     files ``0o600``: another user on a shared machine reads neither outputs nor records."""
     world = run_world(folder_modes, 2)
 
-    expected = {"world_dir": "0o700", "rank_dir": "0o700", "stdout": "0o600", "stderr": "0o600", "stack": "0o600"}
-    assert world.records == [expected] * 2, world.records
+    expected = [{".": "0o700", f"rank{r}": "0o700", f"rank{r}.stack": "0o600", f"rank{r}.stderr": "0o600",
+                 f"rank{r}.stdout": "0o600"} for r in range(2)]
+    assert world.records == expected, world.records
