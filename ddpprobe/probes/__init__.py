@@ -28,6 +28,7 @@ PROBE_MODULES = (
     "nccl",
     "predict",
     "reductions",
+    "samplers",
     "trace",
     "training",
     "validation",

@@ -37,6 +37,9 @@ def rank_zero_print(text: str) -> None:
 class ValidationProbe(pl.LightningModule):
     """Logs the batch mean of ``value`` per its log plan and records what this rank saw.
 
+    ``trainer.test`` runs it the same way (``test_step`` and ``on_test_epoch_end`` do what the
+    validation hooks do).
+
     Args:
         logs: log plan, a list of ``log_spec(...)`` dicts logging ``what="batch_mean"`` from the step
             (``ranks`` and ``via`` are honoured).
@@ -65,6 +68,13 @@ class ValidationProbe(pl.LightningModule):
         for entry in self.logs:
             if logs_here(entry, "step", self.global_rank):
                 log_entry(self, entry, batch_mean, batch_size=len(ids))
+
+    def test_step(self, batch, batch_idx):
+        # trainer.test runs the same step and epoch-end recording as trainer.validate.
+        self.validation_step(batch, batch_idx)
+
+    def on_test_epoch_end(self):
+        self.on_validation_epoch_end()
 
     def on_validation_epoch_end(self):
         self.epoch_end_ids = [int(i) for out in self.step_outputs for i in out["ids"]]
