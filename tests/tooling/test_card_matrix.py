@@ -1,0 +1,123 @@
+"""The card's schema as the one definition, and the version matrix built from cards (ddpprobe/card/schema.py,
+releases.py, matrix.py). No worlds run here: cards are built in memory and checked with the validator."""
+
+import copy
+import json
+
+import pytest
+
+from ddpprobe.card import matrix, releases
+from ddpprobe.card.plugin import fact_row
+from ddpprobe.card.schema import OUTCOMES, SCHEMA, SCHEMA_DOCUMENT, card_problems, validate_card, verdict_words
+
+
+def _fact(function: str, outcome: str, case=None, detail=None) -> dict:
+    meta = {"nodeid": f"tests/facts/test_x.py::{function}" + (f"[{case}]" if case else ""), "function": function,
+            "case": case, "params": {}, "world_size": None, "doc": ""}
+    row = fact_row(meta, {}, [])
+    row.update(outcome=outcome, detail=detail, verdict=verdict_words(outcome, detail))
+    return row
+
+
+def _card(distribution: str, version: str, facts: list) -> dict:
+    """A valid card of ``distribution==version`` holding ``facts`` in one topic."""
+    package = {"pytorch-lightning": "pytorch_lightning", "lightning": "lightning"}[distribution]
+    card = {
+        "schema": SCHEMA, "generated": "2026-01-01T00:00:00+00:00", "command": ["-q"],
+        "environment": {"python": "3.11.7", "torch": "2.13.0", "lightning_package": package,
+                        "lightning_distribution": distribution, "lightning": version, "torchmetrics": "1.9.0",
+                        "platform": "Linux", "cpu_count": 2, "gpu_count": 0},
+        "backend": "gloo", "world_sizes": [], "summary": {code: sum(f["outcome"] == code for f in facts) for code in OUTCOMES},
+        "topics": [{"module": "test_x", "path": "tests/facts/test_x.py", "topic": "X.", "facts": facts}],
+        "left_out": [], "sharding": None,
+    }
+    validate_card(card)
+    return card
+
+
+def test_the_outcome_codes_and_their_words_live_in_the_schema_file_only():
+    """``schema.json``'s ``$defs.outcome`` lists the outcome codes with their card words and matrix cells;
+    ``OUTCOMES`` (used by the writer, the Markdown, the validator and the matrix) is read from it, and
+    the schema's ``$id`` is the ``schema`` value every card carries."""
+    entries = SCHEMA_DOCUMENT["$defs"]["outcome"]["oneOf"]
+    assert [e["const"] for e in entries] == list(OUTCOMES)
+    assert {e["const"]: e["title"] for e in entries} == {code: o.words for code, o in OUTCOMES.items()}
+    assert SCHEMA == SCHEMA_DOCUMENT["$id"] == SCHEMA_DOCUMENT["properties"]["schema"]["const"]
+    assert matrix.cell_text("bug_fixed") == "**bug absent**" and matrix.cell_text("bug_present") == "bug present"
+    assert verdict_words("skipped", "needs 8 GPUs") == "skipped: needs 8 GPUs"
+
+
+def test_the_validator_names_each_place_a_card_breaks_the_schema():
+    """A wrong package name, an unknown key, a verdict that does not match its outcome and a picture with
+    neither svg nor error are each reported with their path in the card."""
+    card = _card("pytorch-lightning", "2.6.6", [_fact("test_a", "holds")])
+    broken = copy.deepcopy(card)
+    broken["environment"]["lightning_package"] = "pl"
+    broken["topics"][0]["facts"][0]["colour"] = "red"
+    problems = card_problems(broken)
+    assert any(p.startswith("card.environment.lightning_package: ") for p in problems), problems
+    assert any(p.startswith("card.topics[0].facts[0]: unknown key") and "colour" in p for p in problems), problems
+
+    wrong_verdict = copy.deepcopy(card)
+    wrong_verdict["topics"][0]["facts"][0]["verdict"] = "does not hold"
+    with pytest.raises(ValueError, match=r"card.topics\[0\].facts\[0\].verdict: 'does not hold' does not match"):
+        validate_card(wrong_verdict)
+
+    no_picture = copy.deepcopy(card)
+    no_picture["sharding"] = {"n": 10, "world_size": 4, "batch_size": 2, "backend": "gloo", "seen": None,
+                              "duplicates": [], "padding": [], "svg": None, "error": None}
+    with pytest.raises(ValueError, match=r"card.sharding: "):
+        validate_card(no_picture)
+
+
+def test_the_matrix_releases_are_the_last_1x_and_the_last_patch_of_every_2x_minor_of_the_index_list():
+    """From an index list the rule picks 1.9.5 (the last 1.x), 2.0.9.post0 (a post-release is its release's
+    latest), 2.5.6 (not 2.5.1) and skips release candidates; ``lightning`` gets only the newest."""
+    listed = ["2.6.1rc1", "2.6.0", "2.5.6", "2.5.1.post0", "2.5.1", "2.0.9.post0", "2.0.9", "1.9.5", "1.9.4", "1.8.6",
+              "0.10.0", "not-a-version"]
+    assert releases.matrix_releases(listed) == ["1.9.5", "2.0.9.post0", "2.5.6", "2.6.0"]
+    assert releases.releases("lightning", newest_only=True, versions=listed) == ["2.6.0"]
+
+
+def test_without_the_index_the_matrix_uses_the_pinned_releases_and_says_so(monkeypatch, capsys):
+    """When ``pip index versions`` cannot answer, :data:`releases.PINNED` is used and stderr says why."""
+    def offline(distribution, timeout=60.0):
+        raise RuntimeError("pip index versions pytorch-lightning exited 1: no network")
+
+    monkeypatch.setattr(releases, "registry_versions", offline)
+    assert releases.releases("pytorch-lightning") == releases.PINNED["pytorch-lightning"]
+    assert "no network" in capsys.readouterr().err
+    assert releases.matrix_releases(releases.PINNED["pytorch-lightning"]) == releases.PINNED["pytorch-lightning"]
+
+
+def test_a_fact_that_differs_between_the_two_packages_at_one_release_is_listed_as_such(tmp_path):
+    """Cards of pytorch-lightning 2.6.6, lightning 2.6.6 and pytorch-lightning 2.5.6: ``test_b`` holds with
+    ``pytorch_lightning`` and does not with ``lightning`` at 2.6.6, so the matrix lists it under "differ
+    between the two packages" with the reason, in columns ``2.6.6`` and ``lightning 2.6.6``; ``test_a``
+    holds everywhere and is not listed there. The CLI merges the JSON files and refuses a broken one."""
+    cards = [
+        _card("pytorch-lightning", "2.6.6", [_fact("test_a", "holds"), _fact("test_b", "holds")]),
+        _card("lightning", "2.6.6", [_fact("test_a", "holds"), _fact("test_b", "does_not_hold", detail="rank 1 differs")]),
+        _card("pytorch-lightning", "2.5.6", [_fact("test_a", "holds"), _fact("test_b", "holds")]),
+    ]
+    built = matrix.build_matrix(cards)
+    assert [c["column"] for c in built["columns"]] == ["2.5.6", "2.6.6", "lightning 2.6.6"]
+    assert matrix.package_pairs(built) == [("2.6.6", "lightning 2.6.6")]
+    assert [r["function"] for r in matrix.differing_rows(built, ["2.6.6", "lightning 2.6.6"])] == ["test_b"]
+
+    text = matrix.render_matrix(built)
+    section = text.split("## Facts that differ between the two packages at the same release")[1].split("\n## ")[0]
+    assert "| fact | 2.6.6 | lightning 2.6.6 |" in section
+    assert "| B. | holds | **does not hold** |" in section and "| A. |" not in section
+    assert "rank 1 differs" in section
+
+    paths = []
+    for i, card in enumerate(cards):
+        paths.append(tmp_path / f"semantics-{i}.json")
+        paths[-1].write_text(json.dumps(card))
+    out = tmp_path / "matrix.md"
+    assert matrix.main([*map(str, paths), "--out", str(out)]) == 0
+    assert "lightning 2.6.6" in out.read_text()
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps({**cards[0], "schema": "ddpprobe.semantics/1"}))
+    assert matrix.main([str(broken), "--out", str(out)]) == 2
