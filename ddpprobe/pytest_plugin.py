@@ -35,12 +35,23 @@ from typing import Optional
 import pytest
 
 from ddpprobe import _lightning, runif
-from ddpprobe.launch import BACKENDS, START_METHODS, external_world, run_world as _run_world
-from ddpprobe.launch import DEFAULT_TIMEOUT_S, MAX_SECONDS, MIN_SECONDS, PG_TIMEOUT_SHARE, cuda_device_count
-from ddpprobe.launch._settings import env_float
+from ddpprobe.launch import (
+    BACKENDS,
+    START_METHODS,
+    SettingsError,
+    cuda_device_count,
+    external_world,
+    leave_external_world,
+    resolve_settings,
+    run_world as _run_world,
+)
 
 #: ``tests/tooling/test_audit.py`` asks whether a world can run here with this name.
 backend_skip_reason = runif.world_skip_reason
+
+#: How each launch setting is named in a usage error: the option (its variable is named by the resolver).
+_OPTIONS = {"backend": "--backend", "timeout": "--world-timeout", "pg_timeout": "--pg-timeout",
+            "start_method": "--start-method"}
 
 _SETTINGS = pytest.StashKey[dict]()
 _REFUSED = pytest.StashKey[list]()
@@ -51,9 +62,10 @@ def pytest_addoption(parser) -> None:
     group = parser.getgroup("ddpprobe", "ddpprobe: launching DDP worlds")
     group.addoption(
         "--backend",
-        choices=BACKENDS,
-        default=os.environ.get("DDPPROBE_BACKEND", "gloo"),
-        help="process-group backend of every world: gloo (CPU, default) or nccl (one CUDA device per rank)",
+        default=None,
+        metavar="|".join(BACKENDS),
+        help="process-group backend of every world: gloo (CPU, default) or nccl (one CUDA device per rank); "
+        "default DDPPROBE_BACKEND or gloo",
     )
     group.addoption(
         "--world-size",
@@ -80,9 +92,10 @@ def pytest_addoption(parser) -> None:
     )
     group.addoption(
         "--start-method",
-        choices=START_METHODS,
         default=None,
-        help="how ranks start: forkserver (preloaded, fast; default for gloo) or spawn (fresh interpreters)",
+        metavar="|".join(START_METHODS),
+        help="how ranks start: forkserver (preloaded, fast; default for gloo) or spawn (fresh interpreters); "
+        "default DDPPROBE_START_METHOD, else by backend",
     )
     group.addoption(
         "--lightning",
@@ -109,6 +122,7 @@ def pytest_configure(config) -> None:
     )
     _choose_lightning(config)
     settings = _check_options(config)
+    config.option.backend = settings["backend"]  # --backend reads as resolved for other plugins (the card)
     settings["world_sizes"] = _parse_world_sizes(config.getoption("--world-size"))
     config.stash[_SETTINGS] = settings
     config.stash[_REFUSED] = []
@@ -125,36 +139,16 @@ def _choose_lightning(config) -> None:
 
 
 def _check_options(config) -> dict:
-    """Refuse bad settings once, before any test runs, naming the option and its variable."""
-    backend = config.getoption("--backend")
-    if backend not in BACKENDS:
-        raise pytest.UsageError(f"--backend / DDPPROBE_BACKEND={backend!r}: use one of {', '.join(BACKENDS)}")
-    start_method = config.getoption("--start-method") or os.environ.get("DDPPROBE_START_METHOD")
-    if start_method and start_method not in START_METHODS:
-        raise pytest.UsageError(
-            f"--start-method / DDPPROBE_START_METHOD={start_method!r}: use one of {', '.join(START_METHODS)}")
+    """Resolve the launch settings once, before any test runs (``ddpprobe.launch.resolve_settings``:
+    option > environment variable > default), refusing a bad one with its source and the fix."""
+    given = {name: config.getoption(option) for name, option in _OPTIONS.items()}
     try:
-        timeout = config.getoption("--world-timeout")
-        if timeout is None:
-            timeout = env_float("DDPPROBE_TIMEOUT", DEFAULT_TIMEOUT_S)
-        pg_timeout = config.getoption("--pg-timeout")
-        if pg_timeout is None:
-            pg_timeout = env_float("DDPPROBE_PG_TIMEOUT", timeout * PG_TIMEOUT_SHARE)
-    except ValueError as exc:
+        settings = resolve_settings(**given, names=_OPTIONS)
+    except SettingsError as exc:
         raise pytest.UsageError(str(exc)) from None
-    for name, value in (("--world-timeout / DDPPROBE_TIMEOUT", timeout), ("--pg-timeout / DDPPROBE_PG_TIMEOUT", pg_timeout)):
-        if not MIN_SECONDS <= value <= MAX_SECONDS:
-            raise pytest.UsageError(f"{name}={value!r}: give seconds from {MIN_SECONDS:g} to {MAX_SECONDS:g}")
-    if pg_timeout >= timeout:
-        raise pytest.UsageError(
-            f"--pg-timeout {pg_timeout:g} must be shorter than the world timeout {timeout:g}, so a stuck "
-            "collective is reported by the process group before the world is killed")
-    return {
-        "backend": backend,
-        "timeout": config.getoption("--world-timeout"),
-        "pg_timeout": config.getoption("--pg-timeout"),
-        "start_method": config.getoption("--start-method"),
-    }
+    # Worlds get the resolved backend and what the command line gave; run_world resolves the rest from
+    # the same variables, so a fact's own timeout= still gets half of it as its process-group timeout.
+    return {"backend": settings.backend, **{k: v for k, v in given.items() if k != "backend"}}
 
 
 def _parse_world_sizes(raw: str) -> frozenset:
@@ -284,9 +278,7 @@ def pytest_sessionfinish(session, exitstatus) -> None:
     if session.config.stash.get(_REFUSED, None):
         session.exitstatus = pytest.ExitCode.USAGE_ERROR
     if external_world() is not None:
-        from ddpprobe.launch import leave_external_world as shutdown
-
-        shutdown()
+        leave_external_world()
 
 
 def _skip_at_the_test(reason: str):

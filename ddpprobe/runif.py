@@ -96,7 +96,7 @@ class RunEnvironment:
         """This machine and process: the CUDA devices torch sees (``ddpprobe.launch`` counts them, without
         creating a CUDA context) and the Lightning package ``ddpprobe._lightning`` chose."""
         from ddpprobe import _lightning
-        from ddpprobe.launch._world import cuda_device_count
+        from ddpprobe.launch import cuda_device_count
 
         return cls(backend=backend, cuda_devices=cuda_device_count(),
                    lightning_distribution=_lightning.distribution(), lightning_version=_lightning.version())

@@ -254,3 +254,30 @@ def test_an_unknown_lightning_package_is_refused_naming_the_value(pytester):
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--lightning / DDPPROBE_LIGHTNING: Lightning package 'lightning_fabric'*"
                                  "is not one of pytorch_lightning, lightning*"])
+
+
+# --- launch settings: one resolver, refused as usage errors ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args, environ, message",
+    [
+        (["--world-timeout", "5", "--pg-timeout", "10"], {}, "*pg_timeout=10s (--pg-timeout) must be shorter than timeout=5s (--world-timeout)*"),
+        (["--backend", "mpi"], {}, "*backend='mpi' (--backend) is not supported; use one of gloo, nccl*"),
+        ([], {"DDPPROBE_BACKEND": "mpi"}, "*backend='mpi' (environment variable DDPPROBE_BACKEND)*"),
+        ([], {"DDPPROBE_TIMEOUT": "soon"}, "*timeout='soon' (environment variable DDPPROBE_TIMEOUT) is not a number*"),
+        (["--start-method", "fork"], {}, "*start_method='fork' (--start-method) is not supported*"),
+    ],
+)
+def test_a_bad_launch_setting_is_a_usage_error_naming_the_option_or_variable(pytester, monkeypatch, args, environ,
+                                                                            message):
+    """The plugin resolves the settings with ``ddpprobe.launch.resolve_settings`` before collection and
+    turns its ``SettingsError`` into pytest's usage error (exit code 4), message unchanged."""
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    pytester.makepyfile(test_facts="def test_x(): pass\n")
+
+    result = pytester.runpytest(*PLUGIN, *args)
+
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([message])
