@@ -237,3 +237,29 @@ def drop_last_shard(n: int, world_size: int, rank: int) -> list:
     """
     total = (n // world_size) * world_size
     return list(range(total))[rank::world_size]
+
+
+def modulo_shard(n: int, world_size: int, rank: int) -> list:
+    """Sample ids a user's own sharding "sample ``i`` goes to rank ``i % world_size``" gives rank ``rank``,
+    in order: ``[rank, rank + W, ...]``. No padding, so ranks hold ``ceil`` or ``floor(n / W)`` samples."""
+    return list(range(rank, n, world_size))
+
+
+def round_robin(streams: list) -> list:
+    """Interleave ``streams`` (lists of batches, one per ``DataLoader`` worker) the way a multi-worker
+    ``DataLoader`` over an ``IterableDataset`` hands out their batches: one batch from each worker in
+    turn, skipping workers that are exhausted. Source: torch/utils/data/dataloader.py
+    ``_MultiProcessingDataLoaderIter._try_put_index`` (cycles ``_worker_queue_idx_cycle`` over active workers)."""
+    out, position = [], [0] * len(streams)
+    while any(p < len(s) for p, s in zip(position, streams)):
+        for w, stream in enumerate(streams):
+            if position[w] < len(stream):
+                out.append(stream[position[w]])
+                position[w] += 1
+    return out
+
+
+def rank_and_worker_shard(n: int, world_size: int, rank: int, num_workers: int, worker: int) -> list:
+    """Sample ids ``DataLoader`` worker ``worker`` of rank ``rank`` yields when an ``IterableDataset``
+    shards by rank *and* worker: ``i`` with ``i % (W * K) == rank * K + worker`` (``K = num_workers``)."""
+    return list(range(rank * num_workers + worker, n, world_size * num_workers))
