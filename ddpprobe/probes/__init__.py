@@ -17,6 +17,7 @@ PROBE_MODULES = (
     "collectives",
     "common",
     "data",
+    "dataloaders",
     "f1",
     "hazards",
     "hooks",

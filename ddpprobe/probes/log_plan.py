@@ -22,7 +22,8 @@ hooks a probe supports is the probe's to say (see its docstring); it rejects the
 from __future__ import annotations
 
 #: ``self.log`` options a log plan entry may carry (pytorch_lightning/core/module.py ``LightningModule.log``).
-LOG_OPTIONS = ("sync_dist", "reduce_fx", "on_step", "on_epoch", "rank_zero_only", "prog_bar", "logger")
+LOG_OPTIONS = ("sync_dist", "reduce_fx", "on_step", "on_epoch", "rank_zero_only", "prog_bar", "logger",
+               "add_dataloader_idx")
 #: Values a step-level entry may log (see the module docstring).
 STEP_VALUES = ("batch_mean", "python_float", "python_int", "int_tensor", "mean_metric", "sum_metric")
 #: Values an ``hook="epoch_end"`` entry may log.
