@@ -1,0 +1,195 @@
+"""Where the suite's seconds go: wall time of one pytest run and a per-file cost table.
+
+Runs the suite once (by default the README's ``pytest -n auto``) with ``--junitxml`` into a temporary
+file, and prints:
+
+- the run's wall time, the CPU time of pytest and every process it started (user + system, from
+  ``getrusage(RUSAGE_CHILDREN)``; a machine-independent figure of how much work the run is), and the
+  load average before and after (the wall time is only meaningful on a quiet machine);
+- the outcome counts (passed, failed, skipped, xfailed, ...);
+- one row per test file: tests, summed seconds (setup + call + teardown, as junitxml reports them),
+  share of the total, and the file's slowest test with its seconds, costliest file first;
+- the slowest tests over the whole run.
+
+A test file whose row grows in review is where a slow test was added. Summed test seconds exceed the
+wall time under xdist (workers run side by side); the wall time also holds each worker's start (import
+of torch and Lightning, the forkserver's start), which no test's time includes.
+
+Usage (from the repository root)::
+
+    python benchmarks/bench_suite.py                          # pytest -n auto (the default run)
+    python benchmarks/bench_suite.py --markdown               # tables as Markdown, for benchmarks/README.md
+    python benchmarks/bench_suite.py --target 20 -- -n auto   # exit 1 when the wall time exceeds 20 s
+    python benchmarks/bench_suite.py -- -n auto -m integration   # the integration tests only
+
+Everything after ``--`` replaces the default pytest arguments (``-n auto``). Exit code: pytest's own
+when it is not 0, else 1 when ``--target`` is given and the wall time exceeds it, else 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+DEFAULT_PYTEST_ARGS = ["-n", "auto"]
+
+#: junitxml result element -> outcome word (a testcase with none of them passed).
+_OUTCOMES = {"failure": "failed", "error": "error", "skipped": "skipped"}
+
+
+def file_of(classname: str, name: str) -> str:
+    """The test file a junitxml ``testcase`` belongs to: ``tests.facts.test_sharding`` (its classname,
+    plus ``.Class`` for tests in a class) -> ``tests/facts/test_sharding.py``."""
+    parts = classname.split(".")
+    # Drop trailing class names (CapWords) so tests in a class count for their file.
+    while len(parts) > 1 and parts[-1][:1].isupper():
+        parts.pop()
+    return "/".join(parts) + ".py"
+
+
+def read_junit(path: str) -> list:
+    """``[(file, test name, seconds, outcome)]`` for every ``testcase`` in a junitxml report.
+
+    outcome is ``passed``, ``failed``, ``error``, ``skipped`` or ``xfailed`` (pytest writes an xfail
+    as a skipped testcase whose type is ``pytest.xfail``)."""
+    rows = []
+    for case in ET.parse(path).iter("testcase"):
+        outcome = "passed"
+        for child in case:
+            if child.tag in _OUTCOMES:
+                outcome = _OUTCOMES[child.tag]
+                if child.tag == "skipped" and child.get("type") == "pytest.xfail":
+                    outcome = "xfailed"
+                break
+        rows.append((file_of(case.get("classname", ""), case.get("name", "")), case.get("name", ""),
+                     float(case.get("time") or 0.0), outcome))
+    return rows
+
+
+def per_file(rows: list) -> list:
+    """``[(file, tests, seconds, slowest name, slowest seconds)]``, costliest file first."""
+    by_file = collections.defaultdict(list)
+    for file, name, seconds, _ in rows:
+        by_file[file].append((seconds, name))
+    table = []
+    for file, tests in by_file.items():
+        slow_s, slow_name = max(tests)
+        table.append((file, len(tests), sum(s for s, _ in tests), slow_name, slow_s))
+    return sorted(table, key=lambda row: -row[2])
+
+
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _fmt_table(header: list, rows: list, markdown: bool) -> str:
+    cells = [[str(c) for c in header]] + [[str(c) for c in row] for row in rows]
+    if markdown:
+        lines = ["| " + " | ".join(cells[0]) + " |",
+                 "| " + " | ".join("---" if i in (0, len(header) - 1) else "---:" for i in range(len(header))) + " |"]
+        lines += ["| " + " | ".join(row) + " |" for row in cells[1:]]
+        return "\n".join(lines)
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    out = []
+    for n, row in enumerate(cells):
+        out.append("  ".join(c.ljust(w) if i in (0, len(header) - 1) else c.rjust(w)
+                             for i, (c, w) in enumerate(zip(row, widths))).rstrip())
+        if n == 0:
+            out.append("  ".join("-" * w for w in widths))
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    pytest_args = DEFAULT_PYTEST_ARGS
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, pytest_args = argv[:cut], argv[cut + 1:]
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     usage="%(prog)s [--markdown] [--top N] [--target SECONDS] [-- PYTEST ARGS]")
+    parser.add_argument("--markdown", action="store_true", help="print the tables as Markdown")
+    parser.add_argument("--top", type=int, default=10, help="slowest tests to list (default 10)")
+    parser.add_argument("--target", type=float, default=None,
+                        help="wall-time target in seconds; exit 1 when the run takes longer")
+    args = parser.parse_args(argv)
+    if args.top < 0:
+        parser.error(f"--top must be >= 0, got {args.top}")
+    if args.target is not None and not args.target > 0:
+        parser.error(f"--target must be a positive number of seconds, got {args.target}")
+
+    with tempfile.TemporaryDirectory(prefix="ddpprobe-bench-") as tmp:
+        junit = os.path.join(tmp, "junit.xml")
+        command = [sys.executable, "-m", "pytest", *pytest_args, "-q", "-p", "no:cacheprovider",
+                   f"--junitxml={junit}"]
+        load_before = _load()
+        usage_before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        start = time.perf_counter()
+        done = subprocess.run(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        wall = time.perf_counter() - start
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = (usage.ru_utime - usage_before.ru_utime) + (usage.ru_stime - usage_before.ru_stime)
+        load_after = _load()
+        if not os.path.exists(junit):
+            print(done.stdout[-5000:])
+            print(f"bench_suite: pytest exited {done.returncode} without a junitxml report", file=sys.stderr)
+            return done.returncode or 1
+        rows = read_junit(junit)
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else "(no output)"
+    counts = collections.Counter(outcome for *_, outcome in rows)
+    test_s = sum(seconds for _, _, seconds, _ in rows)
+    print(f"command: {' '.join(['pytest', *pytest_args])}  (exit code {done.returncode})")
+    print(f"machine: {platform.python_implementation()} {platform.python_version()}, CPU {_cpu_model()}, "
+          f"{cores} usable core(s); load average before {load_before}, after {load_after}")
+    print(f"pytest: {summary}")
+    print(f"wall time {wall:.1f} s; CPU time {cpu:.1f} s (user + system of every process the run started; "
+          f"{cpu / cores:.1f} s per core); summed test time {test_s:.1f} s over {len(rows)} tests "
+          f"({', '.join(f'{n} {k}' for k, n in sorted(counts.items()))})")
+    print()
+    table = per_file(rows)
+    print(_fmt_table(
+        ["file", "tests", "seconds", "share", "slowest test"],
+        [(file, n, f"{s:.2f}", f"{100 * s / test_s:.0f}%" if test_s else "-", f"{slow_s:.2f} s {slow}")
+         for file, n, s, slow, slow_s in table],
+        args.markdown))
+    if args.top:
+        print()
+        slowest = sorted(rows, key=lambda row: -row[2])[: args.top]
+        print(_fmt_table(["slowest tests", "seconds", "outcome"],
+                         [(f"{file}::{name}", f"{s:.2f}", outcome) for file, name, s, outcome in slowest],
+                         args.markdown))
+    if done.returncode != 0:
+        print(f"\nbench_suite: pytest failed (exit code {done.returncode}); its last lines:\n"
+              + "\n".join(done.stdout.strip().splitlines()[-30:]), file=sys.stderr)
+        return done.returncode
+    if args.target is not None:
+        met = wall <= args.target
+        print(f"\ntarget: wall time <= {args.target:g} s: {wall:.1f} s -> {'met' if met else 'NOT met'}")
+        return 0 if met else 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
