@@ -239,6 +239,69 @@ def drop_last_shard(n: int, world_size: int, rank: int) -> list:
     return list(range(total))[rank::world_size]
 
 
+def best_threshold_scores(ids, label: int) -> dict:
+    """F1, precision and recall of label column ``label`` at the threshold with the best F1 over the samples
+    ``ids`` (duplicates count as often as they occur), by scikit-learn's ``precision_recall_curve``
+    (predict ``score >= threshold``; ties go to the lowest threshold, the first maximum).
+
+    Returns ``{"f1", "precision", "recall", "threshold", "ties"}``; ``ties`` is how many thresholds reach the
+    best F1 (a fact whose data tie cannot tell the tie rule from the threshold rule). The scores and labels
+    are the multi-label probe's fixed data (ddpprobe/probes/multilabel.py ``sample_scores``/``sample_labels``).
+    """
+    import numpy as np
+    from sklearn.metrics import precision_recall_curve
+
+    from ddpprobe.probes.multilabel import sample_labels, sample_scores
+
+    y_true = [sample_labels(i)[label] for i in ids]
+    y_score = [sample_scores(i)[label] for i in ids]
+    precision, recall, thresholds = precision_recall_curve(y_true, y_score)
+    precision, recall = precision[: len(thresholds)], recall[: len(thresholds)]
+    total = precision + recall
+    f1 = np.divide(2 * precision * recall, total, out=np.zeros_like(total), where=total > 0)
+    k = int(np.argmax(f1))
+    return {"f1": float(f1[k]), "precision": float(precision[k]), "recall": float(recall[k]),
+            "threshold": float(thresholds[k]), "ties": int(np.isclose(f1, f1[k], rtol=0, atol=1e-12).sum())}
+
+
+def best_threshold_on_grid(ids, label: int, grid) -> dict:
+    """Like :func:`best_threshold_scores`, but trying only the thresholds in ``grid`` (what a binned
+    precision-recall curve can choose), scored with scikit-learn's ``f1_score``/``precision_score``/
+    ``recall_score`` (``zero_division=0``)."""
+    from sklearn.metrics import f1_score, precision_score, recall_score
+
+    from ddpprobe.probes.multilabel import sample_labels, sample_scores
+
+    y_true = [sample_labels(i)[label] for i in ids]
+    y_score = [sample_scores(i)[label] for i in ids]
+    best = None
+    for threshold in grid:
+        y_pred = [int(s >= threshold) for s in y_score]
+        f1 = f1_score(y_true, y_pred, zero_division=0)
+        if best is None or f1 > best["f1"]:
+            best = {"f1": f1, "precision": precision_score(y_true, y_pred, zero_division=0),
+                    "recall": recall_score(y_true, y_pred, zero_division=0), "threshold": float(threshold)}
+    return best
+
+
+def best_threshold_per_batch_mean(n: int, world_size: int, batch_size: int, label: int, name: str) -> float:
+    """What logging each batch's best-threshold ``name`` (f1, precision, recall or threshold) with
+    ``sync_dist=True`` gives: the batch-size-weighted mean over every batch of every rank's padded shard.
+    A batch whose column has no positive scores 0 (every threshold gives F1 0; the lowest is chosen)."""
+    total, count = 0.0, 0
+    for rank_batches_ in rank_batches(n, world_size, batch_size):
+        for batch in rank_batches_:
+            total += best_threshold_on_grid(batch, label, sorted({_score(i, label) for i in batch}))[name] * len(batch)
+            count += len(batch)
+    return total / count
+
+
+def _score(sample_id: int, label: int) -> float:
+    from ddpprobe.probes.multilabel import sample_scores
+
+    return sample_scores(sample_id)[label]
+
+
 def modulo_shard(n: int, world_size: int, rank: int) -> list:
     """Sample ids a user's own sharding "sample ``i`` goes to rank ``i % world_size``" gives rank ``rank``,
     in order: ``[rank, rank + W, ...]``. No padding, so ranks hold ``ceil`` or ``floor(n / W)`` samples."""
@@ -263,3 +326,49 @@ def rank_and_worker_shard(n: int, world_size: int, rank: int, num_workers: int, 
     """Sample ids ``DataLoader`` worker ``worker`` of rank ``rank`` yields when an ``IterableDataset``
     shards by rank *and* worker: ``i`` with ``i % (W * K) == rank * K + worker`` (``K = num_workers``)."""
     return list(range(rank * num_workers + worker, n, world_size * num_workers))
+
+
+def paired_sync_dist_means(per_rank: list) -> tuple:
+    """What each key logged with ``sync_dist=True`` (``reduce_fx="mean"``) holds on each rank when the
+    ranks' keys differ, by the rule "the i-th all_reduce on each rank is reduced together".
+
+    ``per_rank[r]`` lists rank ``r``'s keys in the order its epoch values are computed (the order the
+    keys were first logged, ``validation_step`` keys before ``on_validation_epoch_end`` keys), each as
+    ``(key, weighted_sum, count)``: ``sum(value * batch_size)`` and ``sum(batch_size)`` on that rank.
+    Every such key costs two syncs, the weighted sum (float) and then the count (int64), and each sync
+    is an all_reduce with SUM divided by the world size ``W``; the count is floored by that division.
+    So the ``i``-th key on every rank gets ``(sum_r S_r,i / W) / floor(sum_r C_r,i / W)``, whatever
+    each rank calls it.
+
+    Returns ``(values, left_alone)``: ``values[r]`` is ``{key: value}`` for rank ``r``'s keys whose
+    syncs paired (the first ``k`` keys of every rank, ``k`` the fewest any rank has); ``left_alone`` the
+    ranks with more than ``k`` keys, whose next all_reduce no peer enters (they never finish).
+    Source: result.py ``_ResultCollection.metrics``, ``_ResultMetric.compute``;
+    lightning_fabric/utilities/distributed.py ``_sync_ddp``.
+    """
+    paired = min(len(keys) for keys in per_rank)
+    world_size = len(per_rank)
+    values = [{} for _ in per_rank]
+    for i in range(paired):
+        summed = sum(keys[i][1] for keys in per_rank) / world_size
+        count = sum(keys[i][2] for keys in per_rank) // world_size
+        for rank, keys in enumerate(per_rank):
+            values[rank][keys[i][0]] = summed / count
+    return values, [rank for rank, keys in enumerate(per_rank) if len(keys) > paired]
+
+
+def pairing_means(per_rank_values: list) -> dict:
+    """Every number a key could end up with when each rank contributes one of its logged values to an
+    all-rank mean: ``{"r0=a r1=b": mean, ...}`` over every choice of one ``(name, value)`` from each
+    rank's list ``per_rank_values[r]`` (equal batch counts on every rank).
+
+    Pass the result to ``assert_distinct`` to prove that every pairing gives a different number, so a
+    fact can tell which key's value ended up where.
+    """
+    import itertools
+
+    out = {}
+    for combo in itertools.product(*per_rank_values):
+        label = " ".join(f"r{rank}={name}" for rank, (name, _) in enumerate(combo))
+        out[label] = sum(value for _, value in combo) / len(combo)
+    return out
