@@ -18,6 +18,8 @@ samples, and the numbers every reduction should give, can be computed without Li
 5. An ``IterableDataset`` every rank iterates in full (8 samples): a synced sum counts each sample W
    times, and a synced mean hides that the ranks repeat each other's work.
 6. ``metric.compute()`` under ``if self.global_rank == 0``: rank 0 alone enters the metric's state sync.
+7. A key named after the rank (``self.log(f"loss_rank{rank}", ..., sync_dist=True)``): every rank runs
+   the same all_reduce, so nothing hangs, but each key's value is averaged with the other key's.
 """
 
 from __future__ import annotations
@@ -228,6 +230,54 @@ def make_compute_on_rank_zero_model() -> ComputeOnRankZeroModule:
 def make_ids_12() -> DataLoader:
     """``IdDataset(12)`` in batches of 3."""
     return DataLoader(IdDataset(12), batch_size=3)
+
+
+# --- 7. a different key on each rank, same collective --------------------------------------------
+
+
+class KeyPerRankModule(ValueMeanModule):
+    """Logs the batch mean as ``loss_rank<r>`` with ``sync_dist=True``: the ranks' all_reduces match in
+    op, dtype and shape, so the run finishes, but ``loss_rank0`` is averaged with ``loss_rank1``."""
+
+    def validation_step(self, batch, batch_idx):
+        self.log(f"loss_rank{self.global_rank}", self._value(batch), batch_size=len(batch["id"]), sync_dist=True)
+
+
+def make_key_per_rank_model() -> KeyPerRankModule:
+    return KeyPerRankModule()
+
+
+# --- predict: no padding, so ranks run different numbers of batches --------------------------------
+
+
+class PredictValueModule(pl.LightningModule):
+    """``predict_step`` returns each sample's ``value``; with ``gather=True`` it first calls
+    ``self.all_gather`` on the batch (a collective per batch, on ranks that run different numbers of
+    batches in predict)."""
+
+    def __init__(self, gather: bool = False):
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+        self.gather = gather
+
+    def predict_step(self, batch, batch_idx):
+        values = batch["value"]
+        if self.gather:
+            values = self.all_gather(values).flatten()
+        return values
+
+
+def make_predict_model() -> PredictValueModule:
+    return PredictValueModule()
+
+
+def make_predict_gather_model() -> PredictValueModule:
+    return PredictValueModule(gather=True)
+
+
+def make_ids_5() -> DataLoader:
+    """``IdDataset(5)`` in batches of 1."""
+    return DataLoader(IdDataset(5), batch_size=1)
 
 
 def values_of(ids) -> list:

@@ -1,10 +1,14 @@
-"""Audit your own LightningModule: which logged values are rank-local, padded or wrong under DDP.
+"""Audit your own LightningModule: which logged values are rank-local, wrong or unsafe under DDP, and why.
 
-:func:`audit` runs one stage (``validate``, ``fit`` or ``test``) of your module on your data twice,
-in fresh worlds started by :func:`ddpprobe.run_world`: once in a single process (W=1), once on
-``world_size`` ranks (W=N, gloo on CPUs by default). Each rank records every ``self.log`` call with its
-hook and options, the final ``trainer.callback_metrics``, what it printed, which removed Lightning
-1.x hooks the module defines, and the dataset size. The result has one row per logged key, e.g. for
+:func:`audit` first checks the factories in this process (import, call, types, which Lightning
+package the module is written for), then runs one stage (``validate``, ``fit``, ``test`` or
+``predict``) of your module on your data twice, in fresh worlds started by
+:func:`ddpprobe.run_world`: once in a single process (W=1), once on ``world_size`` ranks (W=N, gloo on
+CPUs by default). Each rank writes a trace as it runs (ddpprobe/probes/trace.py): every collective in
+order with the hook, the logged key, op, dtype, shape and the user's line; every ``self.log`` call with
+its value and batch size; every batch's sample ids (or content hashes). Each rank also records the
+final ``trainer.callback_metrics``, what it printed, the removed Lightning 1.x hooks the module
+defines, and what reached the logger. The result has one row per logged key, e.g. for
 ``examples/seed_f1_module.py`` at W=2::
 
     key     hook                     step  epoch  sync_dist  reduce_fx  W=1  rank 0    rank 1  verdict
@@ -13,11 +17,19 @@ hook and options, the final ``trainer.callback_metrics``, what it printed, which
 with one of these verdicts (``ddpprobe.audit.SYNCED_EQUAL`` etc.):
 
 - ``synced, equals single-process``;
-- ``synced, differs from single-process``, with the likely cause: ``DistributedSampler`` padding
-  (``ceil(N/W)*W - N`` duplicated samples) or a non-decomposable metric averaged over batches/ranks;
+- ``synced, differs from single-process``, with the cause only where the records prove it: samples the
+  ranks really ran twice (padding), every rank running every sample (unsharded data), the floored
+  count of upstream issue #21859 (the synced mean recomputed from the logged values with a floored
+  count equals the measured one), a non-decomposable metric (the same samples with the same weights
+  average to another number), else ``unknown`` with the evidence;
 - ``rank-divergent (not synced)``: each rank keeps its own value, the logger writes rank 0's;
 - ``logged on some ranks only (collective-mismatch hazard)``;
-- ``step-level, not compared with single-process`` (informational).
+- for values logged ``on_step``: ``step values synced`` or ``step values rank-local``;
+- ``no value on any rank`` when the distributed run ended before the epoch's values existed.
+
+The ranks' collective sequences are aligned and the first divergence is reported: a collective some
+ranks never enter (who waits, at which line), different op/dtype/shape, or the same op carrying
+different keys on different ranks. Every fix line names the fact test that shows the fix works.
 
 Command line: ``python -m ddpprobe audit mypkg.models:make_model --data mypkg.data:make_data``.
 """
@@ -31,6 +43,12 @@ import sys
 from typing import Callable, Optional, Union
 
 from ddpprobe.audit._verdict import (
+    FIXES,
+    FLOORED_COUNT_ISSUE,
+    NO_VALUE,
+    NOT_IN_WORLD,
+    STEP_RANK_LOCAL,
+    STEP_SYNCED,
     NOT_AT_SINGLE,
     REMOVED_HOOKS,
     RANK_DIVERGENT,
@@ -46,8 +64,14 @@ from ddpprobe.audit._verdict import (
 __all__ = [
     "AuditInputError",
     "AuditResult",
+    "FIXES",
+    "FLOORED_COUNT_ISSUE",
     "KeyRow",
     "NOT_AT_SINGLE",
+    "NOT_IN_WORLD",
+    "NO_VALUE",
+    "STEP_RANK_LOCAL",
+    "STEP_SYNCED",
     "RANK_DIVERGENT",
     "SOME_RANKS_ONLY",
     "STEP_LEVEL",
@@ -99,7 +123,7 @@ class AuditResult:
     Flight Recorder entries (the backend's own sequence, DDP's gradient all_reduces included) or
     ``"python"`` (the ``torch.distributed`` calls made from Python); ``ranks[r]`` has ``collectives``
     (each ``{"seq", "op", "reduce_op", "dtype", "shape", "group_size", "source", "key", "metric",
-    "states", "hook", "call_site", "pg_seq", "status"}``, ``status`` ``"done"``, ``"raised"`` (with
+    "states", "hook", "call_site", "origin", "pg_seq", "status"}``, ``status`` ``"done"``, ``"raised"`` (with
     ``error``) or ``"pending"``: entered and never left), ``stage`` (``"end"``, ``"raised"`` or None:
     the rank never finished), ``stage_error``, ``flight_recorder_entries``; ``first_divergence`` is None
     or ``{"kind": "missing" | "mismatch" | "keys", "index", "ranks", "entries", "message"}``. The event
@@ -137,6 +161,10 @@ class AuditResult:
         if self.world_error:
             out.append(f"the {self.world_size}-rank world failed: {self.world_error['type']}")
         for kind, info in self.counts.items():
+            if self.stage == "predict" and kind == "predict" and info.get("identified") and not info.get("unsharded"):
+                if info.get("duplicates") or info.get("missing_vs_single"):
+                    out.append(f"predict ran {info['duplicates']} repeated and {info['missing_vs_single'] or 0} "
+                               "missing sample(s) compared with the single process")
             if info.get("unsharded"):
                 out.append(f"every rank ran all {info['samples'][0]} samples of the {kind} set (the data is not "
                            "sharded: each rank repeats the others' work)")
@@ -238,10 +266,36 @@ def _call(ref: str, what: str):
                               "its object with no arguments") from None
 
 
+def declared_package(ref: str) -> Optional[str]:
+    """The Lightning package the factory's module imports, read from its source without running it:
+    ``"lightning"`` or ``"pytorch_lightning"`` when its top-level import statements name exactly one of
+    them, else None (both, neither, or no source to read)."""
+    import ast
+    import importlib.util
+
+    module_name = ref.partition(":")[0]
+    try:
+        spec = importlib.util.find_spec(module_name)
+        with open(spec.origin, encoding="utf-8") as handle:
+            tree = ast.parse(handle.read())
+    except Exception:  # noqa: BLE001 - not found, not a source file: the import will tell
+        return None
+    found = set()
+    for node in tree.body:
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                 else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+        for name in names:
+            top = name.split(".")[0]
+            if top in ("lightning", "pytorch_lightning"):
+                found.add(top)
+    return found.pop() if len(found) == 1 else None
+
+
 def preflight(model_ref: str, data_ref: str, stage: str) -> str:
     """Check the factories in this process, before any world starts; return the Lightning package to run.
 
-    Imports both factories, calls each once, reads the package from what the model's class derives
+    Chooses the package the model's module imports (:func:`declared_package`) before importing it,
+    imports both factories, calls each once, confirms the package from what the model's class derives
     from (``ddpprobe._lightning.trainer_package_of``), chooses it for this process and every world it
     launches (``ddpprobe._lightning.use``), and checks the data factory's return value for ``stage``.
 
@@ -251,6 +305,12 @@ def preflight(model_ref: str, data_ref: str, stage: str) -> str:
     """
     from ddpprobe import _lightning
 
+    declared = declared_package(model_ref)
+    if declared is not None:
+        try:  # before the user's module runs: it may import ddpprobe, which imports the chosen package
+            _lightning.use(declared)
+        except ValueError:
+            pass  # another package already runs here; the check below says so
     model = _call(model_ref, "model")
     try:
         package = _lightning.trainer_package_of(type(model))

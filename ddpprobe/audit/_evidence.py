@@ -169,7 +169,7 @@ def sequence(rank: dict, use_flight_recorder: bool) -> list:
                 "source": "internal", "key": None, "metric": None, "hook": None, "call_site": None,
                 "status": "done"}
         if owner is not None:
-            item.update({k: owner.get(k) for k in ("source", "key", "metric", "states", "hook", "call_site")})
+            item.update({k: owner.get(k) for k in ("source", "key", "metric", "states", "hook", "call_site", "origin")})
             item["status"] = owner["status"]
         out.append(item)
     return out
@@ -190,8 +190,9 @@ def describe(entry: dict) -> str:
         text += f" (self.log sync of {entry.get('key')!r}, logged in {entry.get('hook')})"
     elif source == "internal":
         text += " (not called from Python: e.g. DDP's gradient all_reduce in backward)"
-    elif source == "lightning":
-        text += f" (Lightning's own, in {entry.get('hook') or 'the loop'})"
+    elif source == "library":
+        text += f" (called by {entry.get('origin') or 'Lightning or torch'}" + (
+            f", in {entry['hook']})" if entry.get("hook") else ")")
     else:
         text += " (your code)"
     if entry.get("call_site"):
@@ -242,7 +243,7 @@ def first_divergence(sequences: list, ended: list) -> Optional[dict]:
                     "entries": entries,
                     "message": f"collective #{i}: the ranks called different collectives: " + "; ".join(parts)}
         keys = {e.get("key") for e in entries}
-        if len(keys) > 1 and any(e.get("source") in ("self.log", "torchmetrics") for e in entries):
+        if len(keys) > 1 and entries[0]["op"] != "barrier" and any(e.get("source") in ("self.log", "torchmetrics") for e in entries):
             parts = [f"rank {r}: {describe(e)}" for r, e in enumerate(entries)]
             return {"kind": "keys", "index": i, "ranks": list(range(len(entries))), "absent": [],
                     "entries": entries,

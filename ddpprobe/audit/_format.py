@@ -61,6 +61,13 @@ def format_result(result) -> str:
         lines.append(f"Lightning package: {result.lightning} (from the model's base class)")
     for kind, info in result.counts.items():
         lines += _wrap(f"{kind} set: " + _counts_line(info, result.loaders.get(kind), w), "")
+    if result.stage == "predict" and "predict" in result.counts:
+        info = result.counts["predict"]
+        lines += _wrap(
+            f"predict: the ranks returned {result.predictions} prediction batch(es); predict does not pad "
+            "(Lightning's UnrepeatedDistributedSamplerWrapper), so each sample is predicted once and the ranks "
+            f"can run different numbers of batches ({info['batches']}): a collective in predict_step or its "
+            "hooks then waits on the ranks that ran fewer", "")
     lines.append("")
 
     per_rank_columns = w <= MAX_RANK_COLUMNS
@@ -128,6 +135,10 @@ def format_result(result) -> str:
     for where, info in [("W=1", result.raised["single"])] + [(f"rank {r}", i) for r, i in enumerate(result.raised["world"])]:
         if info:
             lines += _wrap(f"the stage raised on {where}: {info['type']}: {info['message']}", "")
+    for kind, info in result.counts.items():
+        if info.get("unsharded"):
+            lines += _wrap(f"{kind} set not sharded: every rank ran all {info['samples'][0]} samples", "")
+            lines += _wrap(fix_line("shard_iterable"), "  ")
     if result.sync_dist_warnings:
         lines.append(f"Lightning warned (rank 0): {len(result.sync_dist_warnings)} 'use sync_dist=True' warning(s)")
 

@@ -17,7 +17,9 @@ One JSON object per line (``TRACE_SCHEMA`` version 1); ``event`` says which kind
     ``*_object`` calls), ``shape`` (list of ints, the tensor the rank contributes; None for objects
     and barriers), ``source`` (``"self.log"``: Lightning syncing a logged value;
     ``"torchmetrics"``: a ``Metric`` syncing its states at ``compute()``; ``"user"``: called from the
-    user's code, e.g. ``self.all_gather``; ``"lightning"``: the Trainer's own, e.g. a barrier),
+    user's code, e.g. ``self.all_gather``; ``"library"``: Lightning's or torch's own, e.g. a barrier
+    of the Trainer or a broadcast in ``DistributedDataParallel.forward``), ``origin`` (the function that
+    called ``torch.distributed``: ``"torch/nn/parallel/distributed.py:1580 in _sync_buffers"``),
     ``key`` (the logged name, where there is one), ``metric`` and ``states`` (the ``Metric`` class and
     its state names), ``hook`` (the LightningModule hook running, or the hook the key was logged
     from), ``call_site`` (``"file.py:42 in validation_step"``: the innermost frame of the user's code,
@@ -241,15 +243,19 @@ class CollectiveTrace:
                     source = "torchmetrics"
             f = f.f_back
         call_site = self._user_frame(frame)
+        code = frame.f_code
+        parts = code.co_filename.replace(os.sep, "/").split("/")
+        tail = parts[-3:] if "site-packages" not in parts else parts[parts.index("site-packages") + 1:]
+        origin = f"{'/'.join(tail)}:{frame.f_lineno} in {code.co_name}"
         if call_site is None and key is not None:  # a logged value synced by the loop: where it was logged
             call_site = next((c["call_site"] for c in reversed(self.log_calls)
                               if c["key"] == key and c["hook"] == hook), None)
         if source is None:
-            source = "user" if call_site else "lightning"
+            source = "user" if call_site else "library"
         if hook is None:
             hook = getattr(self.model, "_current_fx_name", None)
         return {"source": source, "key": key, "metric": metric, "states": states, "hook": hook,
-                "call_site": call_site}
+                "call_site": call_site, "origin": origin}
 
     # -- the wrappers ----------------------------------------------------------------------------
 
