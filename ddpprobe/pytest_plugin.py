@@ -1,8 +1,10 @@
-"""pytest plugin: command-line options, the ``run_world`` fixture and the ``run_if`` skip vocabulary.
+"""pytest plugin: command-line options, the ``run_world`` fixture, and ``run_if`` markers (ddpprobe/runif.py)
+turned into skips at collection.
 
 Enable it from a ``conftest.py`` with ``pytest_plugins = ["ddpprobe.pytest_plugin"]``.
 
-Options (each also readable from an environment variable, the option wins):
+Options (each also readable from an environment variable, the option wins; backend, timeouts and start
+method are resolved by ``ddpprobe.launch.resolve_settings``, as ``run_world`` resolves them):
 
 =====================  ============================  ===============================================
 option                 environment variable          meaning
