@@ -57,6 +57,11 @@ from ddpprobe.audit._verdict import (
     SYNCED_DIFFERS,
     SYNCED_EQUAL,
     KeyRow,
+    EXPERIMENT_DIFFERS,
+    EXPERIMENT_DIVERGENT,
+    EXPERIMENT_EQUAL,
+    EXPERIMENT_LOCAL,
+    experiment_rows,
     padding_duplicates,
     rows as _rows,
 )
@@ -64,6 +69,10 @@ from ddpprobe.audit._verdict import (
 __all__ = [
     "AuditInputError",
     "AuditResult",
+    "EXPERIMENT_DIFFERS",
+    "EXPERIMENT_DIVERGENT",
+    "EXPERIMENT_EQUAL",
+    "EXPERIMENT_LOCAL",
     "FIXES",
     "FLOORED_COUNT_ISSUE",
     "KeyRow",
@@ -118,6 +127,11 @@ class AuditResult:
         lightning: the Lightning package the audit ran (``"pytorch_lightning"`` or ``"lightning"``),
             chosen from what the model's class derives from.
         predictions: ``predict`` only: prediction batches each W=N rank returned, else None.
+        experiment_rows: one entry per value the module wrote to ``self.logger.experiment`` itself
+            (``add_scalar(tag, value, ...)``): what each W=N rank's code wrote (only rank 0's reaches the
+            logger; every other rank's experiment is a no-op), the single-process value, a verdict
+            (``EXPERIMENT_DIVERGENT``, ``EXPERIMENT_LOCAL``, ``EXPERIMENT_DIFFERS``, ``EXPERIMENT_EQUAL``),
+            cause and fixes.
 
     The ``trace`` schema (version 1): ``level`` is ``"flight_recorder"`` when every rank left torch's
     Flight Recorder entries (the backend's own sequence, DDP's gradient all_reduces included) or
@@ -149,12 +163,15 @@ class AuditResult:
     world_error: Optional[dict] = None
     lightning: str = "pytorch_lightning"
     predictions: Optional[list] = None
+    experiment_rows: list = dataclasses.field(default_factory=list)
 
     @property
     def problems(self) -> list:
         """Sentences, one per finding that makes the audit fail."""
         out = [f"{row.key}{' (step values)' if row.level == 'step' else ''}: {row.verdict}"
                for row in self.rows if row.problem]
+        tags = list(dict.fromkeys(f"{r['tag']}: {r['verdict']}" for r in self.experiment_rows if r["problem"]))
+        out += [f"logger.experiment {t}" for t in tags]
         divergence = (self.trace or {}).get("first_divergence")
         if divergence:
             out.append(f"the ranks' collectives diverge: {divergence['message']}")
@@ -465,7 +482,7 @@ def audit(
         backend=backend,
         rows=_rows(single, world, world_size, stage, limit_batches, rtol=rtol, atol=atol,
                    world_logs=[t["logs"] for t in traces["world"]], single_logs=traces["single"][0]["logs"],
-                   counts=counts, completed=completed),
+                   counts=counts, completed=completed, collectives=[t["collectives"] for t in traces["world"]]),
         stdout_lines={"single": [len(_stdout_lines(runs["single"][0].stdout))],
                       "world": [len(_stdout_lines(text)) for text in world_stdout]},
         stdout_samples=[_stdout_lines(text)[:5] for text in world_stdout],
@@ -481,6 +498,10 @@ def audit(
         world_error=errors.get("world"),
         lightning=package,
         predictions=[rec.get("predictions") for rec in world] if stage == "predict" else None,
+        experiment_rows=experiment_rows(single.get("experiment_attempts") or [],
+                                        [rec.get("experiment_attempts") or [] for rec in world],
+                                        [t["collectives"] for t in traces["world"]],
+                                        {kind: c.to_dict() for kind, c in counts.items()}, rtol, atol),
     )
 
 
@@ -490,4 +511,5 @@ def _record_from_trace(rank: dict) -> dict:
 
     return {"log_calls": _summarise_calls(rank["logs"]), "callback_metrics": {}, "loaders": {},
             "raised": {"type": "RankError", "message": rank["stage_error"]} if rank["stage_error"] else None,
-            "removed_hooks": [], "experiment_calls": [], "logger_metrics": [], "warnings": []}
+            "removed_hooks": [], "experiment_calls": [], "experiment_attempts": [], "logger_metrics": [],
+            "warnings": []}

@@ -111,7 +111,7 @@ def format_result(result) -> str:
                          + (f" ({rank['stage_error'][:120]})" if rank.get("stage_error") else ""))
         if divergence:
             lines += _wrap("first divergence: " + divergence["message"], "  ")
-            for fix in divergence_fixes(divergence):
+            for fix in divergence_fixes(divergence, result.stage):
                 lines += _wrap(fix_line(fix), "    ")
         if result.world_error:
             first = result.world_error["message"].splitlines()
@@ -126,7 +126,29 @@ def format_result(result) -> str:
     if result.removed_hooks:
         lines.append("removed Lightning 1.x hooks defined by the module:")
         lines += [f"  {h['hook']}: {h['effect']}" for h in result.removed_hooks]
-    if result.experiment_calls:
+    if result.experiment_rows:
+        lines.append("")
+        lines.append("values written to self.logger.experiment (what each rank's code wrote; the logger gets rank 0's only):")
+        header = ["call", "hook", "W=1"] + ranks + ["verdict"]
+        body = []
+        for row in result.experiment_rows:
+            if per_rank_columns:
+                values = [_num(v) for v in row["per_rank"]]
+            else:
+                known = [v for v in row["per_rank"] if v is not None]
+                values = [_num(min(known)) if known else "-", _num(max(known)) if known else "-",
+                          str(len({round(v, 6) for v in known}))]
+            body.append([f"{row['method']}({row['tag']!r})", row["hook"] or "-", _num(row["single"]), *values,
+                         ("! " if row["problem"] else "") + row["verdict"]])
+        lines += ["  " + line for line in _table(header, body)]
+        shown = set()
+        for row in result.experiment_rows:
+            if row["cause"] and (row["verdict"], row["hook"]) not in shown:
+                shown.add((row["verdict"], row["hook"]))
+                lines += _wrap(f"{row['tag']} (and the others like it): {row['cause']}", "  ")
+                for fix in row["fixes"]:
+                    lines += _wrap(fix_line(fix), "    ")
+    elif result.experiment_calls:
         lines.append("direct self.logger.experiment calls (recorded on rank 0; a no-op on every other rank, "
                      "so only rank 0's values reach the logger):")
         for call in result.experiment_calls[:10]:

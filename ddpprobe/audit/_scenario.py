@@ -16,7 +16,7 @@ import sys
 import torch
 from torch.utils.data import DataLoader
 
-from ddpprobe._lightning import fabric, pl
+from ddpprobe._lightning import pl
 from ddpprobe.audit._verdict import REMOVED_HOOKS
 from ddpprobe.launch import RankInfo
 from ddpprobe.probes.common import ddp_trainer, recorded_warnings, seed_everything
@@ -73,11 +73,14 @@ def _jsonable(value):
 
 
 class _RecordingExperiment:
-    """Stands in for ``logger.experiment`` on global rank 0: any method call (``add_scalar``,
-    ``log_metrics``, ``log``, ...) is accepted and recorded as ``{"method", "args", "kwargs"}``."""
+    """Stands in for ``logger.experiment``: any method call (``add_scalar``, ``log_metrics``, ``log``, ...)
+    is accepted and recorded as ``{"method", "args", "kwargs", "hook"}`` (``hook``: the LightningModule
+    hook running, read from ``model_ref[0]``). On global rank 0 these are what the logger gets; on
+    every other rank the real experiment is a no-op, and the record is what the rank's code tried to write."""
 
-    def __init__(self):
+    def __init__(self, model_ref: list = None):
         self.calls: list = []
+        self._model_ref = model_ref if model_ref is not None else [None]
 
     def __getattr__(self, method: str):
         if method.startswith("__"):
@@ -85,7 +88,8 @@ class _RecordingExperiment:
 
         def record(*args, **kwargs):
             self.calls.append({"method": method, "args": [_jsonable(a) for a in args],
-                               "kwargs": {k: _jsonable(v) for k, v in kwargs.items()}})
+                               "kwargs": {k: _jsonable(v) for k, v in kwargs.items()},
+                               "hook": getattr(self._model_ref[0], "_current_fx_name", None)})
 
         return record
 
@@ -102,7 +106,9 @@ class RecordingLogger(pl.loggers.Logger):
     def __init__(self, save_dir: str):
         super().__init__()
         self._save_dir = save_dir
-        self._experiment = _RecordingExperiment()
+        self.model_ref: list = [None]
+        self._experiment = _RecordingExperiment(self.model_ref)
+        self._noop_experiment = _RecordingExperiment(self.model_ref)
         self.metrics: list = []
 
     @property
@@ -128,7 +134,7 @@ class RecordingLogger(pl.loggers.Logger):
     @property
     def experiment(self):
         if pl.utilities.rank_zero_only.rank > 0:
-            return importlib.import_module(f"{fabric.__name__}.loggers.logger")._DummyExperiment()
+            return self._noop_experiment  # records, writes nothing: as _DummyExperiment
         return self._experiment
 
     @pl.utilities.rank_zero_only
@@ -267,7 +273,8 @@ def audit_rank(
     on_epoch, sync_dist, reduce_fx, rank_zero_only, metric_object, calls), ``callback_metrics``
     (name -> float), ``removed_hooks``, ``loaders`` (kind -> list of dataset_size/per_rank/sampler),
     ``raised`` (``{"type", "message"}`` if the stage raised, else None), ``experiment_calls`` and
-    ``logger_metrics`` (what reached the logger; rank 0 only), ``warnings``, ``predictions``
+    ``logger_metrics`` (what reached the logger; rank 0 only), ``experiment_attempts`` (the
+    ``logger.experiment`` calls this rank's code made, reaching the logger on rank 0 only), ``warnings``, ``predictions``
     (``predict`` only: number of prediction batches this rank returned).
     """
     sys.path[:0] = [p for p in sys_path if p not in sys.path]
@@ -282,6 +289,7 @@ def audit_rank(
 
     removed = [hook for hook in REMOVED_HOOKS if callable(getattr(model, hook, None))]
     logger = RecordingLogger(info.rank_dir)
+    logger.model_ref[0] = model
     limits = {}
     if limit_batches is not None:
         limits = {"fit": {"limit_train_batches": limit_batches, "limit_val_batches": limit_batches},
@@ -320,6 +328,7 @@ def audit_rank(
         "loaders": {kind: _loader_info(getattr(trainer, attr, None)) for kind, attr in loader_kinds.items()},
         "raised": raised,
         "experiment_calls": logger._experiment.calls,
+        "experiment_attempts": logger._experiment.calls or logger._noop_experiment.calls,
         "logger_metrics": logger.metrics,
         "warnings": warnings,
         "predictions": predictions,

@@ -3,6 +3,7 @@ torch, no Lightning, so the rules can be read (and tested) on their own."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 from typing import Optional
@@ -34,31 +35,50 @@ FIXES = {
         "sync_dist=True for a per-sample mean (each batch's mean, logged with its batch_size)",
         "tests/facts/test_logging_sync_dist.py::test_with_sync_dist_every_rank_gets_the_mean_over_the_padded_set_not_the_dataset"),
     "mean_metric": (
-        "log a torchmetrics MeanMetric updated with each batch (its sum and count are summed over ranks, "
-        "no integer count is averaged)",
-        "tests/facts/test_log_reductions.py::test_a_logged_metric_object_syncs_its_own_state_and_ignores_sync_dist_and_reduce_fx"),
+        "log a torchmetrics MeanMetric updated with each batch (its weighted sum and weight are summed over "
+        "ranks as floats, so no integer count is averaged)",
+        "tests/facts/test_uneven_shards.py::test_uneven_shards_logged_through_a_torchmetrics_mean_metric_give_the_true_mean"),
     "dedupe": (
         "drop the repeated samples: all_gather the sample ids with the outputs and keep each id once, or use "
         "a set whose size divides by the world size",
         "tests/facts/test_f1_over_whole_set.py::test_f1_over_the_whole_validation_set_five_ways"),
+    "gather_dedupe": (
+        "all_gather the scores, labels and sample ids in on_validation_epoch_end, drop the repeated ids, and "
+        "compute the metric (and choose any threshold) on that whole set, on every rank",
+        "tests/facts/test_multilabel_best_threshold_f1.py::test_c_all_gather_and_d_a_synced_curve_metric_choose_the_threshold_on_the_padded_set_and_e_dropping_duplicates_gives_the_single_process_numbers"),
     "rank_zero_only": (
         "log a value that only rank 0 computes with rank_zero_only=True (no collective), or compute and log "
         "it on every rank",
         "tests/facts/test_collectives.py::test_rank_zero_only_logging_under_if_global_rank_0_completes_and_only_rank_0_holds_the_value"),
     "step_sync": (
-        "for a step value every rank agrees on, log a tensor with sync_dist=True (a Metric object's step value "
-        "is its batch's own on each rank, whatever sync_dist says)",
+        "a tensor logged with sync_dist=True gives every rank the mean over the ranks at each step",
         "tests/facts/test_log_reductions.py::test_the_step_value_is_the_unweighted_mean_over_ranks_and_the_epoch_value_is_batch_size_weighted"),
+    "metric_step_sync": (
+        "build the Metric with dist_sync_on_step=True so each step's value covers every rank's batch (one "
+        "collective per step: every rank must call it at every step)",
+        "tests/facts/test_collective_hazards_torchmetrics.py::test_dist_sync_on_step_makes_the_step_value_the_sum_over_every_ranks_batch_at_that_step"),
     "shard_iterable": (
-        "shard the IterableDataset by rank (each rank yields samples i with i % world_size == rank)",
-        None),
-    "even_batches": (
-        "give every rank the same number of batches (equal shards, or drop the last uneven batch) before "
-        "logging with sync_dist=True on_step or training",
-        None),
+        "shard the IterableDataset by rank (and DataLoader worker): each rank yields the samples i with "
+        "i % world_size == rank",
+        "tests/facts/test_iterable_datasets.py::test_an_iterable_dataset_sharded_by_rank_and_worker_is_validated_once_per_sample"),
+    "even_batches_step": (
+        "give every rank the same number of batches (cut the shards to equal batch counts) before logging "
+        "on_step with sync_dist=True",
+        "tests/facts/test_uneven_shards.py::test_uneven_shards_cut_to_equal_batch_counts_let_a_step_level_synced_log_finish"),
+    "even_batches_fit": (
+        "give every rank the same number of training batches (cut the shards to equal batch counts): DDP "
+        "all-reduces gradients at every step",
+        "tests/facts/test_uneven_shards.py::test_uneven_shards_cut_to_equal_batch_counts_let_fit_with_a_synced_epoch_log_finish"),
     "compute_everywhere": (
-        "call metric.compute() (and any collective) on every rank; use the result on rank 0 only",
-        None),
+        "call metric.compute() (and any collective) on every rank; print or use the result on rank 0 only",
+        "tests/facts/test_collective_hazards_torchmetrics.py::test_metric_compute_on_every_rank_gives_every_rank_the_whole_set_value_and_self_print_prints_once"),
+    "same_keys": (
+        "log the same keys in the same order on every rank (put the rank in the value, not in the key)",
+        "tests/facts/test_collective_hazards_keys.py::test_every_rank_logging_the_same_keys_in_the_same_order_gives_each_key_its_all_rank_mean"),
+    "predict_writer": (
+        "keep collectives out of predict_step: write each rank's predictions with their batch indices (a "
+        "BasePredictionWriter) and merge them by index",
+        "tests/facts/test_predict.py::test_predict_recipe_merging_every_rank_s_written_predictions_by_index_equals_single_process"),
 }
 
 
@@ -299,7 +319,8 @@ def _step_values(logs: list, name: str) -> list:
 
 def rows(single: dict, world: list, world_size: int, stage: str, limit_batches=None,
          rtol: float = 1e-5, atol: float = 1e-6, *, world_logs: Optional[list] = None,
-         single_logs: Optional[list] = None, counts: Optional[dict] = None, completed: bool = True) -> list:
+         single_logs: Optional[list] = None, counts: Optional[dict] = None, completed: bool = True,
+         collectives: Optional[list] = None) -> list:
     """One ``KeyRow`` per key logged in either run, in first-logged order (plus a ``level="step"`` row
     for each key logged with ``on_step=True``).
 
@@ -310,6 +331,8 @@ def rows(single: dict, world: list, world_size: int, stage: str, limit_batches=N
         world_logs, single_logs: the ``log`` trace events per W=N rank and at W=1.
         counts: ``{loop: Counts}`` of the W=N run.
         completed: every W=N rank finished its stage.
+        collectives: each W=N rank's traced collectives (a key that agrees across ranks without
+            sync_dist is explained by the module's own collectives in its hook, when there are some).
     """
     world_logs = world_logs if world_logs is not None else [[] for _ in world]
     single_logs = single_logs or []
@@ -373,8 +396,15 @@ def rows(single: dict, world: list, world_size: int, stage: str, limit_batches=N
                                                        single_logs, key_counts, world_size, stage, limit_batches,
                                                        rtol, atol)
             if verdict in (SYNCED_EQUAL, SYNCED_DIFFERS) and not (sync_dist or metric_object) and len(world) > 1:
-                cause = ("the ranks agree although it is neither logged with sync_dist=True nor a torchmetrics "
-                         "object (synced in the module's own code, or equal by chance)" + ("; " + cause if cause else ""))
+                own = [[c for c in rank if c.get("hook") in hooks and c.get("source") == "user"]
+                       for rank in (collectives or [])]
+                if own and all(own):
+                    ops = ", ".join(dict.fromkeys(f"{c['op']} at {c['call_site']}" for c in own[0]))
+                    synced_by = f"synced by the module's own collectives in {hooks[0]} on every rank ({ops})"
+                else:
+                    synced_by = ("the ranks agree although it is neither logged with sync_dist=True nor a "
+                                 "torchmetrics object, and no rank ran a collective in its hook (equal by chance)")
+                cause = synced_by + ("; " + cause if cause else "")
             out.append(KeyRow(**common, single=single_value, per_rank=per_rank, verdict=verdict, cause=cause,
                               problem=verdict in PROBLEMS, fixes=fixes, evidence=evidence))
         if on_step and len(logged_on) == len(world):
@@ -394,7 +424,7 @@ def rows(single: dict, world: list, world_size: int, stage: str, limit_batches=N
                              "each rank's step value is its own batch's, and Lightning's logger writes rank 0's")
                     if metric_object:
                         cause += " (a Metric object's step value is its forward() on the rank's batch; sync_dist does not apply)"
-                    fixes = ["step_sync"]
+                    fixes = ["metric_step_sync"] if metric_object else ["step_sync"]
                 out.append(KeyRow(**{**common, "key": name}, single=single_steps[-1] if single_steps else None,
                                   per_rank=[s[-1] if s else None for s in steps], verdict=verdict, cause=cause,
                                   problem=verdict == STEP_RANK_LOCAL and (sync_dist or metric_object),
@@ -404,19 +434,97 @@ def rows(single: dict, world: list, world_size: int, stage: str, limit_batches=N
 
 
 
-def divergence_fixes(divergence: dict) -> list:
-    """The :data:`FIXES` that fit a first divergence of the ranks' collectives."""
+def divergence_fixes(divergence: dict, stage: str = "validate") -> list:
+    """The :data:`FIXES` that fit a first divergence of the ranks' collectives in ``stage``."""
     entries = [e for e in divergence["entries"] if e is not None]
     sources = {e.get("source") for e in entries}
-    if divergence["kind"] == "missing" and "torchmetrics" in sources:
+    hooks = {e.get("hook") or "" for e in entries}
+    if divergence["kind"] == "keys":
+        return ["same_keys"]
+    if "torchmetrics" in sources and divergence["kind"] == "missing":
         return ["compute_everywhere"]
-    if divergence["kind"] == "missing" and "self.log" in sources and any(
-            e.get("hook", "") and e["hook"].endswith("_step") for e in entries):
-        return ["even_batches"]
-    if "internal" in sources:
-        return ["even_batches"]
-    if divergence["kind"] == "missing" and "self.log" in sources:
+    if stage == "predict":
+        return ["predict_writer"]
+    if stage == "fit" and ("internal" in sources or "library" in sources or any("train" in h for h in hooks)):
+        return ["even_batches_fit"]
+    if "self.log" in sources and any(h.endswith("_step") for h in hooks):
+        return ["even_batches_step"]
+    if "self.log" in sources:
         return ["rank_zero_only"]
-    if divergence["kind"] in ("keys", "mismatch") and "self.log" in sources:
-        return ["even_batches"]
     return []
+
+
+#: Verdicts of the values a module writes to ``self.logger.experiment`` itself.
+EXPERIMENT_DIVERGENT = "rank-divergent: each rank wrote its own value, the logger got rank 0's"
+EXPERIMENT_DIFFERS = "equal on every rank, differs from single-process"
+EXPERIMENT_EQUAL = "equals single-process"
+EXPERIMENT_LOCAL = "rank-local: the ranks' values agree here by chance"
+
+
+def _experiment_values(calls: list) -> dict:
+    """``{(method, tag, occurrence): (value, hook)}`` of ``logger.experiment`` calls whose first argument is
+    a name and second a number (``add_scalar(tag, value, step)``)."""
+    out, seen = {}, collections.Counter()
+    for call in calls:
+        args = call.get("args") or []
+        if len(args) >= 2 and isinstance(args[0], str) and isinstance(args[1], (int, float)) and not isinstance(args[1], bool):
+            key = (call["method"], args[0])
+            out[(call["method"], args[0], seen[key])] = (float(args[1]), call.get("hook"))
+            seen[key] += 1
+    return out
+
+
+def experiment_rows(single_calls: list, world_calls: list, collectives_per_rank: list, counts: dict,
+                    rtol: float = 1e-5, atol: float = 1e-6) -> list:
+    """One row per value the module wrote to ``self.logger.experiment`` (``add_scalar(tag, value, ...)``),
+    comparing what each rank's code wrote (only rank 0's reaches the logger) with the single process.
+
+    Args:
+        single_calls: the W=1 rank's ``experiment_attempts``; ``world_calls``: each W=N rank's.
+        collectives_per_rank: each W=N rank's traced collectives (to say whether any ran in the hook).
+        counts: ``{loop: Counts-as-dict}`` of the W=N run.
+
+    Returns:
+        ``[{"method", "tag", "hook", "single", "per_rank", "verdict", "cause", "fixes", "problem"}]``.
+    """
+    single = _experiment_values(single_calls)
+    per_rank = [_experiment_values(calls) for calls in world_calls]
+    keys = list(dict.fromkeys(k for values in [single, *per_rank] for k in values))
+    out = []
+    for key in keys:
+        method, tag, occurrence = key
+        values = [values.get(key, (None, None))[0] for values in per_rank]
+        hook = next((v[key][1] for v in [*per_rank, single] if key in v and v[key][1]), None)
+        single_value = single.get(key, (None, None))[0]
+        known = [v for v in values if v is not None]
+        fixes = []
+        if known and not all(close(v, known[0], rtol, atol) for v in known):
+            verdict = EXPERIMENT_DIVERGENT
+            in_hook = [[c for c in rank if c.get("hook") == hook and c.get("source") in ("user", "torchmetrics")]
+                       for rank in collectives_per_rank]
+            cause = (f"each rank computed {tag!r} in {hook} and wrote its own value ({', '.join(format(v, '.6g') for v in values if v is not None)}); "
+                     "logger.experiment is a no-op on every rank but 0, so the logger has rank 0's value only")
+            if hook and not any(in_hook):
+                cause += (f"; no rank ran a collective in {hook}, so each value was computed from that rank's own "
+                          "outputs (its shard of the data)")
+            fixes = ["gather_dedupe", "metric_object"]
+        elif single_value is not None and known and not close(known[0], single_value, rtol, atol):
+            verdict = EXPERIMENT_DIFFERS
+            dup = [c for c in counts.values() if c.get("duplicates") and not c.get("unsharded")]
+            cause = (f"the ranks wrote the same value, computed over {sum(dup[0]['samples'])} samples of which "
+                     f"{dup[0]['duplicates']} repeat" if dup else "unknown: the ranks agree but not with the single process")
+            fixes = ["gather_dedupe"] if dup else []
+        else:
+            verdict, cause = EXPERIMENT_EQUAL, ""
+        out.append({"method": method, "tag": tag, "occurrence": occurrence, "hook": hook, "single": single_value,
+                    "per_rank": values, "verdict": verdict, "cause": cause, "fixes": fixes,
+                    "problem": verdict != EXPERIMENT_EQUAL})
+    # Values written from a hook where other values are rank-divergent and no rank ran a collective come
+    # from the same rank-local outputs, even where the ranks happen to agree.
+    local_hooks = {row["hook"] for row in out if row["verdict"] == EXPERIMENT_DIVERGENT and "no rank ran a collective" in row["cause"]}
+    for row in out:
+        if row["hook"] in local_hooks and row["verdict"] != EXPERIMENT_DIVERGENT:
+            row.update(verdict=EXPERIMENT_LOCAL, problem=True, fixes=["gather_dedupe", "metric_object"],
+                       cause=(f"written in {row['hook']} from the same rank-local outputs as the rank-divergent values "
+                              "(no rank ran a collective there); on this data the ranks' values happen to agree"))
+    return out

@@ -120,7 +120,7 @@ def test_a_metric_objects_step_values_are_each_ranks_own_although_its_epoch_valu
     assert step.per_rank == pytest.approx(steps), oracle.side_by_side("val_acc step", step.per_rank) + f"  {steps}"
     assert step.verdict == ddp_audit.STEP_RANK_LOCAL and step.problem and result.exit_code == 1
     text = " ".join(result.format().split())
-    assert f"(shown by {ddp_audit.FIXES['step_sync'][1]})" in text, text
+    assert f"(shown by {ddp_audit.FIXES['metric_step_sync'][1]})" in text, text
 
 
 def test_a_step_only_metric_shows_each_ranks_step_values_not_dashes_and_no_callback_metrics_claim(backend):
