@@ -159,16 +159,3 @@ def _seconds(name: str, value, where: str) -> float:
             f"{name}={value!r} ({where}) must be a number of seconds from {MIN_SECONDS:g} to {MAX_SECONDS:g}")
     return float(number)
 
-
-def env_float(name: str, default: float) -> float:
-    """Read a positive number of seconds from environment variable ``name`` (``default`` when unset).
-
-    Kept for callers that read one variable; :func:`resolve_settings` is the one resolver.
-
-    Raises:
-        SettingsError: the variable is set but is not a number of seconds in range; the message names it.
-    """
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    return _seconds(name, raw, f"environment variable {name}")

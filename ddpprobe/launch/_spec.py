@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 
-from ddpprobe.launch._settings import PG_TIMEOUT_SHARE, env_float  # noqa: F401 - their former home
-
 #: Largest world this launcher starts on one machine. Every rank is a full Python process holding
 #: torch and Lightning (about 300 MB each); more than this is almost certainly a typo.
 MAX_WORLD_SIZE = 64

@@ -71,7 +71,8 @@ def run_world(
         num_nodes: how many "nodes" the ranks form, all on this host (default 1). Rank ``r`` is local
             rank ``r % (world_size // num_nodes)`` of node ``r // (world_size // num_nodes)``, so
             Lightning sees a multi-node world (global rank zero vs each node's local rank zero,
-            ``prepare_data`` per node). Must divide ``world_size``; gloo only.
+            ``prepare_data`` per node). Must divide ``world_size``; gloo only. Inside an external
+            world, 1 or that world's own number of nodes.
         backend: ``"gloo"`` (CPU) or ``"nccl"`` (one CUDA device per rank).
         timeout: seconds the whole world may run; then each unfinished rank's Python stack is
             captured and every rank is killed. Default ``DDPPROBE_TIMEOUT`` or 120.
@@ -115,6 +116,11 @@ def run_world(
             raise ValueError(
                 f"world_size={world_size} does not match the {outside.launcher} world this process runs in "
                 f"(WORLD_SIZE={outside.world_size}); inside an external world every scenario runs at its size"
+            )
+        if num_nodes != 1 and num_nodes != outside.num_nodes:
+            raise ValueError(
+                f"num_nodes={num_nodes} does not match the {outside.launcher} world this process runs in "
+                f"({outside.num_nodes} node(s) of {outside.local_world_size}); there the launcher lays out the nodes"
             )
         return _external.run_in_external_world(outside, ref, params, settings)
     check_devices(settings.backend, world_size)

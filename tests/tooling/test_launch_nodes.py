@@ -82,3 +82,15 @@ def test_a_forked_world_of_several_nodes_looks_like_several_nodes_to_lightning(r
 def test_a_node_count_that_does_not_divide_the_world_is_refused_before_any_process_starts(kwargs, error, names):
     with pytest.raises(error, match=names):
         api_run_world(scenarios.identity, **kwargs)
+
+
+def test_inside_a_torchrun_world_a_node_count_other_than_its_own_is_refused(monkeypatch):
+    """Under torchrun the launcher has laid out the nodes; a scenario asking for another layout is
+    refused before joining the world (one 4-rank node here, 2 nodes asked)."""
+    for name, value in {"TORCHELASTIC_RUN_ID": "job", "RANK": "0", "WORLD_SIZE": "4", "LOCAL_RANK": "0",
+                        "GROUP_RANK": "0", "LOCAL_WORLD_SIZE": "4"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("DDPPROBE_NO_EXTERNAL_WORLD", raising=False)
+
+    with pytest.raises(ValueError, match=r"num_nodes=2 does not match the torchrun world .*1 node\(s\) of 4"):
+        api_run_world(scenarios.identity, 4, num_nodes=2)
