@@ -17,7 +17,7 @@ from ddpprobe.launch._arguments import (
     check_num_nodes,
     check_params,
     check_world_size,
-    cuda_device_count,  # noqa: F401 - also importable from here, as before
+    cuda_device_count,  # noqa: F401 - former home; import it from ddpprobe.launch
     scenario_ref,
 )
 from ddpprobe.launch._files import read_text as _read, snapshot as _snapshot
@@ -26,7 +26,7 @@ from ddpprobe.launch._message import RankMessage
 from ddpprobe.launch._rank import STACK_SIGNAL, paths, rank_main
 from ddpprobe.launch._rendezvous import loopback_store, private_world_dir
 from ddpprobe.launch._results import WorldResult, build_result
-from ddpprobe.launch._settings import MAX_SECONDS, MIN_SECONDS, resolve_settings  # noqa: F401 - as before
+from ddpprobe.launch._settings import resolve_settings
 from ddpprobe.launch._spec import LaunchSpec
 
 #: Seconds a rank that reported its record may take to exit by itself before it is killed.
