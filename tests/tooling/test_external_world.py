@@ -69,3 +69,42 @@ def test_pytest_under_torchrun_runs_facts_in_lockstep_and_skips_other_world_size
     for out in outputs:
         assert "1 passed, 2 skipped" in out, out[-2000:]
         assert "this torchrun world has 2 ranks" in out
+
+
+def raise_here(info):
+    """Scenario: raise at once, naming this rank."""
+    raise ValueError(f"deliberate failure on rank {info.rank} of {info.world_size}")
+
+
+def test_in_a_one_rank_torchrun_world_records_and_failures_come_back_as_from_a_launched_world(monkeypatch):
+    """The external path runs the scenario in this process and builds the result with the same builder
+    as a launched world: a ``WorldResult`` of ``RankResult`` s, or ``RankFailed`` with ``rank_errors``
+    (a one-rank world, so it runs inside this test process; the process group is left at the end)."""
+    import socket
+
+    from ddpprobe.launch import RankFailed, leave_external_world, run_world
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    for name, value in {"TORCHELASTIC_RUN_ID": "job", "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
+                        "GROUP_RANK": "0", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                        "MASTER_PORT": str(port)}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("DDPPROBE_NO_EXTERNAL_WORLD", raising=False)
+    try:
+        world = run_world(environment_of, 1, names=["LOCAL_WORLD_SIZE"])
+        with pytest.raises(RankFailed) as failure:
+            run_world(raise_here, 1)
+    finally:
+        leave_external_world()
+
+    assert world.records == [{"LOCAL_WORLD_SIZE": "1"}] and world[0].pid == os.getpid()
+    assert failure.value.rank_errors == {0: "ValueError: deliberate failure on rank 0 of 1"}
+    assert str(failure.value).startswith("external world of 1 rank(s) running "
+                                         "tests.tooling.test_external_world:raise_here (backend=gloo): rank(s) [0]")
+
+
+def environment_of(info, names):
+    """Scenario: the value of each environment variable in ``names`` in this rank (None when unset)."""
+    return {name: os.environ.get(name) for name in names}
