@@ -79,7 +79,8 @@ def test_with_an_iterable_dataset_a_synced_sum_counts_every_sample_world_size_ti
     padded = oracle.padded_indices(N, max(world_size, 2))
     competing = {
         "padded_mean_if_sharded": oracle.mean(oracle.values(padded)),
-        "mean_of_batch_means": oracle.mean(oracle.mean(oracle.values(b)) for b in oracle.batches(list(range(N)), BATCH)),
+        "mean_of_batch_means": oracle.mean(oracle.mean(oracle.values(b))
+                                           for b in oracle.batches(list(range(N)), BATCH)),
     }
     oracle.assert_distinct(true_mean=true_mean, **competing)
     if world_size > 1:
