@@ -316,10 +316,10 @@ def monitor_rank0_key(info: RankInfo, callback: str, values: list, rank_zero_onl
     or ``EarlyStopping(monitor=MONITORED, mode="min", patience=1)`` (``callback="early_stopping"``).
 
     Args:
-        hold_s: if ``fit`` raises on this rank and ``hold_s > 0``, record the error instead of
-            raising and stay alive (in the process group) for ``hold_s`` seconds before returning, so
-            that a peer blocked in a collective this rank never enters reaches its own process-group
-            timeout instead of seeing this rank's connections close.
+        hold_s: if ``fit`` raises on a rank other than 0 and ``hold_s > 0``, record the error
+            instead of raising and stay alive (in the process group) for ``hold_s`` seconds before
+            returning, so that rank 0, blocked in a collective this rank never enters, reaches its own
+            process-group timeout instead of being ended with the world. Rank 0 always raises.
 
     Record keys (announced): ``raised`` (``"Type: message"`` of what ``fit`` raised here, or None),
     ``epochs_run``, ``callback_metrics``, ``files`` (``.ckpt`` files under the world folder, relative
@@ -341,7 +341,7 @@ def monitor_rank0_key(info: RankInfo, callback: str, values: list, rank_zero_onl
     try:
         trainer.fit(model, train_dataloaders=loader, val_dataloaders=loader)
     except Exception as exc:  # noqa: BLE001 - with hold_s, what fit raised is the record
-        if hold_s <= 0:
+        if hold_s <= 0 or info.rank == 0:
             raise
         raised = f"{type(exc).__name__}: {exc}"
         time.sleep(hold_s)
