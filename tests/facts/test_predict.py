@@ -117,7 +117,8 @@ def test_predict_writer_gets_the_rank_s_batch_indices_but_at_epoch_end_nested_on
             assert [len(b) for b in call["predictions"]] == [len(b) for b in preds]
             assert _flat(call["predictions"]) == pytest.approx(_flat(preds)), f"rank {r}: {call}"
     rank0 = world.records[0]
-    shown = rank0["writer_batch"][0]["batch_indices"] if write_interval == "batch" else rank0["writer_epoch"][0]["batch_indices"]
+    first_call = rank0["writer_batch"][0] if write_interval == "batch" else rank0["writer_epoch"][0]
+    shown = first_call["batch_indices"]
     semantics.number(f"rank 0 batch_indices ({write_interval})", str(shown))
 
 
