@@ -241,13 +241,13 @@ def first_divergence(sequences: list, ended: list) -> Optional[dict]:
             parts = [f"rank {r}: {describe(e)}" for r, e in enumerate(entries)]
             return {"kind": "mismatch", "index": i, "ranks": list(range(len(entries))), "absent": [],
                     "entries": entries,
-                    "message": f"collective #{i}: the ranks called different collectives: " + "; ".join(parts)}
+                    "message": f"collective #{i} of the run: the ranks called different collectives: " + "; ".join(parts)}
         keys = {e.get("key") for e in entries}
         if len(keys) > 1 and entries[0]["op"] != "barrier" and any(e.get("source") in ("self.log", "torchmetrics") for e in entries):
             parts = [f"rank {r}: {describe(e)}" for r, e in enumerate(entries)]
             return {"kind": "keys", "index": i, "ranks": list(range(len(entries))), "absent": [],
                     "entries": entries,
-                    "message": (f"collective #{i}: the same {entries[0]['op']} carries different keys, so each "
+                    "message": (f"collective #{i} of the run: the same {entries[0]['op']} carries different keys, so each "
                                 "rank's value is reduced with another key's: " + "; ".join(parts))}
     return None
 

@@ -91,13 +91,16 @@ def format_result(result) -> str:
     if not per_rank_columns:
         lines.append(f"  {w} ranks: min, max and number of distinct values over the ranks")
 
-    notes = [row for row in result.rows if row.cause or row.fixes]
+    notes: dict = {}  # (cause, fixes) -> keys: one note for the keys that share it
+    for row in result.rows:
+        if row.cause or row.fixes:
+            key = row.key + (" [steps]" if row.level == "step" else "")
+            notes.setdefault((row.cause, tuple(row.fixes)), []).append(key)
     if notes:
         lines.append("")
-        for row in notes:
-            key = row.key + (" [steps]" if row.level == "step" else "")
-            lines += _wrap(f"{key}: {row.cause}", "  ")
-            for fix in row.fixes:
+        for (cause, fixes), keys in notes.items():
+            lines += _wrap(f"{', '.join(keys)}: {cause}", "  ")
+            for fix in fixes:
                 lines += _wrap(fix_line(fix), "    ")
 
     trace = result.trace or {}

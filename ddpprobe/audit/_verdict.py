@@ -371,14 +371,21 @@ def rows(single: dict, world: list, world_size: int, stage: str, limit_batches=N
                 verdict = SOME_RANKS_ONLY
                 others = [r for r in range(len(world)) if r not in logged_on]
                 cause = f"self.log({name!r}) ran on rank(s) {logged_on} only, never on rank(s) {others}"
-                if sync_dist and not metric_object:
+                mine = {c["name"] for r in logged_on for c in world[r]["log_calls"]}
+                partners = sorted({c["name"] for r in others for c in world[r]["log_calls"]
+                                   if c["sync_dist"] and c["hook"] in hooks and c["name"] not in mine})
+                if sync_dist and not metric_object and partners:
+                    cause += (f"; rank(s) {others} log {partners} from the same hook with sync_dist=True instead, so "
+                              "their all_reduces pair with this key's: its value is averaged with another key's")
+                    fixes = ["same_keys"]
+                elif sync_dist and not metric_object:
                     cause += "; its sync_dist all_reduce waits for ranks that never join it (a hang, or a mismatch with their next collective)"
                 elif metric_object:
                     cause += "; the Metric's compute() syncs its state with ranks that never join it"
                 else:
                     cause += ("; callbacks monitoring it fail on the ranks without it, and the logger has it only "
                               "when rank 0 logs it")
-                fixes = ["rank_zero_only"]
+                fixes = fixes or ["rank_zero_only"]
             elif all(v is None for v in per_rank) and not completed:
                 verdict = NO_VALUE
                 cause = "the distributed run ended before the epoch's values were computed (see the collective trace)"
@@ -386,6 +393,24 @@ def rows(single: dict, world: list, world_size: int, stage: str, limit_batches=N
                 verdict = RANK_DIVERGENT
                 cause = RANK_DIVERGENT_MEANING
                 fixes = ["metric_object", "sync_dist"]
+                known = [v for v in per_rank if v is not None]
+                if single_value is not None and len(known) == len(per_rank):
+                    unweighted = sum(known) / len(known)
+                    evidence = {"mean of the ranks' values": unweighted, "single-process": single_value}
+                    samples = key_counts.samples if key_counts is not None else None
+                    weighted = (sum(v * n for v, n in zip(known, samples)) / sum(samples)
+                                if samples and sum(samples) and len(samples) == len(known) else None)
+                    if close(unweighted, single_value, rtol, atol):
+                        fixes = ["sync_dist"]
+                        cause += "; the mean of the ranks' values equals single-process, so sync_dist=True gives it"
+                    elif weighted is not None and close(weighted, single_value, rtol, atol):
+                        fixes = ["mean_metric"]
+                        cause += ("; the ranks' values weighted by their sample counts average to single-process, "
+                                  "an unweighted mean over ranks does not")
+                    else:
+                        fixes = ["metric_object"]
+                        cause += (f"; averaging the ranks' values gives {unweighted:.6g}, not the single-process "
+                                  f"{single_value:.6g}: not a per-sample mean, so sync_dist=True cannot fix it")
             elif not single_calls:
                 verdict = NOT_AT_SINGLE
             elif close(per_rank[0], single_value, rtol, atol):

@@ -264,6 +264,7 @@ def test_the_same_all_reduce_under_different_keys_is_found_although_the_run_fini
     oracle.assert_distinct(synced=whole, rank0_own=own[0], rank1_own=own[1])
     assert result.row("loss_rank0").per_rank[0] == pytest.approx(whole)
     assert result.row("loss_rank1").per_rank[1] == pytest.approx(whole)
+    assert result.row("loss_rank0").fixes == ["same_keys"] and "averaged with another key's" in result.row("loss_rank0").cause
     assert result.exit_code == 1
 
 
