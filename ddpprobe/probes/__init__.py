@@ -24,6 +24,7 @@ PROBE_MODULES = (
     "iterable",
     "legacy_hooks",
     "log_plan",
+    "metric_memory",
     "multilabel",
     "multinode",
     "nccl",
