@@ -121,8 +121,8 @@ def test_every_rank_logging_the_monitored_key_lets_checkpoint_and_early_stopping
         best = oracle.top1_checkpoint_epochs([values] * world_size, all)[-1]
         oracle.assert_distinct(best_epoch=best, last_epoch=len(values) - 1)
         step = (best + 1) * math.ceil(N_PER_RANK / BATCH_SIZE)
-        expected = {"epochs_run": list(range(len(values))), "files": [f"rank0/checkpoints/epoch={best}-step={step}.ckpt"],
-                    "best_model_score": values[best], "stopped_epoch": None, "should_stop": False}
+        expected = {"epochs_run": list(range(len(values))),
+                    "files": [f"rank0/checkpoints/epoch={best}-step={step}.ckpt"], "best_model_score": values[best], "stopped_epoch": None, "should_stop": False}
         semantics.number("best_model_score", got[0]["best_model_score"], vs=("best value", values[best]))
     else:
         decisions = [oracle.early_stopping_local_decisions(values, mode="min", patience=1)] * world_size

@@ -79,13 +79,14 @@ def test_a_key_named_after_the_rank_holds_the_all_rank_mean_not_the_ranks_own_va
     ``on_validation_epoch_end``). Every rank makes the same two syncs under a different name, so the run
     finishes without an error or a warning about it, and every rank's key holds the mean over *all*
     ranks' values: rank ``r``'s ``loss_rank{r}`` is not rank ``r``'s value. Only rank ``r`` has the key
-    ``loss_rank{r}`` (rank 0's logger writes ``loss_rank0`` only)."""
+    ``loss_rank{r}``, and no warning names it."""
     plan = [[[f"loss_rank{r}", _value(r, 0, 1)]] for r in range(world_size)]
     world = _run(run_world, world_size, hook, plan)
 
     expected, left_alone = oracle.paired_sync_dist_means(_synced(world_size, hook, plan))
     all_rank_mean = oracle.sync_reduce("mean", [[(keys[0][1], 1)] for keys in plan])
-    oracle.assert_distinct(all_rank_mean=all_rank_mean, **{f"own_value_rank{r}": plan[r][0][1] for r in range(world_size)})
+    own = {f"own_value_rank{r}": plan[r][0][1] for r in range(world_size)}
+    oracle.assert_distinct(all_rank_mean=all_rank_mean, **own)
     assert left_alone == [] and _same(expected, [{f"loss_rank{r}": all_rank_mean} for r in range(world_size)])
     got = [rec["callback_metrics"] for rec in world.records]
     semantics.number("loss_rank1 on rank 1", got[1]["loss_rank1"], vs=("rank 1's own value", plan[1][0][1]))
@@ -93,6 +94,8 @@ def test_a_key_named_after_the_rank_holds_the_all_rank_mean_not_the_ranks_own_va
         oracle.side_by_side("callback_metrics", got) + "   "
         + oracle.side_by_side("own value", [keys[0][1] for keys in plan]) + f"   all-rank mean {all_rank_mean}"
     )
+    warned = [w["message"] for rec in world.records for w in rec["warnings"] if "loss_rank" in w["message"]]
+    assert warned == [], warned
 
 
 @pytest.mark.parametrize("hook", HOOKS)
