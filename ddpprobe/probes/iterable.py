@@ -92,6 +92,14 @@ class IdIterable(IterableDataset):
             yield {**self.data[i], "worker": torch.tensor(info.id if info is not None else -1)}
 
 
+class SizedIdIterable(IdIterable):
+    """``IdIterable`` with ``__len__`` (the number of samples one copy of the iterator yields in this
+    process without workers), as a streaming dataset that knows its size would define it."""
+
+    def __len__(self) -> int:
+        return len(self.ids(*_rank_and_world_size(), 0, 1))
+
+
 class IterableProbe(pl.LightningModule):
     """Logs its log plan per batch and records which samples (and workers) each batch held.
 
@@ -143,12 +151,12 @@ class IterableProbe(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.0)
 
 
-def _loader(n: int, batch_size: int, shard: str, num_workers: int) -> DataLoader:
-    """A ``DataLoader`` over ``IdIterable(n, shard)``; workers are forked from the rank (Linux's default
-    start method, whatever start method started the rank itself)."""
+def _loader(n: int, batch_size: int, shard: str, num_workers: int, sized: bool = False) -> DataLoader:
+    """A ``DataLoader`` over ``IdIterable(n, shard)`` (``SizedIdIterable`` if ``sized``); workers are forked
+    from the rank (Linux's default start method, whatever start method started the rank itself)."""
     context = "fork" if num_workers else None
-    return DataLoader(IdIterable(n, shard), batch_size=batch_size, num_workers=num_workers,
-                      multiprocessing_context=context)
+    dataset = (SizedIdIterable if sized else IdIterable)(n, shard)
+    return DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, multiprocessing_context=context)
 
 
 def _record(trainer, model, warnings) -> dict:
@@ -163,9 +171,9 @@ def _record(trainer, model, warnings) -> dict:
 
 
 def validate_iterable(info: RankInfo, n: int, batch_size: int = 1, shard: str = "none", num_workers: int = 0,
-                      plan: list = (), count=None) -> dict:
+                      plan: list = (), count=None, sized: bool = False) -> dict:
     """Scenario: ``trainer.validate`` an ``IterableProbe(plan, count)`` over
-    ``DataLoader(IdIterable(n, shard), batch_size, num_workers)``.
+    ``DataLoader(IdIterable(n, shard), batch_size, num_workers)`` (``SizedIdIterable`` with ``sized``).
 
     Record keys: ``global_rank``, ``world_size``, ``seen_ids`` (per-batch id lists), ``seen_workers``
     (per-batch lists of the ``DataLoader`` worker each sample came from, ``-1`` for none),
@@ -176,7 +184,8 @@ def validate_iterable(info: RankInfo, n: int, batch_size: int = 1, shard: str = 
     model = IterableProbe(plan=plan, count=count)
     with recorded_warnings() as warnings:
         trainer = ddp_trainer(info)
-        returned = trainer.validate(model, dataloaders=_loader(n, batch_size, shard, num_workers), verbose=False)
+        returned = trainer.validate(model, dataloaders=_loader(n, batch_size, shard, num_workers, sized),
+                                    verbose=False)
     return {
         **_record(trainer, model, warnings),
         "returned": [floats(d) for d in returned],

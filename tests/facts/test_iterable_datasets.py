@@ -171,3 +171,27 @@ def test_an_iterable_dataset_sharded_by_rank_and_worker_is_validated_once_per_sa
     assert means == pytest.approx([true_mean] * world_size, rel=1e-6), (
         oracle.side_by_side("v", means) + f"  expected {true_mean}"
     )
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_an_iterable_dataset_with_len_warns_on_rank_0_only_about_worker_duplicates_and_is_still_not_sharded(
+    run_world, semantics, world_size
+):
+    """The one warning Lightning has for iterable datasets: when the ``IterableDataset`` defines ``__len__``,
+    ``has_len_all_ranks`` warns "Your `IterableDataset` has `__len__` defined. In combination with
+    multi-process data loading (when num_workers > 1), `__len__` could be inaccurate if each worker is not
+    configured independently to avoid having duplicate data." It speaks of workers, not ranks, and, like
+    every ``rank_zero_warn``, appears on global rank 0 only; every rank still validates every sample.
+    Source: pytorch_lightning/utilities/data.py ``has_len_all_ranks``."""
+    world = run_world(iterable.validate_iterable, world_size, n=N, batch_size=BATCH, plan=PLAN, count=COUNT,
+                      sized=True)
+
+    expected = oracle.batches(list(range(N)), BATCH)
+    seen = [rec["seen_ids"] for rec in world.records]
+    assert seen == [expected] * world_size, oracle.side_by_side("saw", seen) + f"  expected every rank {expected}"
+    fragment = "Your `IterableDataset` has `__len__` defined."
+    warned = [sum(fragment in w["message"] for w in rec["warnings"]) for rec in world.records]
+    semantics.number("ranks warned", sum(1 for k in warned if k), vs=("world size", world_size))
+    assert warned == [1] + [0] * (world_size - 1), oracle.side_by_side("len warnings", warned)
+    counts = [rec["callback_metrics"]["count"] for rec in world.records]
+    assert counts == pytest.approx([world_size * N] * world_size), oracle.side_by_side("count", counts)
