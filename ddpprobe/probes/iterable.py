@@ -19,7 +19,7 @@ returns False (``has_iterable_dataset``) and every rank iterates whatever the da
 Rank and worker are read when iteration starts, in the process that iterates (the rank, or a
 ``DataLoader`` worker forked from it): ``torch.distributed.get_rank()`` / ``get_world_size()`` and
 ``torch.utils.data.get_worker_info()``. Every item also carries ``worker``, the ``DataLoader`` worker
-id that produced it (``-1`` in the rank's own process).
+id that produced it (``-1`` in the rank's own process). ``SizedIdIterable`` is the same with ``__len__``.
 
 ``IterableProbe`` logs per batch, from ``validation_step`` or ``training_step``, the entries of its log
 plan (``log_spec(...)`` dicts of ``ddpprobe.probes.log_plan``; values ``batch_mean`` and
