@@ -11,7 +11,12 @@ import time
 
 #: Modules the forkserver imports once, so that forked ranks start with them loaded.
 #: ``ddpprobe.probes`` imports the Lightning package chosen by ``DDPPROBE_LIGHTNING`` (ddpprobe/_lightning.py).
-FORKSERVER_PRELOAD = ["torch", "torch.distributed", "torchmetrics", "ddpprobe.launch._rank", "ddpprobe.probes"]
+FORKSERVER_PRELOAD = ["torch", "torch.distributed", "torchmetrics", "ddpprobe.launch._rank", "ddpprobe.probes",
+                      # pytorch-lightning <= 2.2 imports torch._dynamo inside every Trainer.fit/validate/
+                      # test/predict (pytorch_lightning/utilities/compile.py ``_maybe_unwrap_optimized``),
+                      # about 800 modules (sympy among them): ~1 s in every rank of every world unless
+                      # imported here once. Later releases import it with Lightning, so it costs nothing there.
+                      "torch._dynamo"]
 
 #: Seconds the launcher waits at interpreter exit for the forkserver it started to end.
 FORKSERVER_STOP_S = 5.0
@@ -52,12 +57,19 @@ def _stop_forkserver() -> None:
     if pid is None or alive_fd is None or _stop_registered_in_pid != os.getpid():
         return
     # Closing the "alive" pipe is how multiprocessing asks its forkserver to stop
-    # (multiprocessing/forkserver.py ForkServer._stop_unlocked); wait boundedly, then kill.
+    # (multiprocessing/forkserver.py ForkServer._stop_unlocked). Its own exit is an interpreter
+    # finalisation with torch and Lightning loaded (seconds, more on a busy machine) that does nothing
+    # ranks need (they are reaped already), so end it at once: otherwise every pytest process (each
+    # xdist worker) spends those seconds at exit, or leaves the server behind if it is killed meanwhile.
     try:
         os.close(alive_fd)
     except OSError:
         pass
     server._forkserver_alive_fd = None
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
     end = time.monotonic() + FORKSERVER_STOP_S
     while True:
         try:

@@ -9,6 +9,7 @@ exchanges (``_spec``, ``_message``), so a rank's side of the launcher can be rea
 from __future__ import annotations
 
 import faulthandler
+import multiprocessing
 import os
 import random
 import signal
@@ -160,6 +161,11 @@ def _align_process_state(rank: int, local_rank: int) -> None:
     module = sys.modules.get("torchmetrics.utilities.prints")
     if module is not None and hasattr(module, "rank_zero_only"):
         module.rank_zero_only.rank = local_rank
+    # A process multiprocessing started takes the start method that started it as its default
+    # (multiprocessing/process.py BaseProcess._bootstrap); a fresh interpreter has none chosen. Reset it,
+    # so a DataLoader's workers (num_workers > 0) start as under torchrun (forked from the rank on
+    # Linux), not through a new forkserver of the rank's own that imports torch again (seconds each).
+    multiprocessing.set_start_method(None, force=True)
 
 
 def rank_main(spec: LaunchSpec, rank: int, result_conn, lifeline) -> None:
