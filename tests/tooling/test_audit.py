@@ -302,6 +302,7 @@ def _cli(*args):
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.integration
 def test_cli_exits_1_on_the_seed_module_and_its_json_holds_the_verdicts(backend, capsys):
     """``ddpprobe audit examples.seed_f1_module:make_model --data ... --json`` exits 1 and its JSON lists
     val_f1 as rank-divergent and val_f1_batch as differing from single-process."""
@@ -316,6 +317,7 @@ def test_cli_exits_1_on_the_seed_module_and_its_json_holds_the_verdicts(backend,
     assert report["exit_code"] == 1 and report["stdout_lines"]["world"] == [1, 1]
 
 
+@pytest.mark.integration
 def test_cli_exits_0_on_the_corrected_module(backend, capsys):
     """The corrected module (N=12, W=2): exit code 0 and the table says so."""
     _skip_unless_runnable(backend, 2)
@@ -326,6 +328,7 @@ def test_cli_exits_0_on_the_corrected_module(backend, capsys):
     assert "synced, equals single-process" in out and "no problems found, exit code 0" in out
 
 
+@pytest.mark.integration
 def test_cli_exits_2_on_an_unimportable_factory_naming_it():
     """``python -m ddpprobe audit`` with a factory that does not exist: exit code 2 and a message naming
     it, on stderr."""

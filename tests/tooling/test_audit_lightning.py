@@ -32,6 +32,7 @@ def _cli_json(module: str, *extra) -> tuple:
     return proc.returncode, proc.stdout, proc.stderr
 
 
+@pytest.mark.integration
 def test_the_lightning_version_of_the_seed_module_gets_the_same_verdicts_and_values_as_the_pytorch_lightning_one():
     """``examples/seed_f1_module_lightning.py`` (``L.LightningModule``) and ``examples/seed_f1_module.py``
     (``pytorch_lightning.LightningModule``): the audit runs ``lightning`` for the first and
@@ -55,6 +56,7 @@ def test_the_lightning_version_of_the_seed_module_gets_the_same_verdicts_and_val
     assert lightning["removed_hooks"] == classic["removed_hooks"]
 
 
+@pytest.mark.integration
 def test_a_module_mixing_both_packages_is_refused_with_exit_code_2():
     """``examples/mixed_packages_module.py``: a LightningModule class deriving from both packages'
     classes. Exit code 2 before any world starts, the message says to import every Lightning class

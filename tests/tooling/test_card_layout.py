@@ -138,6 +138,7 @@ INSTALLED = [p for p, (module, _, _) in _lightning.PACKAGES.items() if importlib
 
 
 @pytest.mark.parametrize("package", INSTALLED)
+@pytest.mark.integration
 def test_the_header_names_the_lightning_package_the_facts_ran_and_its_version(pytester, monkeypatch, package):
     """With ``DDPPROBE_LIGHTNING=<package>`` the card's environment and header name that import package,
     its distribution and the distribution's installed version (read from its metadata), for

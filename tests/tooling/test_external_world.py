@@ -49,6 +49,7 @@ def test_a_garbage_launcher_variable_is_named_with_the_way_out():
         external_world({**TORCHRUN_RANK_3_OF_4, "WORLD_SIZE": "abc"})
 
 
+@pytest.mark.integration
 def test_pytest_under_torchrun_runs_facts_in_lockstep_and_skips_other_world_sizes_on_every_rank(tmp_path):
     """``torchrun --nproc-per-node 2 -m pytest``: on both ranks the W=2 facts pass (their records came
     from both ranks) and the facts written for other world sizes skip with the reason."""

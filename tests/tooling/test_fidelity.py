@@ -141,6 +141,7 @@ def test_a_rank_zero_only_function_called_before_any_trainer_runs_on_rank_0_only
     assert [rec["rank_zero_only_rank"] for rec in world.records] == list(range(world_size))
 
 
+@pytest.mark.integration
 def test_no_per_process_state_leaks_from_one_world_into_the_next(run_world):
     """Two worlds of forked ranks run back to back. In each, every rank starts as a fresh interpreter
     would (spawned ranks *are* fresh interpreters, so only the forkserver can leak):
@@ -186,6 +187,7 @@ def test_no_per_process_state_leaks_from_one_world_into_the_next(run_world):
     assert len({r["cwd"] for r in records}) == 4
 
 
+@pytest.mark.integration
 def test_the_same_scenario_gives_identical_records_files_and_stdout_under_both_start_methods(run_world):
     """A deterministic scenario (``trainer.validate`` with synced and unsynced logging, a CSVLogger and
     prints) gives the same records, the same files and the same stdout on every rank whether the ranks

@@ -232,6 +232,7 @@ def test_after_a_world_timeout_no_rank_survives_and_the_rendezvous_port_is_relea
         probe.bind(("127.0.0.1", ports.pop()))  # raises OSError (address in use) while a listener holds it
 
 
+@pytest.mark.integration
 def test_the_forkserver_is_gone_as_soon_as_the_process_that_started_it_exits():
     """The forkserver would end by itself a moment after its parent exits (EOF on a pipe), late enough
     for a leftover-process check run right after ``pytest`` to see it. The launcher ends and reaps it

@@ -37,6 +37,7 @@ def _installed(choice: str) -> bool:
 
 
 @pytest.mark.parametrize("choice, how", [("lightning", "option"), ("pytorch_lightning", "environment")])
+@pytest.mark.integration
 def test_the_lightning_option_or_variable_chooses_the_package_in_every_xdist_worker(pytester, monkeypatch, choice, how):
     """With the package installed, both xdist workers import the chosen package as ``pl`` and a fact for
     ``<1.0`` skips naming that package; without it, the run is refused at once (exit code 4) with the

@@ -209,6 +209,7 @@ def test_numbers_a_fact_records_appear_in_its_row(pytester):
     assert [n["value"] for n in _facts(card)[nodeid]["numbers"]] == [pytest.approx(17 / 3), 2]
 
 
+@pytest.mark.integration
 def test_under_xdist_the_controller_writes_one_card_with_the_workers_numbers(pytester, monkeypatch):
     """With ``-n 2`` the facts run on two workers; the controller alone writes the card, and it has the
     same rows and verdicts as a run without xdist, numbers included (they travel in user_properties)."""

@@ -222,6 +222,7 @@ def test_a_world_size_no_test_is_parametrised_with_is_refused(pytester):
                                  "(world sizes present: 1, 2, 3)*"])
 
 
+@pytest.mark.integration
 def test_a_world_size_no_test_has_is_refused_under_xdist_too(pytester):
     """Under pytest-xdist the workers collect; the controller reports their refusal and exits with 4."""
     pytester.makepyfile(test_facts=FACTS)
