@@ -179,6 +179,11 @@ def make_step_synced_model() -> ValueMeanModule:
     return ValueMeanModule("val_step_mean", on_step=True, on_epoch=False)
 
 
+def make_step_and_epoch_synced_model() -> ValueMeanModule:
+    """``val_both``: ``on_step=True, on_epoch=True, sync_dist=True`` (a sync per step and one at epoch end)."""
+    return ValueMeanModule("val_both", on_step=True, on_epoch=True)
+
+
 def make_train_loss_model() -> ValueMeanModule:
     """``train_loss``: epoch-level (``on_step=False, on_epoch=True``), ``sync_dist=True``, in training."""
     return ValueMeanModule("train_loss", on_step=False, on_epoch=True)

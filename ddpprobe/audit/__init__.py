@@ -510,6 +510,7 @@ def _record_from_trace(rank: dict) -> dict:
     from ddpprobe.audit._scenario import _summarise_calls
 
     return {"log_calls": _summarise_calls(rank["logs"]), "callback_metrics": {}, "loaders": {},
-            "raised": {"type": "RankError", "message": rank["stage_error"]} if rank["stage_error"] else None,
+            "raised": ({"type": rank["stage_error"].partition(":")[0], "message": rank["stage_error"].partition(": ")[2]}
+                       if rank["stage_error"] else None),
             "removed_hooks": [], "experiment_calls": [], "experiment_attempts": [], "logger_metrics": [],
             "warnings": []}

@@ -436,12 +436,15 @@ def rows(single: dict, world: list, world_size: int, stage: str, limit_batches=N
             steps = [_step_values(logs, name) for logs in world_logs]
             single_steps = _step_values(single_logs, name)
             n = min((len(s) for s in steps), default=0)
-            same = all(len(s) == len(steps[0]) for s in steps) and all(
-                all(close(a, b, rtol, atol) for a, b in zip(s, steps[0])) for s in steps)
-            evidence = {"steps per rank": [len(s) for s in steps]}
+            same = all(all(close(a, b, rtol, atol) for a, b in zip(s[:n], steps[0][:n])) for s in steps)
+            lengths = [len(s) for s in steps]
+            evidence = {"steps per rank": lengths}
             if any(steps):
                 if same:
                     verdict, cause, fixes = STEP_SYNCED, "", []
+                    if len(set(lengths)) > 1:
+                        cause = (f"the ranks logged {lengths} steps: the {n} steps every rank ran are synced; the "
+                                 "extra steps' syncs had no partner step on the other ranks (see the collective trace)")
                 else:
                     verdict = STEP_RANK_LOCAL
                     differing = next((i for i in range(n) if not all(close(s[i], steps[0][i], rtol, atol) for s in steps)), n)

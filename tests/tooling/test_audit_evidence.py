@@ -174,6 +174,24 @@ def test_uneven_user_shards_a_synced_step_value_leaves_rank_0_alone_in_its_last_
     assert result.exit_code == 1 and any("diverge" in p for p in result.problems)
 
 
+def test_uneven_user_shards_a_step_and_epoch_synced_value_aborts_a_rank_and_the_trace_still_names_the_key(backend):
+    """Issue-14 input 4 with ``on_step=True, on_epoch=True, sync_dist=True``: rank 0's third step sync
+    pairs with rank 1's epoch sync and gloo aborts rank 0 (tests/facts/test_uneven_shards.py shows the
+    abort). The world fails, yet the traces the ranks wrote as they ran give the first mismatch with
+    the key, the hook and the line; the steps both ranks ran are synced; the epoch value never came."""
+    result = _audit("make_step_and_epoch_synced_model", "make_sharded_iterable_5", 2, backend)
+
+    assert result.world_error is not None and result.world_error["type"] == "RankDied", result.world_error
+    divergence = result.trace["first_divergence"]
+    assert divergence is not None and divergence["kind"] == "mismatch", result.format()
+    assert {e["key"] for e in divergence["entries"]} == {"val_both"}
+    assert all("reported_cases.py" in e["call_site"] for e in divergence["entries"])
+    steps = result.row("val_both", level="step")
+    assert steps.verdict == ddp_audit.STEP_SYNCED and steps.evidence["steps per rank"] == [3, 2], steps
+    assert result.row("val_both", level="epoch").verdict == ddp_audit.NO_VALUE
+    assert result.counts["val"]["batches"] == [3, 2] and result.exit_code == 1
+
+
 def test_uneven_user_shards_in_fit_the_trace_shows_gradient_sync_against_the_epoch_loss_sync(backend):
     """Issue-14 input 4, ``--stage fit``, epoch-level ``train_loss`` with ``sync_dist=True``: rank 0's
     third backward all-reduces gradients (a collective Python never sees; the Flight Recorder does)
@@ -343,6 +361,7 @@ def raising_factory():
     return 1 / 0
 
 
+@pytest.mark.integration
 def test_cli_reports_bad_input_in_seconds_with_exit_code_2():
     """``python -m ddpprobe audit`` with ``--world-size 1`` and with a factory that raises: exit code 2,
     nothing on stdout, in seconds of CPU time (one interpreter importing torch and Lightning once, about
