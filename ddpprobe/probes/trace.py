@@ -105,15 +105,6 @@ def _dtype_name(dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
-def _first_tensor(args, kwargs):
-    for value in list(args) + list(kwargs.values()):
-        if isinstance(value, torch.Tensor):
-            return value
-        if isinstance(value, (list, tuple)) and value and isinstance(value[-1], torch.Tensor):
-            continue  # an output list (all_gather's first argument): the input comes next
-    return None
-
-
 def _contributed(op: str, args, kwargs):
     """``(dtype, shape)`` of the tensor this rank contributes to the collective."""
     if op == "barrier" or op == "monitored_barrier":
