@@ -16,6 +16,7 @@ import argparse
 import datetime
 import json
 import pathlib
+import re
 import sys
 from typing import Optional
 
@@ -127,6 +128,15 @@ def differing_rows(matrix: dict, columns: Optional[list] = None) -> list:
             if len({_outcome(row["cells"][c]) for c in columns}) > 1]
 
 
+def package_differences(matrix: dict, pl_column: str, l_column: str) -> tuple:
+    """``(rows that differ, rows in one run only)`` between a pytorch-lightning and a lightning column:
+    a row differs when both runs have it and their outcomes are not the same."""
+    both, one = [], []
+    for row in differing_rows(matrix, [pl_column, l_column]):
+        (both if row["cells"][pl_column] is not None and row["cells"][l_column] is not None else one).append(row)
+    return both, one
+
+
 def package_pairs(matrix: dict) -> list:
     """``(pytorch-lightning column, lightning column)`` for every release both packages ran."""
     by_version: dict = {}
@@ -209,14 +219,15 @@ def render_matrix(matrix: dict, command: str = "nox -s facts matrix") -> str:
     if pairs:
         lines += ["", "## Facts that differ between the two packages at the same release", ""]
         for pl_column, l_column in pairs:
-            differ = differing_rows(matrix, [pl_column, l_column])
+            differ, one_run = package_differences(matrix, pl_column, l_column)
+            alone = (f" {len(one_run)} test case(s) ran with one of the two packages only (not compared: "
+                     "the suite changed between the runs)." if one_run else "")
             if not differ:
-                lines.append(f"{pl_column}: none; every fact has the same verdict with `pytorch_lightning` and "
-                             "`lightning.pytorch`.")
+                lines += [f"{pl_column}: none; every fact both runs have has the same verdict with "
+                          f"`pytorch_lightning` and `lightning.pytorch`.{alone}", ""]
                 continue
-            lines += [f"{pl_column}: {len(differ)} test case(s) differ.", ""] + _table(differ, [pl_column, l_column])
-            lines += [""] + _reasons(differ, [pl_column, l_column])
-        lines.append("")
+            lines += [f"{pl_column}: {len(differ)} test case(s) differ.{alone}", ""] + _table(differ, [pl_column, l_column])
+            lines += [""] + _reasons(differ, [pl_column, l_column]) + [""]
 
     differ = differing_rows(matrix)
     lines += ["", "## Facts that differ across releases", ""]
@@ -232,7 +243,7 @@ def render_matrix(matrix: dict, command: str = "nox -s facts matrix") -> str:
     for topic in matrix["topics"]:
         intro = f"`{topic['path']}`" + (f": {_md(_short(topic['topic'], 400))}" if topic["topic"] else "")
         lines += [f"### {topic['module']}", "", intro, ""] + _table(topic["rows"], columns) + [""]
-    return "\n".join(lines).rstrip() + "\n"
+    return re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).rstrip() + "\n"
 
 
 def main(argv=None) -> int:
@@ -255,7 +266,7 @@ def main(argv=None) -> int:
         pathlib.Path(args.json).write_text(json.dumps(matrix, indent=1) + "\n", encoding="utf-8")
     print(f"{out}: {sum(len(t['rows']) for t in matrix['topics'])} test cases x {len(matrix['columns'])} "
           f"columns ({', '.join(c['column'] for c in matrix['columns'])}); {len(differing_rows(matrix))} differ "
-          f"across releases, {sum(len(differing_rows(matrix, list(p))) for p in package_pairs(matrix))} between "
+          f"across releases, {sum(len(package_differences(matrix, *p)[0]) for p in package_pairs(matrix))} between "
           "the two packages")
     return 0
 

@@ -94,21 +94,25 @@ def test_a_fact_that_differs_between_the_two_packages_at_one_release_is_listed_a
     """Cards of pytorch-lightning 2.6.6, lightning 2.6.6 and pytorch-lightning 2.5.6: ``test_b`` holds with
     ``pytorch_lightning`` and does not with ``lightning`` at 2.6.6, so the matrix lists it under "differ
     between the two packages" with the reason, in columns ``2.6.6`` and ``lightning 2.6.6``; ``test_a``
-    holds everywhere and is not listed there. The CLI merges the JSON files and refuses a broken one."""
+    holds everywhere and ``test_c`` ran with ``lightning`` only, so neither is listed there (``test_c`` is
+    counted as not compared). The CLI merges the JSON files and refuses a broken one."""
     cards = [
         _card("pytorch-lightning", "2.6.6", [_fact("test_a", "holds"), _fact("test_b", "holds")]),
-        _card("lightning", "2.6.6", [_fact("test_a", "holds"), _fact("test_b", "does_not_hold", detail="rank 1 differs")]),
+        _card("lightning", "2.6.6", [_fact("test_a", "holds"), _fact("test_b", "does_not_hold", detail="rank 1 differs"),
+                                     _fact("test_c", "holds")]),
         _card("pytorch-lightning", "2.5.6", [_fact("test_a", "holds"), _fact("test_b", "holds")]),
     ]
     built = matrix.build_matrix(cards)
     assert [c["column"] for c in built["columns"]] == ["2.5.6", "2.6.6", "lightning 2.6.6"]
     assert matrix.package_pairs(built) == [("2.6.6", "lightning 2.6.6")]
-    assert [r["function"] for r in matrix.differing_rows(built, ["2.6.6", "lightning 2.6.6"])] == ["test_b"]
+    differ, one_run = matrix.package_differences(built, "2.6.6", "lightning 2.6.6")
+    assert ([r["function"] for r in differ], [r["function"] for r in one_run]) == (["test_b"], ["test_c"])
 
     text = matrix.render_matrix(built)
     section = text.split("## Facts that differ between the two packages at the same release")[1].split("\n## ")[0]
     assert "| fact | 2.6.6 | lightning 2.6.6 |" in section
-    assert "| B. | holds | **does not hold** |" in section and "| A. |" not in section
+    assert "| B. | holds | **does not hold** |" in section and "| A. |" not in section and "| C. |" not in section
+    assert "1 test case(s) ran with one of the two packages only" in section
     assert "rank 1 differs" in section
 
     paths = []
