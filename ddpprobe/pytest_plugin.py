@@ -109,7 +109,7 @@ def pytest_addoption(parser) -> None:
     group.addoption(
         "--skip-unavailable",
         action="store_true",
-        default=os.environ.get("DDPPROBE_SKIP_UNAVAILABLE", "") not in ("", "0"),
+        default=os.environ.get("DDPPROBE_SKIP_UNAVAILABLE", "").strip().lower() in ("1", "true", "yes"),
         help="with --backend nccl, skip (with the reason) the facts that need more CUDA devices than this "
         "machine has, instead of refusing the run (default DDPPROBE_SKIP_UNAVAILABLE=1)",
     )

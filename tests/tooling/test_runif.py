@@ -185,12 +185,17 @@ def test_backend_nccl_with_too_few_devices_for_some_facts_is_refused_naming_them
     ])
 
 
-def test_skip_unavailable_turns_the_refusal_into_skips_with_reasons(pytester, monkeypatch):
-    """``--skip-unavailable`` is the explicit opt-in: the same run skips what cannot run, with reasons."""
+@pytest.mark.parametrize("opt_in", ["--skip-unavailable", "DDPPROBE_SKIP_UNAVAILABLE=1"])
+def test_skip_unavailable_turns_the_refusal_into_skips_with_reasons(pytester, monkeypatch, opt_in):
+    """``--skip-unavailable`` (or ``DDPPROBE_SKIP_UNAVAILABLE=1``) is the explicit opt-in: the same run
+    skips what cannot run, with reasons."""
     _fake_cuda(monkeypatch, 2)
     pytester.makepyfile(test_facts=FACTS)
+    args = [opt_in] if opt_in.startswith("--") else []
+    if not args:
+        monkeypatch.setenv(*opt_in.split("="))
 
-    result = pytester.runpytest(*PLUGIN, "--backend", "nccl", "--skip-unavailable", "-k", "world")
+    result = pytester.runpytest(*PLUGIN, "--backend", "nccl", *args, "-k", "world")
 
     result.assert_outcomes(passed=2, skipped=1)
     result.stdout.fnmatch_lines(["*test_facts.py:*backend nccl with world size 3 needs 3 CUDA devices, found 2*"])
