@@ -29,15 +29,12 @@ import pytest
 
 from ddpprobe import RankDied, RankFailed, WorldError, WorldTimeout
 from ddpprobe.probes import iterable, log_spec
-from tests.support import oracle
+from tests.support import gloo, oracle
 
 #: Samples and batch size: every sample its own batch, so each rank runs as many batches as it has samples.
 N, BATCH = 5, 1
 #: Short limits for worlds that fail: the process-group timeout (seconds) and the world's timeout above it.
 PG_TIMEOUT, WORLD_TIMEOUT = 5, 20
-#: gloo's words for a collective whose partner is gone (its socket closed or reset) or late.
-GLOO_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Read error")
-GLOO_TIMEOUTS = ("Timed out waiting", "Application timeout caused pair closure")
 
 
 def _shards(world_size):
@@ -58,10 +55,6 @@ def _logged(world_size):
 
 def _uneven_validate(run_world, world_size, plan, **limits):
     return run_world(iterable.validate_iterable, world_size, n=N, batch_size=BATCH, shard="rank", plan=plan, **limits)
-
-
-def _peer_gone(text: str) -> bool:
-    return any(words in text for words in GLOO_PEER_GONE)
 
 
 def _errors(err) -> str:
@@ -157,7 +150,7 @@ def test_uneven_shards_with_a_step_and_epoch_synced_log_pair_an_extra_step_with_
         assert err.exitcodes[r] == -6, f"rank {r} exit code {err.exitcodes[r]}, expected SIGABRT (-6)"
         text = err.rank_errors[r]
         assert "8 vs 4" in text and "Received data size doesn't match expected size" in text, _errors(err)
-    assert not any(t in text for text in err.rank_errors.values() for t in GLOO_TIMEOUTS), (
+    assert not any(t in text for text in err.rank_errors.values() for t in gloo.TIMEOUTS), (
         f"a rank waited for the process-group timeout instead of failing at once:\n{_errors(err)}"
     )
 
@@ -186,7 +179,7 @@ def test_uneven_shards_with_a_step_only_synced_log_fail_the_ranks_with_more_batc
     finished = [r for r in range(world_size) if r not in err.rank_errors]
     assert finished == short, _errors(err)
     for r in err.ranks:
-        assert err.exc_types[r] == "RuntimeError" and _peer_gone(err.rank_errors[r]), _errors(err)
+        assert err.exc_types[r] == "RuntimeError" and gloo.says_peer_gone(err.rank_errors[r]), _errors(err)
         assert "validation_step" in err.tracebacks[r] and "_sync_ddp" in err.tracebacks[r], err.tracebacks[r]
 
 
@@ -219,10 +212,10 @@ def test_uneven_fit_without_logging_finishes_the_ranks_with_fewer_batches_and_fa
     assert finished == short, _errors(err)
     assert err.ranks and set(err.ranks) <= set(long), _errors(err)
     for r in err.ranks:
-        assert _peer_gone(err.rank_errors[r]), _errors(err)
+        assert gloo.says_peer_gone(err.rank_errors[r]), _errors(err)
         traceback = err.tracebacks[r]
         assert "backward" in traceback or "parallel/distributed.py" in traceback, traceback
-    assert not any(t in text for text in err.rank_errors.values() for t in GLOO_TIMEOUTS), (
+    assert not any(t in text for text in err.rank_errors.values() for t in gloo.TIMEOUTS), (
         f"a rank waited for the process-group timeout instead of failing at once:\n{_errors(err)}"
     )
 
@@ -252,10 +245,10 @@ def test_uneven_fit_with_a_synced_epoch_log_hangs_every_rank_until_the_process_g
     assert sorted(err.rank_errors) == list(range(world_size)), f"some rank finished:\n{_errors(err)}"
     assert elapsed >= PG_TIMEOUT, f"reported after {elapsed:.1f}s, before the {PG_TIMEOUT}s process-group timeout"
     texts = list(err.rank_errors.values())
-    assert any(t in text for text in texts for t in GLOO_TIMEOUTS), _errors(err)
+    assert any(t in text for text in texts for t in gloo.TIMEOUTS), _errors(err)
     for r in range(world_size):
         text = err.rank_errors[r]
-        assert text == "did not finish" or any(t in text for t in (*GLOO_PEER_GONE, *GLOO_TIMEOUTS)), _errors(err)
+        assert text == "did not finish" or any(t in text for t in (*gloo.PEER_GONE, *gloo.TIMEOUTS)), _errors(err)
         assert r in err.tracebacks or f"rank {r} was still running; its Python stack" in str(err), str(err)
     for r in short:
         if r in err.tracebacks:

@@ -1,0 +1,17 @@
+"""gloo's own words for what went wrong in a collective, shared by the facts that provoke it.
+
+gloo reports a partner that left (its socket closed) with different words depending on when the read or
+write noticed: "Connection closed by peer", "Connection reset by peer" or a "Read error". A late partner
+ends in "Timed out waiting ...ms" or, on the pair it was reading from, "Application timeout caused pair
+closure". Source: gloo/transport/tcp/pair.cc (``Pair::read``, ``Pair::waitUntilConnected``, ``signalException``).
+"""
+
+#: A collective whose partner is gone.
+PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Read error")
+#: A collective whose partner did not come within the process-group timeout.
+TIMEOUTS = ("Timed out waiting", "Application timeout caused pair closure")
+
+
+def says_peer_gone(text: str) -> bool:
+    """Whether ``text`` (a rank's error) is gloo's report of a partner that left the collective."""
+    return any(words in text for words in PEER_GONE)
