@@ -12,7 +12,8 @@
 # children) inherits DDPPROBE_STRESS_RUN=<this run>; right after pytest exits, any process still
 # carrying it is listed, counted as left behind and killed, so the next run starts clean.
 # Slowest test: from each run's junitxml (setup + call + teardown). The launcher does not time worlds
-# itself, so the slowest fact test (tests/facts; its worlds included) stands for the slowest world.
+# itself, so the slowest fact test (tests/facts; its worlds included) stands for the slowest world; a
+# worker's first world also pays for starting that worker's forkserver.
 # Exit code: 0 when every run passed and none left a process behind, 1 otherwise, 2 for a bad N.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -82,7 +83,7 @@ EOF
     summary=$(tail -n 1 "$log")
     if [ "$rc" -eq 0 ] && [ "$nleft" -eq 0 ]; then
         passed=$((passed + 1))
-        echo "stress: run $i/$runs passed in $seconds s ($summary); slowest fact test ${slowest:-?}" >&2
+        echo "stress: run $i/$runs passed in $seconds s ($summary); slowest fact test ${slowest/$'\t'/ s }" >&2
     else
         failed=$((failed + 1))
         echo "stress: run $i/$runs FAILED (pytest exit $rc, $nleft process(es) left) in $seconds s: $summary" >&2
