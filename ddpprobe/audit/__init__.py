@@ -26,6 +26,8 @@ with one of these verdicts (``ddpprobe.audit.SYNCED_EQUAL`` etc.):
 - ``logged on some ranks only (collective-mismatch hazard)``;
 - for values logged ``on_step``: ``step values synced`` or ``step values rank-local``;
 - ``no value on any rank`` when the distributed run ended before the epoch's values existed.
+- ``no value under this key`` when neither run stored one (e.g. several dataloaders: Lightning stores
+  ``key/dataloader_idx_N`` instead); never counted as equal.
 
 The ranks' collective sequences are aligned and the first divergence is reported: a collective some
 ranks never enter (who waits, at which line), different op/dtype/shape, or the same op carrying
@@ -38,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import sys
 from typing import Callable, Optional, Union
@@ -47,6 +50,7 @@ from ddpprobe.audit._verdict import (
     FLOORED_COUNT_ISSUE,
     NO_VALUE,
     NOT_IN_WORLD,
+    NOT_STORED,
     STEP_RANK_LOCAL,
     STEP_SYNCED,
     NOT_AT_SINGLE,
@@ -78,6 +82,7 @@ __all__ = [
     "KeyRow",
     "NOT_AT_SINGLE",
     "NOT_IN_WORLD",
+    "NOT_STORED",
     "NO_VALUE",
     "STEP_RANK_LOCAL",
     "STEP_SYNCED",
@@ -91,6 +96,9 @@ __all__ = [
 
 
 STAGES = ("validate", "fit", "test", "predict")
+
+#: Largest seed ``seed_everything`` accepts (2**32 - 1, numpy's limit; lightning_fabric/utilities/seed.py).
+MAX_SEED = 2**32 - 1
 
 
 class AuditInputError(ValueError):
@@ -215,7 +223,9 @@ class AuditResult:
         return out
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2)
+        """``to_dict()`` as standard JSON (RFC 8259): a logged NaN or infinity, which JSON cannot hold,
+        is written as the string ``"nan"``, ``"inf"`` or ``"-inf"``."""
+        return json.dumps(_finite(self.to_dict()), indent=2, allow_nan=False)
 
     def format(self) -> str:
         """The plain-text report the command line prints."""
@@ -225,6 +235,17 @@ class AuditResult:
 
     def __str__(self) -> str:
         return self.format()
+
+
+def _finite(value):
+    """``value`` with every non-finite float (in dicts, lists, tuples) replaced by ``str(float)``."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def resolve_ref(ref: str):
@@ -411,7 +432,7 @@ def audit(
     import tempfile
 
     from ddpprobe.audit import _evidence
-    from ddpprobe.launch import WorldError, run_world
+    from ddpprobe.launch import MAX_WORLD_SIZE, SettingsError, WorldError, resolve_settings, run_world
 
     if stage not in STAGES:
         raise AuditInputError(f"stage={stage!r} is not supported; use one of {', '.join(STAGES)}")
@@ -420,9 +441,23 @@ def audit(
     if world_size == 1:
         raise AuditInputError("world_size=1 would run the single-process world twice and compare nothing; "
                               "use --world-size 2 or more")
+    if world_size > MAX_WORLD_SIZE:
+        raise AuditInputError(f"world_size={world_size} (--world-size) is more ranks than a world can have; "
+                              f"use 2 <= world_size <= {MAX_WORLD_SIZE}")
     if limit_batches is not None and (isinstance(limit_batches, bool) or not isinstance(limit_batches, int)
                                       or limit_batches < 1):
         raise AuditInputError(f"limit_batches={limit_batches!r} must be a positive int number of batches")
+    if isinstance(max_epochs, bool) or not isinstance(max_epochs, int) or max_epochs < 1:
+        # Lightning reads max_epochs=-1 as "train forever": the world would only end at its timeout.
+        raise AuditInputError(f"max_epochs={max_epochs!r} (--max-epochs) must be an int of 1 or more epochs")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        # seed_everything raises for these in every rank (lightning_fabric/utilities/seed.py).
+        raise AuditInputError(f"seed={seed!r} (--seed) must be an int from 0 to {MAX_SEED}")
+    try:  # the same check run_world makes, made before the factories run instead of after the W=1 world
+        resolve_settings(backend=backend, timeout=timeout,
+                         names={"backend": "backend= / --backend", "timeout": "timeout= / --timeout"})
+    except SettingsError as exc:
+        raise AuditInputError(str(exc)) from None
     model_ref, data_ref = _ref(model_factory, "model"), _ref(data_factory, "data")
     sys_path = [os.path.abspath(p) if p else os.getcwd() for p in sys.path]
     sys.path[:0] = [p for p in sys_path if p not in sys.path]

@@ -193,6 +193,8 @@ def _as_loaders(data, stage: str) -> dict:
     raise InputError(
         f"the data factory returned {_describe(data)}; return a LightningDataModule, a DataLoader, or a dict "
         "{'train': DataLoader, 'val': DataLoader}"
+        + ("; several loaders of one stage go in the dict, e.g. {'val': [DataLoader, DataLoader]}"
+           if isinstance(data, (list, tuple)) else "")
     )
 
 

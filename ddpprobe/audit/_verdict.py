@@ -19,6 +19,7 @@ STEP_RANK_LOCAL = "step values rank-local (the logger gets rank 0's)"
 NOT_AT_SINGLE = "not logged in the single-process run"
 NOT_IN_WORLD = "not logged in the distributed run"
 NO_VALUE = "no value on any rank (the stage did not complete)"
+NOT_STORED = "no value under this key, at W=1 or on any rank (nothing to compare)"
 
 #: The upstream issue of the floored batch-size count in the synced epoch mean (the suite's strict xfail
 #: tests/facts/test_log_reductions.py::test_the_synced_epoch_mean_is_the_batch_size_weighted_mean_even_when_the_count_does_not_divide_by_world_size).
@@ -101,7 +102,7 @@ REMOVED_HOOKS = {
 }
 
 #: Verdicts that make the audit fail when the key is epoch-level.
-PROBLEMS = (SYNCED_DIFFERS, RANK_DIVERGENT, SOME_RANKS_ONLY, STEP_RANK_LOCAL, NO_VALUE, NOT_IN_WORLD)
+PROBLEMS = (SYNCED_DIFFERS, RANK_DIVERGENT, SOME_RANKS_ONLY, STEP_RANK_LOCAL, NO_VALUE, NOT_IN_WORLD, NOT_STORED)
 
 #: What a rank-divergent value means downstream.
 #: Sources: lightning_fabric/loggers/logger.py ``rank_zero_experiment`` and every logger's
@@ -389,6 +390,16 @@ def rows(single: dict, world: list, world_size: int, stage: str, limit_batches=N
             elif all(v is None for v in per_rank) and not completed:
                 verdict = NO_VALUE
                 cause = "the distributed run ended before the epoch's values were computed (see the collective trace)"
+            elif single_value is None and all(v is None for v in per_rank):
+                # Never "equal": two missing values compare nothing. With several dataloaders Lightning
+                # stores the key as f"{name}/dataloader_idx_{i}" (pytorch_lightning/trainer/connectors/
+                # logger_connector/result.py ``_ResultCollection.log``, ``add_dataloader_idx``).
+                verdict = NOT_STORED
+                stored = sorted({k for rec in [single, *world] for k in rec["callback_metrics"]
+                                 if k.startswith(f"{name}/")})
+                cause = (f"callback_metrics has no {name!r} after the stage"
+                         + (f"; it has {stored}: the stage ran several dataloaders, audit one at a time"
+                            if stored else ""))
             elif not agree:
                 verdict = RANK_DIVERGENT
                 cause = RANK_DIVERGENT_MEANING

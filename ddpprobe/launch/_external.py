@@ -262,10 +262,17 @@ def main(argv: Optional[list] = None) -> int:
                                            "pg_timeout": "--pg-timeout"})
     except SettingsError as exc:
         parser.error(str(exc))
+    try:
+        params = json.loads(args.params)
+    except ValueError as exc:
+        parser.error(f"--params {args.params!r} is not JSON ({exc}); give a JSON object, e.g. --params '{{\"n\": 8}}'")
+    if not isinstance(params, dict):
+        parser.error(f"--params {args.params!r} is a JSON {type(params).__name__}, not an object; give the scenario's "
+                     "keyword arguments as a JSON object, e.g. --params '{\"n\": 8}'")
     world = external_world()
     if world is None:
         parser.error("no external world found: run under torchrun (TORCHELASTIC_RUN_ID, RANK, WORLD_SIZE) or srun")
-    messages = exchange_messages(world, args.scenario, json.loads(args.params), settings)
+    messages = exchange_messages(world, args.scenario, params, settings)
     ok = all(m.status == "ok" for m in messages)
     if world.rank == 0:
         text = json.dumps([m.to_json_dict() for m in messages], indent=1)

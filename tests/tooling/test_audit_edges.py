@@ -1,0 +1,89 @@
+"""The audit and the external-world command line on odd input, without launching a world: options refused
+before any factory runs, keys nothing stored, non-finite values in --json, --params that is not a JSON
+object."""
+
+import json
+import math
+import re
+import time
+
+import pytest
+
+from ddpprobe.audit import NOT_STORED, AuditInputError, AuditResult, _verdict, audit
+
+pytestmark = pytest.mark.not_a_fact("tests the audit's and the launcher's input handling, not a fact about DDP")
+
+#: A factory that cannot be imported: an option checked first is reported instead of this.
+MISSING = "examples.missing:make_model"
+
+
+@pytest.mark.parametrize("options, named", [
+    (dict(world_size=1000), r"world_size=1000 \(--world-size\).*2 <= world_size <= 64"),
+    (dict(stage="fit", max_epochs=-1), r"max_epochs=-1 \(--max-epochs\) must be an int of 1 or more"),
+    (dict(max_epochs=0), r"max_epochs=0 "),
+    (dict(seed=-1), r"seed=-1 \(--seed\) must be an int from 0 to 4294967295"),
+    (dict(seed=2**32), r"seed=4294967296 "),
+    (dict(timeout=float("nan")), r"timeout=nan \(timeout= / --timeout\)"),
+    (dict(timeout=-1.0), r"timeout=-1\.0 "),
+    (dict(backend="mpi"), r"backend='mpi' \(backend= / --backend\).*gloo, nccl"),
+])
+def test_a_bad_option_is_refused_naming_it_before_any_factory_runs(options, named):
+    """Each bad option raises ``AuditInputError`` naming the value and the range, in well under a second:
+    before the factories are imported (an unimportable factory would be reported otherwise) and before
+    the single-process world, instead of after it (world size), at the world timeout (``max_epochs=-1``
+    trains forever) or in every rank (``seed_everything`` raising)."""
+    start = time.monotonic()
+    with pytest.raises(AuditInputError, match=named):
+        audit(MISSING, MISSING, **options)
+    assert time.monotonic() - start < 2
+
+
+def _record(callback_metrics: dict) -> dict:
+    call = {"name": "v", "hook": "validation_step", "on_step": False, "on_epoch": True, "sync_dist": True,
+            "reduce_fx": "mean", "rank_zero_only": False, "metric_object": False, "calls": 2}
+    return {"log_calls": [call], "callback_metrics": callback_metrics}
+
+
+def test_a_key_no_run_stored_is_a_problem_naming_the_dataloader_keys_not_equal_to_single_process():
+    """With several validation dataloaders Lightning stores ``self.log("v", ...)`` as
+    ``v/dataloader_idx_0`` and ``v/dataloader_idx_1``: ``callback_metrics["v"]`` is missing at W=1 and on
+    every rank. Two missing values compare nothing, so the row is ``NOT_STORED`` (a problem) naming the
+    keys that were stored, not "synced, equals single-process"."""
+    stored = {"v/dataloader_idx_0": 1.0, "v/dataloader_idx_1": 2.0}
+    (row,) = _verdict.rows(_record(stored), [_record(stored), _record(stored)], 2, "validate")
+
+    assert row.verdict == NOT_STORED and row.problem, row
+    assert "['v/dataloader_idx_0', 'v/dataloader_idx_1']" in row.cause, row.cause
+
+
+def test_json_output_is_standard_json_with_non_finite_values_as_strings():
+    """A logged NaN or infinity is written as ``"nan"`` / ``"inf"`` / ``"-inf"``: ``--json`` stays
+    parseable by strict JSON readers (RFC 8259 has no NaN), and the value is still readable."""
+    (row,) = _verdict.rows(_record({"v": float("nan")}), [_record({"v": float("inf")}),
+                                                         _record({"v": float("-inf")})], 2, "validate")
+    result = AuditResult(model="m:f", data="d:f", stage="validate", world_size=2, backend="gloo", rows=[row],
+                         stdout_lines={}, stdout_samples=[], removed_hooks=[], loaders={},
+                         raised={"single": None, "world": [None, None]}, experiment_calls=[], logger_metrics=[],
+                         sync_dist_warnings=[])
+
+    def refuse(constant):
+        raise ValueError(f"non-standard JSON constant {constant}")
+
+    report = json.loads(result.to_json(), parse_constant=refuse)
+    assert (report["rows"][0]["single"], report["rows"][0]["per_rank"]) == ("nan", ["inf", "-inf"])
+    assert math.isnan(row.single)  # the result itself keeps floats
+
+
+@pytest.mark.parametrize("params, named", [
+    ("notjson", r"--params 'notjson' is not JSON"),
+    ("[1]", r"--params '\[1\]' is a JSON list, not an object"),
+])
+def test_launch_command_line_refuses_params_that_are_not_a_json_object_naming_them(params, named, capsys):
+    """``python -m ddpprobe.launch SCENARIO --params ...`` exits 2 with a usage error naming the text,
+    checked before it looks for the external world, instead of a JSONDecodeError traceback on every rank."""
+    from ddpprobe.launch._external import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["tests.support.scenarios:identity", "--params", params])
+    assert exited.value.code == 2
+    assert re.search(named, capsys.readouterr().err)
