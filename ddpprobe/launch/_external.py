@@ -70,14 +70,22 @@ def external_world(environ: Optional[dict] = None) -> Optional[ExternalWorld]:
     ``SLURM_PROCID``, ``SLURM_LOCALID``, ``SLURM_NODEID``, ``SLURM_STEP_TASKS_PER_NODE``; a batch
     script's own step (one task, even under ``sbatch --ntasks=N``) is not a world. MASTER_ADDR and
     MASTER_PORT must be exported by the batch script. A ddpprobe rank itself is never an external
-    world (its launcher clears these variables), and ``DDPPROBE_NO_EXTERNAL_WORLD=1`` turns detection off.
+    world (its launcher clears these variables), and ``DDPPROBE_NO_EXTERNAL_WORLD=1`` (``true``, ``yes``) turns
+    detection off; ``0``, ``false``, ``no`` or empty leave it on.
 
     Raises:
-        ValueError: a launcher variable holds something other than an integer; the message names it.
+        ValueError: a launcher variable holds something other than an integer, or
+            ``DDPPROBE_NO_EXTERNAL_WORLD`` is none of the values above; the message names it.
     """
     env = os.environ if environ is None else environ
-    if env.get("DDPPROBE_NO_EXTERNAL_WORLD"):
+    switch = env.get("DDPPROBE_NO_EXTERNAL_WORLD", "").strip().lower()
+    if switch in ("1", "true", "yes"):
         return None
+    if switch not in ("", "0", "false", "no"):
+        raise ValueError(
+            f"DDPPROBE_NO_EXTERNAL_WORLD={env['DDPPROBE_NO_EXTERNAL_WORLD']!r} is neither on nor off; set it to 1 "
+            "(true, yes) to launch ddpprobe's own worlds even under torchrun/srun, or to 0 (false, no, empty) to "
+            "run in the external world")
 
     def number(name: str, default=None) -> int:
         raw = env.get(name, default)

@@ -1,6 +1,6 @@
 """The audit and the external-world command line on odd input, without launching a world: options refused
 before any factory runs, keys nothing stored, non-finite values in --json, --params that is not a JSON
-object."""
+object, a DDPPROBE_NO_EXTERNAL_WORLD that is neither on nor off."""
 
 import json
 import math
@@ -87,3 +87,25 @@ def test_launch_command_line_refuses_params_that_are_not_a_json_object_naming_th
         main(["tests.support.scenarios:identity", "--params", params])
     assert exited.value.code == 2
     assert re.search(named, capsys.readouterr().err)
+
+
+TORCHRUN_RANK_1_OF_2 = {"TORCHELASTIC_RUN_ID": "x", "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1",
+                        "GROUP_RANK": "0", "LOCAL_WORLD_SIZE": "2"}
+
+
+@pytest.mark.parametrize("value, detected", [("1", False), ("YES", False), ("true", False), ("0", True),
+                                             ("false", True), ("no", True), ("", True)])
+def test_no_external_world_switch_reads_0_and_false_as_off_not_as_set(value, detected):
+    """``DDPPROBE_NO_EXTERNAL_WORLD=0`` (or ``false``, ``no``) leaves the detection of a torchrun/srun world
+    on, as the name promises; only 1/true/yes turn it off (a non-empty ``0`` used to turn it off)."""
+    from ddpprobe.launch import external_world
+
+    world = external_world({**TORCHRUN_RANK_1_OF_2, "DDPPROBE_NO_EXTERNAL_WORLD": value})
+    assert (world is not None) == detected, world
+
+
+def test_no_external_world_switch_with_junk_is_refused_naming_it():
+    from ddpprobe.launch import external_world
+
+    with pytest.raises(ValueError, match=r"DDPPROBE_NO_EXTERNAL_WORLD='maybe' is neither on nor off; set it to 1"):
+        external_world({**TORCHRUN_RANK_1_OF_2, "DDPPROBE_NO_EXTERNAL_WORLD": "maybe"})
