@@ -121,6 +121,10 @@ def test_g_a_fixed_threshold_grid_metric_chooses_only_grid_thresholds_and_is_app
     on_grid = [oracle.best_threshold_on_grid(padded_ids, k, grid) for k in range(multilabel.NUM_LABELS)]
     exact = [oracle.best_threshold_scores(padded_ids, k) for k in range(multilabel.NUM_LABELS)]
     gaps = [exact[k]["f1"] - on_grid[k]["f1"] for k in range(multilabel.NUM_LABELS)]
+    single_grid = oracle.best_threshold_on_grid(range(n), 0, grid)
+    rank0_grid = oracle.best_threshold_on_grid(oracle.shard(n, world_size, 0), 0, grid)
+    oracle.assert_distinct(padded_set_grid_f1=on_grid[0]["f1"], single_process_grid_f1=single_grid["f1"],
+                           rank0_shard_grid_f1=rank0_grid["f1"])
     assert all(gap > -1e-9 for gap in gaps) and any(gap > 1e-6 for gap in gaps), f"grid gaps {gaps}"
     semantics.number("largest F1 lost to the grid", max(gaps), vs=("exact best F1", exact[gaps.index(max(gaps))]["f1"]))
     _assert_recipe(world, "g", [on_grid] * world_size)
