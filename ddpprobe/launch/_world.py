@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import multiprocessing.connection
 import os
 import shutil
 import signal
+import sys
 import time
 from typing import Callable, Optional
 
@@ -176,6 +178,10 @@ class _World:
         return self._outcome()
 
     def _start(self) -> None:
+        with _main_not_rerun():
+            self._start_ranks()
+
+    def _start_ranks(self) -> None:
         for rank in range(self.spec.world_size):
             result_r, result_w = self.ctx.Pipe(duplex=False)
             life_r, life_w = self.ctx.Pipe(duplex=False)
@@ -312,6 +318,31 @@ class _World:
         world = (f"world of {self.spec.world_size} rank(s) running {self.spec.scenario_ref} "
                  f"(backend={self.spec.backend})")
         return build_result(messages, world, order=self.arrival, timeout=self.timeout, timed_out=self.timed_out)
+
+
+@contextlib.contextmanager
+def _main_not_rerun():
+    """While ranks start, hide where this program's ``__main__`` came from, so no rank runs it again.
+
+    multiprocessing's forkserver and spawn children re-import the parent's main script or module as
+    ``__mp_main__`` (multiprocessing/spawn.py ``get_preparation_data``: ``init_main_from_path`` /
+    ``init_main_from_name``). A script that calls ``run_world`` at top level, without
+    ``if __name__ == "__main__":``, would then call it again inside every rank, which dies with
+    multiprocessing's "bootstrapping phase" error before its scenario runs. A rank never needs
+    ``__main__``: scenarios come from importable modules (``scenario_ref`` refuses ``__main__``).
+    """
+    main = sys.modules.get("__main__")
+    if main is None:
+        yield
+        return
+    saved = {name: main.__dict__[name] for name in ("__spec__", "__file__") if name in main.__dict__}
+    main.__dict__.pop("__file__", None)
+    main.__spec__ = None
+    try:
+        yield
+    finally:
+        main.__dict__.pop("__spec__", None)
+        main.__dict__.update(saved)
 
 
 def _killpg(pgid: int) -> None:
