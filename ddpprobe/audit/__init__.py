@@ -329,6 +329,27 @@ def declared_package(ref: str) -> Optional[str]:
     return found.pop() if len(found) == 1 else None
 
 
+#: The methods a LightningModule must override for each stage, each entry a group of alternatives
+#: (pytorch_lightning/trainer/configuration_validator.py ``_verify_loop_configurations``: training_step and
+#: configure_optimizers for fit, validation_step for validate, test_step for test; predict_step or forward
+#: for predict, since the default predict_step calls ``self(batch)``).
+STAGE_STEPS = {"fit": (("training_step",), ("configure_optimizers",)), "validate": (("validation_step",),),
+               "test": (("test_step",),), "predict": (("predict_step", "forward"),)}
+
+
+def missing_step(cls, stage: str) -> Optional[str]:
+    """None when ``cls`` (a LightningModule subclass) overrides what ``stage`` needs, else the first missing
+    method's name (``"predict_step (or forward)"`` for predict)."""
+    base = next((b for b in cls.__mro__ if b.__name__ == "LightningModule" and b.__module__.endswith("core.module")),
+                None)
+    if base is None:
+        return None
+    for group in STAGE_STEPS[stage]:
+        if all(getattr(cls, name, None) is getattr(base, name, None) for name in group):
+            return group[0] + "".join(f" (or {name})" for name in group[1:])
+    return None
+
+
 def preflight(model_ref: str, data_ref: str, stage: str) -> str:
     """Check the factories in this process, before any world starts; return the Lightning package to run.
 
@@ -373,6 +394,13 @@ def preflight(model_ref: str, data_ref: str, stage: str) -> str:
                               "(python -m ddpprobe audit ...)") from None
     from ddpprobe.audit._scenario import InputError, _as_loaders
 
+    missing = missing_step(type(model), stage)
+    if missing:
+        others = [s for s in STAGES if s != stage and not missing_step(type(model), s)]
+        raise AuditInputError(
+            f"the model factory {model_ref} returned a {type(model).__qualname__} without {missing}, which "
+            f"Trainer.{stage} needs (Lightning raises MisconfigurationException); define it, or audit a stage "
+            f"the module has: {', '.join('--stage ' + s for s in others) or 'none'}")
     try:
         _as_loaders(data, stage)
     except InputError as exc:

@@ -38,6 +38,46 @@ def test_a_bad_option_is_refused_naming_it_before_any_factory_runs(options, name
     assert time.monotonic() - start < 2
 
 
+def make_validation_only_module():
+    """A LightningModule with validation_step only (no training_step, test_step, predict_step or forward)."""
+    import torch
+
+    from ddpprobe._lightning import pl
+
+    class ValidationOnly(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(1, 1)
+
+        def validation_step(self, batch, batch_idx):
+            pass
+
+    return ValidationOnly()
+
+
+def make_loader():
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    return DataLoader(TensorDataset(torch.zeros(4, 1)), batch_size=2)
+
+
+@pytest.mark.parametrize("stage, named", [
+    ("test", r"without test_step, which Trainer\.test needs.*--stage validate"),
+    ("predict", r"without predict_step \(or forward\), which Trainer\.predict needs"),
+    ("fit", r"without training_step, which Trainer\.fit needs"),
+])
+def test_a_module_without_the_stages_step_is_refused_naming_it_before_any_world_starts(stage, named):
+    """``--stage test`` on a module without ``test_step`` (and likewise predict, fit) is bad input: the
+    audit names the missing method and the stages the module has, in this process, instead of running
+    three worlds that each raise Lightning's MisconfigurationException and exiting 1."""
+    here = "tests.tooling.test_audit_edges"
+    start = time.monotonic()
+    with pytest.raises(AuditInputError, match=named):
+        audit(f"{here}:make_validation_only_module", f"{here}:make_loader", stage=stage)
+    assert time.monotonic() - start < 10
+
+
 def _record(callback_metrics: dict) -> dict:
     call = {"name": "v", "hook": "validation_step", "on_step": False, "on_epoch": True, "sync_dist": True,
             "reduce_fx": "mean", "rank_zero_only": False, "metric_object": False, "calls": 2}
