@@ -2,9 +2,10 @@
 
 Exit codes: 0 no problem found; 1 a problem found (a logged key rank-divergent, differing from the
 single-process value or logged on some ranks only; the ranks' collectives diverging; data not sharded;
-the stage raising or the world failing); 2 bad input, reported before any world starts (a factory that
-cannot be imported, raises or returns the wrong type; a module mixing both Lightning packages;
-``--world-size 1``, which would compare nothing).
+the stage raising or the world failing; a logged key no run stored); 2 bad input, reported before any
+world starts (a factory that cannot be imported, raises or returns the wrong type; a module mixing both
+Lightning packages; a module without the stage's step method; ``--world-size`` outside 2..64, since 1
+would compare nothing; ``--max-epochs`` below 1; ``--seed`` outside 0..2**32-1; a bad ``--timeout``).
 """
 
 from __future__ import annotations
