@@ -54,7 +54,8 @@ def main(argv: Optional[list] = None) -> int:
     try:
         result = audit(args.model, args.data, world_size=args.world_size, stage=args.stage, backend=args.backend,
                        limit_batches=args.limit_batches, max_epochs=args.max_epochs, seed=args.seed,
-                       timeout=args.timeout)
+                       timeout=args.timeout, progress=lambda line: print(f"ddpprobe audit: {line}", file=sys.stderr,
+                                                                        flush=True))
     except AuditInputError as exc:
         print(f"ddpprobe audit: error: {exc}", file=sys.stderr)
         return 2

@@ -425,6 +425,7 @@ def audit(
     timeout: Optional[float] = None,
     rtol: float = 1e-5,
     atol: float = 1e-6,
+    progress: Optional[Callable[[str], None]] = None,
 ) -> AuditResult:
     """Run ``stage`` of ``model_factory()`` on ``data_factory()`` at W=1 and at W=``world_size``; compare.
 
@@ -446,6 +447,9 @@ def audit(
         timeout: seconds each world may run (default ``DDPPROBE_TIMEOUT`` or 120); a collective that
             never completes fails after half of it (the process-group timeout).
         rtol, atol: tolerance for two values being equal.
+        progress: called with one line before each world starts (which world, its time limit), e.g.
+            ``print`` to stderr, so a module that hangs is not waited for in silence (the command line
+            passes one).
 
     Returns:
         An :class:`AuditResult`; ``result.exit_code`` is 1 when it found a problem (see
@@ -482,7 +486,7 @@ def audit(
         # seed_everything raises for these in every rank (lightning_fabric/utilities/seed.py).
         raise AuditInputError(f"seed={seed!r} (--seed) must be an int from 0 to {MAX_SEED}")
     try:  # the same check run_world makes, made before the factories run instead of after the W=1 world
-        resolve_settings(backend=backend, timeout=timeout,
+        settings = resolve_settings(backend=backend, timeout=timeout,
                          names={"backend": "backend= / --backend", "timeout": "timeout= / --timeout"})
     except SettingsError as exc:
         raise AuditInputError(str(exc)) from None
@@ -499,6 +503,10 @@ def audit(
     try:
         runs, traces, errors, outputs = {}, {}, {}, {}
         for label, size in (("single", 1), ("world", world_size)):
+            if progress is not None:
+                ranks = "single process" if size == 1 else f"{size} ranks"
+                progress(f"running {stage} of {model_ref} at W={size} ({ranks}, at most {settings.timeout:g} s; "
+                         "--timeout changes it)")
             folder = os.path.join(trace_root, label)
             os.makedirs(folder)
             try:

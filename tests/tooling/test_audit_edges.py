@@ -149,3 +149,17 @@ def test_no_external_world_switch_with_junk_is_refused_naming_it():
 
     with pytest.raises(ValueError, match=r"DDPPROBE_NO_EXTERNAL_WORLD='maybe' is neither on nor off; set it to 1"):
         external_world({**TORCHRUN_RANK_1_OF_2, "DDPPROBE_NO_EXTERNAL_WORLD": "maybe"})
+
+
+def test_the_audit_says_which_world_it_starts_and_its_time_limit_before_each_world():
+    """``progress`` gets one line before each world (the command line prints them to stderr), naming the
+    stage, W and the time limit, so a module that hangs is not waited for in silence."""
+    here = "tests.tooling.test_audit_edges"
+    lines = []
+    audit(f"{here}:make_validation_only_module", f"{here}:make_loader", timeout=60, progress=lines.append)
+
+    assert lines == [
+        f"running validate of {here}:make_validation_only_module at W=1 (single process, at most 60 s; "
+        "--timeout changes it)",
+        f"running validate of {here}:make_validation_only_module at W=2 (2 ranks, at most 60 s; --timeout changes it)",
+    ], lines
