@@ -464,7 +464,8 @@ def audit(
     import tempfile
 
     from ddpprobe.audit import _evidence
-    from ddpprobe.launch import MAX_WORLD_SIZE, SettingsError, WorldError, resolve_settings, run_world
+    from ddpprobe.launch import (MAX_WORLD_SIZE, SettingsError, WorldError, cuda_device_count, resolve_settings,
+                                 run_world)
 
     if stage not in STAGES:
         raise AuditInputError(f"stage={stage!r} is not supported; use one of {', '.join(STAGES)}")
@@ -490,6 +491,11 @@ def audit(
                          names={"backend": "backend= / --backend", "timeout": "timeout= / --timeout"})
     except SettingsError as exc:
         raise AuditInputError(str(exc)) from None
+    if settings.backend == "nccl" and cuda_device_count() < world_size:
+        raise AuditInputError(
+            f"backend='nccl' (--backend) needs one CUDA device per rank: --world-size {world_size} but this machine "
+            f"has {cuda_device_count()} CUDA device(s); use --backend gloo or a --world-size of at most "
+            f"{cuda_device_count()} (2 or more)")
     model_ref, data_ref = _ref(model_factory, "model"), _ref(data_factory, "data")
     sys_path = [os.path.abspath(p) if p else os.getcwd() for p in sys.path]
     sys.path[:0] = [p for p in sys_path if p not in sys.path]

@@ -163,3 +163,14 @@ def test_the_audit_says_which_world_it_starts_and_its_time_limit_before_each_wor
         "--timeout changes it)",
         f"running validate of {here}:make_validation_only_module at W=2 (2 ranks, at most 60 s; --timeout changes it)",
     ], lines
+
+
+def test_nccl_with_fewer_cuda_devices_than_ranks_is_refused_naming_the_world_size(monkeypatch):
+    """``--backend nccl --world-size 2`` on a machine with fewer than 2 CUDA devices is refused before the
+    factories run, naming the requested world size (not the W=1 world's) and ``--backend gloo``."""
+    import ddpprobe.launch
+
+    monkeypatch.setattr(ddpprobe.launch, "cuda_device_count", lambda: 1)
+    named = r"--world-size 2 but this machine has 1 CUDA device\(s\); use --backend gloo"
+    with pytest.raises(AuditInputError, match=named):
+        audit(MISSING, MISSING, backend="nccl")
