@@ -45,27 +45,28 @@ import os
 import sys
 from typing import Callable, Optional, Union
 
-from ddpprobe.audit._verdict import (
-    FIXES,
-    FLOORED_COUNT_ISSUE,
-    NO_VALUE,
-    NOT_IN_WORLD,
-    NOT_STORED,
-    STEP_RANK_LOCAL,
-    STEP_SYNCED,
-    NOT_AT_SINGLE,
-    REMOVED_HOOKS,
-    RANK_DIVERGENT,
-    SOME_RANKS_ONLY,
-    STEP_LEVEL,
-    SYNCED_DIFFERS,
-    SYNCED_EQUAL,
-    KeyRow,
+from ddpprobe.audit._experiment import (
     EXPERIMENT_DIFFERS,
     EXPERIMENT_DIVERGENT,
     EXPERIMENT_EQUAL,
     EXPERIMENT_LOCAL,
     experiment_rows,
+)
+from ddpprobe.audit._fixes import FIXES, REMOVED_HOOKS
+from ddpprobe.audit._verdict import (
+    FLOORED_COUNT_ISSUE,
+    NO_VALUE,
+    NOT_AT_SINGLE,
+    NOT_IN_WORLD,
+    NOT_STORED,
+    RANK_DIVERGENT,
+    SOME_RANKS_ONLY,
+    STEP_LEVEL,
+    STEP_RANK_LOCAL,
+    STEP_SYNCED,
+    SYNCED_DIFFERS,
+    SYNCED_EQUAL,
+    KeyRow,
     padding_duplicates,
     rows as _rows,
 )

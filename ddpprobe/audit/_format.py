@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import textwrap
 
-from ddpprobe.audit._verdict import divergence_fixes, fix_line
+from ddpprobe.audit._fixes import divergence_fixes, fix_line
 
 #: Past this many ranks the table shows min / max / distinct instead of one column per rank.
 MAX_RANK_COLUMNS = 4

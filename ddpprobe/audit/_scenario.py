@@ -17,7 +17,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from ddpprobe._lightning import pl
-from ddpprobe.audit._verdict import REMOVED_HOOKS
+from ddpprobe.audit._fixes import REMOVED_HOOKS
 from ddpprobe.launch import RankInfo
 from ddpprobe.probes.common import ddp_trainer, recorded_warnings, seed_everything
 from ddpprobe.probes.trace import CollectiveTrace
