@@ -300,6 +300,10 @@ def _call(ref: str, what: str):
                               "at a function (or class) that takes no arguments")
     try:
         return found()
+    except SystemExit as exc:  # e.g. argparse in the factory reading the audit's own command line
+        raise AuditInputError(f"the {what} factory {ref!r} called sys.exit({exc.code!r}) (argparse's parse_args() "
+                              "reading the audit's command line does); it must build its object with no "
+                              "arguments and without reading sys.argv") from None
     except Exception as exc:  # noqa: BLE001 - the user's factory raising is bad input
         raise AuditInputError(f"the {what} factory {ref!r} raised {type(exc).__name__}: {exc}; it must build "
                               "its object with no arguments") from None

@@ -78,6 +78,24 @@ def test_a_module_without_the_stages_step_is_refused_naming_it_before_any_world_
     assert time.monotonic() - start < 10
 
 
+def make_module_reading_argv():
+    """A factory that parses the command line, as a training script's main would."""
+    import argparse
+
+    argparse.ArgumentParser(prog="train").parse_args(["--no-such-option"])
+    return make_validation_only_module()
+
+
+def test_a_factory_calling_sys_exit_is_bad_input_naming_it_instead_of_ending_the_audit(capsys):
+    """A factory whose argparse rejects the audit's command line raises ``SystemExit``; the audit reports
+    it as bad input naming the factory and the exit code, instead of exiting with argparse's usage text
+    of another program as its only output."""
+    here = "tests.tooling.test_audit_edges"
+    named = r"the model factory '.*:make_module_reading_argv' called sys\.exit\(2\).*without reading sys\.argv"
+    with pytest.raises(AuditInputError, match=named):
+        audit(f"{here}:make_module_reading_argv", f"{here}:make_loader")
+
+
 def _record(callback_metrics: dict) -> dict:
     call = {"name": "v", "hook": "validation_step", "on_step": False, "on_epoch": True, "sync_dist": True,
             "reduce_fx": "mean", "rank_zero_only": False, "metric_object": False, "calls": 2}
