@@ -86,7 +86,7 @@ def make_module_reading_argv():
     return make_validation_only_module()
 
 
-def test_a_factory_calling_sys_exit_is_bad_input_naming_it_instead_of_ending_the_audit(capsys):
+def test_a_factory_calling_sys_exit_is_bad_input_naming_it_instead_of_ending_the_audit():
     """A factory whose argparse rejects the audit's command line raises ``SystemExit``; the audit reports
     it as bad input naming the factory and the exit code, instead of exiting with argparse's usage text
     of another program as its only output."""
