@@ -85,7 +85,9 @@ def run_world(
             no process that touched CUDA is ever forked). Default ``DDPPROBE_START_METHOD``.
         env: extra environment variables for every rank, set after the launcher's own. Each rank
             starts from this process's ``os.environ`` as it is at the call, with either start method
-            (a forked rank does not keep the forkserver's older copy).
+            (a forked rank does not keep the forkserver's older copy). The variables that describe the
+            world (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``GLOO_SOCKET_IFNAME`` ...:
+            ``ddpprobe.launch._arguments.LAUNCHER_ENV``) cannot be replaced (``ValueError``).
         keep_cluster_env: keep ``SLURM_*``, ``TORCHELASTIC_*`` and similar variables in the ranks
             (they are removed by default, since they make Lightning pick another cluster environment).
         **params: JSON-like keyword arguments passed to the scenario.

@@ -192,3 +192,18 @@ def test_nccl_with_fewer_cuda_devices_than_ranks_is_refused_naming_the_world_siz
     named = r"--world-size 2 but this machine has 1 CUDA device\(s\); use --backend gloo"
     with pytest.raises(AuditInputError, match=named):
         audit(MISSING, MISSING, backend="nccl")
+
+
+@pytest.mark.parametrize("env", [{"GLOO_SOCKET_IFNAME": "eth0"}, {"MASTER_ADDR": "0.0.0.0"}, {"RANK": "0"},
+                                 {"WORLD_SIZE": "3", "OMP_NUM_THREADS": "2"}])
+def test_run_world_env_cannot_replace_the_launchers_own_variables(env):
+    """``run_world(env=...)`` that sets a variable the launcher sets to describe the world (rank, world size,
+    the loopback rendezvous, gloo's interface) is refused before any rank starts, naming it: otherwise two
+    ranks could both be rank 0 and wait for each other until the process-group timeout, or gloo could
+    listen on a non-loopback interface. Other variables (``OMP_NUM_THREADS``) stay allowed."""
+    from ddpprobe import run_world
+    from tests.support import scenarios
+
+    clash = next(k for k in env if k != "OMP_NUM_THREADS")
+    with pytest.raises(ValueError, match=rf"env sets {clash}={env[clash]!r}, which the launcher sets in every rank"):
+        run_world(scenarios.identity, 2, env=env)
