@@ -8,7 +8,6 @@ a JSON-ready record and never prints, so the rank's stdout holds only what the u
 
 from __future__ import annotations
 
-import importlib
 import math
 import os
 import sys
@@ -18,33 +17,13 @@ from torch.utils.data import DataLoader
 
 from ddpprobe._lightning import pl
 from ddpprobe.audit._fixes import REMOVED_HOOKS
+from ddpprobe.audit._inputs import resolve_ref
 from ddpprobe.launch import RankInfo
 from ddpprobe.probes.common import ddp_trainer, recorded_warnings, seed_everything
 from ddpprobe.probes.trace import CollectiveTrace
 
-#: Stages an audit can run (each is the Trainer method of that name).
-STAGES = ("validate", "fit", "test", "predict")
-
-
 class InputError(Exception):
     """A factory returned something the audit cannot run (reported back as ``record["input_error"]``)."""
-
-
-def resolve_ref(ref: str):
-    """Import ``"package.module:qualname"`` (or ``"package.module.name"``) and return the object.
-
-    Raises:
-        ImportError / AttributeError: the module or the name inside it does not exist.
-    """
-    module_name, sep, qualname = ref.partition(":")
-    if not sep:
-        module_name, _, qualname = ref.rpartition(".")
-    if not module_name or not qualname:
-        raise ImportError(f"{ref!r} is not of the form 'package.module:function'")
-    obj = importlib.import_module(module_name)
-    for part in qualname.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 def _float(value):

@@ -1,0 +1,152 @@
+"""The audit's result: one row per logged key, the per-rank evidence and trace, what it prints and its
+JSON form."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from typing import Optional
+
+from ddpprobe.audit._verdict import KeyRow
+
+@dataclasses.dataclass(frozen=True)
+class AuditResult:
+    """What :func:`audit` found.
+
+    Attributes:
+        model, data: the factories as ``"module:qualname"``.
+        stage: ``"validate"``, ``"fit"`` or ``"test"``.
+        world_size, backend: the W=N world.
+        rows: one :class:`KeyRow` per logged key, in first-logged order.
+        stdout_lines: ``{"single": [n], "world": [n_rank0, n_rank1, ...]}``, lines each rank wrote to
+            stdout (the user's ``print``\\ s; the audit itself prints nothing in the ranks).
+        stdout_samples: the first stdout lines of each W=N rank (up to 5 each).
+        removed_hooks: ``[{"hook", "effect"}]`` for each removed 1.x hook the module defines.
+        loaders: ``{kind: {"dataset_size", "per_rank", "padding_duplicates"}}`` at W=N, for the loaders
+            the stage used (``"train"``, ``"val"``, ``"test"``).
+        raised: ``{"single": ..., "world": [...]}``: ``{"type", "message"}`` where the stage raised, else None.
+        experiment_calls: calls made on ``self.logger.experiment`` in the W=N run; recorded on rank 0
+            only, because every other rank's experiment is a no-op ``_DummyExperiment``.
+        logger_metrics: what Lightning sent to the logger in the W=N run (``[{"step", "metrics"}]``,
+            rank 0 only, as with any Lightning logger).
+        sync_dist_warnings: Lightning's "It is recommended to use sync_dist=True" warnings (W=N, rank 0).
+        counts: ``{loop: Counts.to_dict()}`` (ddpprobe/audit/_evidence.py): batches and samples each W=N rank's
+            loop really ran, duplicates across ranks, whether every rank ran every sample, the sampler.
+        trace: the W=N collective trace (``TRACE_SCHEMA`` below): ``{"level", "ranks", "first_divergence"}``.
+        world_error: ``{"type", "message"}`` when the W=N world failed (a rank died, raised outside the
+            stage, or hung past the timeout), else None; the trace still holds what every rank did.
+        lightning: the Lightning package the audit ran (``"pytorch_lightning"`` or ``"lightning"``),
+            chosen from what the model's class derives from.
+        predictions: ``predict`` only: prediction batches each W=N rank returned, else None.
+        experiment_rows: one entry per value the module wrote to ``self.logger.experiment`` itself
+            (``add_scalar(tag, value, ...)``): what each W=N rank's code wrote (only rank 0's reaches the
+            logger; every other rank's experiment is a no-op), the single-process value, a verdict
+            (``EXPERIMENT_DIVERGENT``, ``EXPERIMENT_LOCAL``, ``EXPERIMENT_DIFFERS``, ``EXPERIMENT_EQUAL``),
+            cause and fixes.
+
+    The ``trace`` schema (version 1): ``level`` is ``"flight_recorder"`` when every rank left torch's
+    Flight Recorder entries (the backend's own sequence, DDP's gradient all_reduces included) or
+    ``"python"`` (the ``torch.distributed`` calls made from Python); ``ranks[r]`` has ``collectives``
+    (each ``{"seq", "op", "reduce_op", "dtype", "shape", "group_size", "source", "key", "metric",
+    "states", "hook", "call_site", "origin", "pg_seq", "status"}``, ``status`` ``"done"``, ``"raised"`` (with
+    ``error``) or ``"pending"``: entered and never left), ``stage`` (``"end"``, ``"raised"`` or None:
+    the rank never finished), ``stage_error``, ``flight_recorder_entries``; ``first_divergence`` is None
+    or ``{"kind": "missing" | "mismatch" | "keys", "index", "ranks", "entries", "message"}``. The event
+    format each rank writes is documented in ddpprobe/probes/trace.py.
+    """
+
+    model: str
+    data: str
+    stage: str
+    world_size: int
+    backend: str
+    rows: list
+    stdout_lines: dict
+    stdout_samples: list
+    removed_hooks: list
+    loaders: dict
+    raised: dict
+    experiment_calls: list
+    logger_metrics: list
+    sync_dist_warnings: list
+    counts: dict = dataclasses.field(default_factory=dict)
+    trace: dict = dataclasses.field(default_factory=dict)
+    world_error: Optional[dict] = None
+    lightning: str = "pytorch_lightning"
+    predictions: Optional[list] = None
+    experiment_rows: list = dataclasses.field(default_factory=list)
+
+    @property
+    def problems(self) -> list:
+        """Sentences, one per finding that makes the audit fail."""
+        out = [f"{row.key}{' (step values)' if row.level == 'step' else ''}: {row.verdict}"
+               for row in self.rows if row.problem]
+        tags = list(dict.fromkeys(f"{r['tag']}: {r['verdict']}" for r in self.experiment_rows if r["problem"]))
+        out += [f"logger.experiment {t}" for t in tags]
+        divergence = (self.trace or {}).get("first_divergence")
+        if divergence:
+            out.append(f"the ranks' collectives diverge: {divergence['message']}")
+        if self.world_error:
+            out.append(f"the {self.world_size}-rank world failed: {self.world_error['type']}")
+        for kind, info in self.counts.items():
+            if self.stage == "predict" and kind == "predict" and info.get("identified") and not info.get("unsharded"):
+                if info.get("duplicates") or info.get("missing_vs_single"):
+                    out.append(f"predict ran {info['duplicates']} repeated and {info['missing_vs_single'] or 0} "
+                               "missing sample(s) compared with the single process")
+            if info.get("unsharded"):
+                out.append(f"every rank ran all {info['samples'][0]} samples of the {kind} set (the data is not "
+                           "sharded: each rank repeats the others' work)")
+        for where, info in [("W=1", self.raised["single"])] + [
+            (f"rank {r}", info) for r, info in enumerate(self.raised["world"])
+        ]:
+            if info:
+                out.append(f"the {self.stage} stage raised {info['type']} ({where})")
+        return out
+
+    @property
+    def exit_code(self) -> int:
+        """1 when any epoch-level key is rank-divergent, differs from single-process or is logged on some
+        ranks only, a step value logged with sync_dist (or a Metric) is rank-local, the ranks'
+        collectives diverge, the world failed, the data is not sharded, or the stage raised; else 0."""
+        return 1 if self.problems else 0
+
+    def row(self, key: str, level: Optional[str] = None) -> KeyRow:
+        """The row of ``key`` (its epoch row when it has both, unless ``level="step"``). Raises
+        ``KeyError`` naming the logged keys."""
+        for row in self.rows:
+            if row.key == key and (level is None or row.level == level):
+                return row
+        raise KeyError(f"{key!r} was not logged; logged keys: {[r.key for r in self.rows]}")
+
+    def to_dict(self) -> dict:
+        """JSON-ready form (what ``--json`` prints), with ``problems`` and ``exit_code`` added."""
+        out = dataclasses.asdict(self)
+        out["problems"] = self.problems
+        out["exit_code"] = self.exit_code
+        return out
+
+    def to_json(self) -> str:
+        """``to_dict()`` as standard JSON (RFC 8259): a logged NaN or infinity, which JSON cannot hold,
+        is written as the string ``"nan"``, ``"inf"`` or ``"-inf"``."""
+        return json.dumps(_finite(self.to_dict()), indent=2, allow_nan=False)
+
+    def format(self) -> str:
+        """The plain-text report the command line prints."""
+        from ddpprobe.audit._format import format_result
+
+        return format_result(self)
+
+    def __str__(self) -> str:
+        return self.format()
+
+
+def _finite(value):
+    """``value`` with every non-finite float (in dicts, lists, tuples) replaced by ``str(float)``."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
