@@ -18,23 +18,10 @@ from __future__ import annotations
 
 import pytorch_lightning as pl
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
-from ddpprobe.probes.multilabel import NUM_LABELS, sample_labels, sample_scores
-from examples.multilabel_original_module import N_SAMPLES, BATCH_SIZE, best_threshold_metrics
-
-
-class IndexedMultilabelScores(Dataset):
-    """Item ``i``: ``{"id": i, "scores": (NUM_LABELS,) float32, "labels": (NUM_LABELS,) int64}``."""
-
-    def __init__(self, n: int):
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> dict:
-        return {"id": torch.tensor(i), "scores": torch.tensor(sample_scores(i)), "labels": torch.tensor(sample_labels(i))}
+from ddpprobe.probes.multilabel import NUM_LABELS
+from examples.multilabel_original_module import BATCH_SIZE, N_SAMPLES, MultilabelScores, best_threshold_metrics
 
 
 class CorrectedMultilabelModule(pl.LightningModule):
@@ -71,5 +58,5 @@ def make_model() -> CorrectedMultilabelModule:
 
 
 def make_data() -> DataLoader:
-    """The validation loader: ``IndexedMultilabelScores(11)`` in order, batches of 3."""
-    return DataLoader(IndexedMultilabelScores(N_SAMPLES), batch_size=BATCH_SIZE)
+    """The validation loader: ``MultilabelScores(11)`` in order, batches of 3."""
+    return DataLoader(MultilabelScores(N_SAMPLES), batch_size=BATCH_SIZE)

@@ -31,7 +31,8 @@ BATCH_SIZE = 3
 
 
 class MultilabelScores(Dataset):
-    """Item ``i``: ``{"scores": (NUM_LABELS,) float32, "labels": (NUM_LABELS,) int64}``."""
+    """Item ``i``: ``{"id": i, "scores": (NUM_LABELS,) float32, "labels": (NUM_LABELS,) int64}`` (this module
+    ignores ``id``; the corrected one uses it to drop the sampler's padding duplicates)."""
 
     def __init__(self, n: int):
         self.n = n
@@ -40,7 +41,7 @@ class MultilabelScores(Dataset):
         return self.n
 
     def __getitem__(self, i: int) -> dict:
-        return {"scores": torch.tensor(sample_scores(i)), "labels": torch.tensor(sample_labels(i))}
+        return {"id": torch.tensor(i), "scores": torch.tensor(sample_scores(i)), "labels": torch.tensor(sample_labels(i))}
 
 
 def best_threshold_metrics(labels: np.ndarray, scores: np.ndarray) -> dict:

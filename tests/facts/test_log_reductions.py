@@ -22,7 +22,7 @@ lightning_fabric/utilities/distributed.py ``_sync_ddp``, pytorch_lightning/core/
 import pytest
 
 from ddpprobe.probes import log_spec, reductions
-from tests.support import oracle
+from tests.support import oracle, upstream
 
 #: Samples and batch size of the reduce_fx facts: with them every competing answer differs for W = 1, 2, 3.
 N, BATCH = 19, 4
@@ -218,12 +218,7 @@ def test_on_step_and_on_epoch_fork_the_name_and_only_training_puts_the_step_key_
 FLOOR_WEIGHTS = {2: [[1, 2], [2, 2]], 3: [[1, 1], [1, 1], [1, 2]]}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="https://github.com/Lightning-AI/pytorch-lightning/issues/21859: the int64 cumulated_batch_size "
-    "is mean-synced in integer arithmetic (floored), inflating the epoch mean (fix proposed in PR #21839)",
-)
+@upstream.FLOORED_COUNT_BUG
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_the_synced_epoch_mean_is_the_batch_size_weighted_mean_even_when_the_count_does_not_divide_by_world_size(
     run_world, semantics, world_size

@@ -29,7 +29,7 @@ import pytest
 
 from ddpprobe import RankDied, RankFailed, WorldError, WorldTimeout
 from ddpprobe.probes import iterable, log_spec
-from tests.support import gloo, oracle
+from tests.support import gloo, oracle, upstream
 
 #: Samples and batch size: every sample its own batch, so each rank runs as many batches as it has samples.
 N, BATCH = 5, 1
@@ -66,12 +66,7 @@ def _errors(err) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="https://github.com/Lightning-AI/pytorch-lightning/issues/21859: the int64 cumulated_batch_size "
-    "is mean-synced in integer arithmetic (floored); uneven shards always sum to a count not divisible by W",
-)
+@upstream.FLOORED_COUNT_BUG
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_uneven_shards_give_the_true_mean_with_an_epoch_level_synced_log(run_world, world_size):
     """With uneven shards, ``self.log("v", batch_mean, sync_dist=True)`` (epoch level) should give every

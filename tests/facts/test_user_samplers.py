@@ -11,7 +11,7 @@ rank. Sample ``i`` has value ``i * i`` (ddpprobe/probes/data.py); the probe logs
 import pytest
 
 from ddpprobe.probes import log_spec, samplers
-from tests.support import oracle
+from tests.support import oracle, upstream
 
 SYNCED = [log_spec("v", sync_dist=True)]
 
@@ -107,12 +107,7 @@ def test_use_distributed_sampler_keeps_a_user_unrepeated_sampler_so_ranks_run_di
     semantics.number("synced sum", got[0], vs=("dataset sum", dataset_sum))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="https://github.com/Lightning-AI/pytorch-lightning/issues/21859: the int64 cumulated_batch_size "
-    "is mean-synced in integer arithmetic (floored), inflating the epoch mean (fix proposed in PR #21839)",
-)
+@upstream.FLOORED_COUNT_BUG
 @pytest.mark.parametrize("world_size, n", [(2, 5), (3, 7)])
 def test_with_a_user_unrepeated_sampler_the_synced_mean_is_the_dataset_mean(run_world, semantics, world_size, n):
     """With an unrepeated sampler every sample is evaluated exactly once, so a synced

@@ -1,0 +1,15 @@
+"""Known upstream bugs, each a strict ``xfail`` marker that names the issue: a fact wearing it asserts the
+*correct* behaviour, so the marker's XPASS turns the suite red the day the bug is fixed."""
+
+import pytest
+
+#: Lightning-AI/pytorch-lightning#21859: ``_ResultMetric.compute`` mean-syncs the int64
+#: ``cumulated_batch_size`` with integer arithmetic (floored), inflating a synced epoch mean whenever the
+#: ranks' batch-size totals do not sum to a multiple of W (fix proposed in PR #21839).
+#: Source: pytorch_lightning/trainer/connectors/logger_connector/result.py ``_ResultMetric.compute``.
+FLOORED_COUNT_BUG = pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="https://github.com/Lightning-AI/pytorch-lightning/issues/21859: the int64 cumulated_batch_size "
+    "is mean-synced in integer arithmetic (floored), inflating the epoch mean (fix proposed in PR #21839)",
+)
