@@ -68,6 +68,22 @@ SEED_QUESTIONS = (
         (("test_logging_sync_dist", "test_without_sync_dist_each_rank_keeps_its_own_value_and_only_rank_0s_reaches_the_log_file"),
          ("test_logging_sync_dist", "test_with_sync_dist_every_rank_gets_the_mean_over_the_padded_set_not_the_dataset")),
     ),
+    Question(
+        "And per label, F1, precision and recall at the threshold that gives the best F1 (the original code's metric)?",
+        "Only a recipe that sees every score can choose that threshold: chosen on a rank's outputs or on each "
+        "batch it is a different threshold. `self.all_gather` of scores and labels, or a synced "
+        "`MultilabelPrecisionRecallCurve(thresholds=None)`, choose it on the padded set the ranks evaluated; "
+        "gathering the sample ids too and dropping duplicates gives the single-process numbers; a fixed "
+        "threshold grid keeps memory constant but can only choose a grid point (benchmarks/memory.md).",
+        (("test_multilabel_best_threshold_f1",
+          "test_a_best_threshold_chosen_on_rank_local_outputs_is_each_ranks_own_threshold_and_scores"),
+         ("test_multilabel_best_threshold_f1",
+          "test_b_averaging_per_batch_best_threshold_f1_gives_neither_the_whole_set_f1_nor_one_threshold"),
+         ("test_multilabel_best_threshold_f1",
+          "test_c_all_gather_and_d_a_synced_curve_metric_choose_the_threshold_on_the_padded_set_and_e_dropping_duplicates_gives_the_single_process_numbers"),
+         ("test_multilabel_best_threshold_f1",
+          "test_g_a_fixed_threshold_grid_metric_chooses_only_grid_thresholds_and_is_approximate")),
+    ),
 )
 
 
