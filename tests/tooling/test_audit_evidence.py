@@ -28,6 +28,8 @@ CASES = "examples.reported_cases"
 
 #: Seconds a world of these small modules may run; a collective that never completes fails after half.
 TIMEOUT = 40.0
+#: The same for a world that is expected to hang in a collective: it ends at the process-group timeout.
+HANG_TIMEOUT = 12.0
 
 
 def _skip_unless_runnable(backend: str, world_size: int) -> None:
@@ -37,10 +39,10 @@ def _skip_unless_runnable(backend: str, world_size: int) -> None:
 
 
 @functools.lru_cache(maxsize=None)
-def _audit(model: str, data: str, world_size: int, backend: str, stage: str = "validate"):
+def _audit(model: str, data: str, world_size: int, backend: str, stage: str = "validate", timeout: float = TIMEOUT):
     _skip_unless_runnable(backend, world_size)
     return audit(f"{CASES}:{model}", f"{CASES}:{data}", world_size=world_size, backend=backend, stage=stage,
-                 timeout=TIMEOUT)
+                 timeout=timeout)
 
 
 def _synced_means(per_rank_batches: list, world_size: int) -> tuple:
@@ -198,7 +200,8 @@ def test_uneven_user_shards_in_fit_the_trace_shows_gradient_sync_against_the_epo
     while rank 1, done, syncs ``train_loss``. The key without a value is not called "synced"; the
     trace gives the first divergence."""
     world_size = 2
-    result = _audit("make_train_loss_model", "make_sharded_iterable_5_fit", world_size, backend, "fit")
+    result = _audit("make_train_loss_model", "make_sharded_iterable_5_fit", world_size, backend, "fit",
+                    timeout=HANG_TIMEOUT)
 
     row = result.row("train_loss")
     assert row.verdict not in (ddp_audit.SYNCED_DIFFERS, ddp_audit.SYNCED_EQUAL), row
