@@ -48,8 +48,6 @@ from ddpprobe.launch import (
     run_world as _run_world,
 )
 
-#: ``tests/tooling/test_audit.py`` asks whether a world can run here with this name.
-backend_skip_reason = runif.world_skip_reason
 
 #: How each launch setting is named in a usage error: the option (its variable is named by the resolver).
 _OPTIONS = {"backend": "--backend", "timeout": "--world-timeout", "pg_timeout": "--pg-timeout",

@@ -24,10 +24,10 @@ from ddpprobe import audit as ddp_audit
 from ddpprobe._lightning import pl
 from ddpprobe.audit import AuditInputError, audit
 from ddpprobe.probes.data import IdDataset
-from ddpprobe.pytest_plugin import backend_skip_reason, cuda_device_count
 from examples import corrected_f1_module as corrected
 from examples import seed_f1_module as seed
 from tests.support import oracle
+from tests.support.worlds import skip_unless_runnable
 
 pytestmark = pytest.mark.not_a_fact("tests the audit command, not a fact about DDP")
 
@@ -46,12 +46,6 @@ def _batch_weighted_mean_f1(n: int, world_size: int, batch_size: int) -> float:
     return sum(s * w for s, w in scores) / sum(w for _, w in scores)
 
 
-def _skip_unless_runnable(backend: str, world_size: int) -> None:
-    reason = backend_skip_reason(backend, world_size, cuda_device_count() if backend == "nccl" else 0)
-    if reason:
-        pytest.skip(reason)
-
-
 @functools.lru_cache(maxsize=None)
 def _audit(model_ref: str, data_ref: str, world_size: int, backend: str):
     """One audit per (module, data, W, backend) for the whole module: each costs two worlds."""
@@ -59,12 +53,12 @@ def _audit(model_ref: str, data_ref: str, world_size: int, backend: str):
 
 
 def _seed_audit(world_size, backend):
-    _skip_unless_runnable(backend, world_size)
+    skip_unless_runnable(backend, world_size)
     return _audit("examples.seed_f1_module:make_model", "examples.seed_f1_module:make_data", world_size, backend)
 
 
 def _corrected_audit(world_size, backend, data="examples.corrected_f1_module:make_data"):
-    _skip_unless_runnable(backend, world_size)
+    skip_unless_runnable(backend, world_size)
     return _audit("examples.corrected_f1_module:make_model", data, world_size, backend)
 
 
@@ -247,7 +241,7 @@ def test_corrected_module_on_a_set_that_does_not_divide_by_w_is_flagged_for_samp
 def test_a_module_defining_validation_epoch_end_is_listed_and_the_stage_raises_on_every_rank(backend):
     """``validation_epoch_end`` (removed in Lightning 2.0, PR #16520): listed as raising, and
     ``trainer.validate`` raised ``NotImplementedError`` on every rank and at W=1, so the audit fails."""
-    _skip_unless_runnable(backend, 2)
+    skip_unless_runnable(backend, 2)
     result = audit(make_model_with_validation_epoch_end, "examples.corrected_f1_module:make_data", backend=backend)
 
     assert [h["hook"] for h in result.removed_hooks] == ["validation_epoch_end"]
@@ -261,7 +255,7 @@ def test_a_key_logged_on_rank_0_only_is_flagged_as_a_collective_mismatch_hazard(
     """``if self.global_rank == 0: self.log("only_rank_0", ...)`` (data from a LightningDataModule):
     the audit sees the call on rank 0 only and flags it; ``everywhere`` (sync_dist) is fine: 8 samples
     divide by 2, and a batch-size-weighted mean of per-sample values does not depend on the batching."""
-    _skip_unless_runnable(backend, 2)
+    skip_unless_runnable(backend, 2)
     result = audit(make_model_logging_on_rank_zero_only, make_datamodule_8, world_size=2, backend=backend)
 
     row = result.row("only_rank_0")
@@ -306,7 +300,7 @@ def _cli(*args):
 def test_cli_exits_1_on_the_seed_module_and_its_json_holds_the_verdicts(backend, capsys):
     """``ddpprobe audit examples.seed_f1_module:make_model --data ... --json`` exits 1 and its JSON lists
     val_f1 as rank-divergent and val_f1_batch as differing from single-process."""
-    _skip_unless_runnable(backend, 2)
+    skip_unless_runnable(backend, 2)
     code, out, err = _main(capsys, "examples.seed_f1_module:make_model", "--data", "examples.seed_f1_module:make_data",
                            "--world-size", "2", "--backend", backend, "--json")
 
@@ -320,7 +314,7 @@ def test_cli_exits_1_on_the_seed_module_and_its_json_holds_the_verdicts(backend,
 @pytest.mark.integration
 def test_cli_exits_0_on_the_corrected_module(backend, capsys):
     """The corrected module (N=12, W=2): exit code 0 and the table says so."""
-    _skip_unless_runnable(backend, 2)
+    skip_unless_runnable(backend, 2)
     code, out, err = _main(capsys, "examples.corrected_f1_module:make_model", "--data",
                            "examples.corrected_f1_module:make_data", "--backend", backend)
 

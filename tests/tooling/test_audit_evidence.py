@@ -17,9 +17,8 @@ import pytest
 
 from ddpprobe import audit as ddp_audit
 from ddpprobe.audit import AuditInputError, audit
-from ddpprobe.pytest_plugin import backend_skip_reason, cuda_device_count
-from examples import reported_cases as cases
 from tests.support import oracle
+from tests.support.worlds import skip_unless_runnable
 
 pytestmark = pytest.mark.not_a_fact("tests the audit command, not a fact about DDP")
 
@@ -32,15 +31,9 @@ TIMEOUT = 40.0
 HANG_TIMEOUT = 12.0
 
 
-def _skip_unless_runnable(backend: str, world_size: int) -> None:
-    reason = backend_skip_reason(backend, world_size, cuda_device_count() if backend == "nccl" else 0)
-    if reason:
-        pytest.skip(reason)
-
-
 @functools.lru_cache(maxsize=None)
 def _audit(model: str, data: str, world_size: int, backend: str, stage: str = "validate", timeout: float = TIMEOUT):
-    _skip_unless_runnable(backend, world_size)
+    skip_unless_runnable(backend, world_size)
     return audit(f"{CASES}:{model}", f"{CASES}:{data}", world_size=world_size, backend=backend, stage=stage,
                  timeout=timeout)
 
@@ -272,7 +265,7 @@ def test_the_same_all_reduce_under_different_keys_is_found_although_the_run_fini
     so gloo pairs them and the run ends normally (``TORCH_DISTRIBUTED_DEBUG=DETAIL`` compares op and
     shape only and would pass it); the trace shows the same collective carrying ``loss_rank0`` on rank 0
     and ``loss_rank1`` on rank 1. Each rank's value is the synced mean of both ranks' batches."""
-    n, world_size, batch_size = 12, 2, 2
+    n, world_size = 12, 2
     result = _audit("make_key_per_rank_model", "make_ids_12", world_size, backend)
 
     divergence = result.trace["first_divergence"]

@@ -13,18 +13,16 @@ import pytest
 from ddpprobe import audit as ddp_audit
 from ddpprobe.audit import audit
 from ddpprobe.probes.multilabel import NUM_LABELS, sample_labels, sample_scores
-from ddpprobe.pytest_plugin import backend_skip_reason, cuda_device_count
 from examples import multilabel_original_module as original
 from tests.support import oracle
+from tests.support.worlds import skip_unless_runnable
 
 pytestmark = pytest.mark.not_a_fact("tests the audit command, not a fact about DDP")
 
 
 @functools.lru_cache(maxsize=None)
 def _audit(module: str, backend: str):
-    reason = backend_skip_reason(backend, 2, cuda_device_count() if backend == "nccl" else 0)
-    if reason:
-        pytest.skip(reason)
+    skip_unless_runnable(backend, 2)
     return audit(f"examples.{module}:make_model", f"examples.{module}:make_data", world_size=2, backend=backend)
 
 
