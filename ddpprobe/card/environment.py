@@ -36,7 +36,7 @@ def lightning_package() -> str:
 
 def environment() -> dict:
     """Versions and hardware of this machine, as the card's ``environment`` entry (see ``schema.json``)."""
-    from ddpprobe.launch._world import cuda_device_count
+    from ddpprobe.launch import cuda_device_count
 
     package = lightning_package()
     return {

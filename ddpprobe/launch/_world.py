@@ -19,7 +19,6 @@ from ddpprobe.launch._arguments import (
     check_num_nodes,
     check_params,
     check_world_size,
-    cuda_device_count,  # noqa: F401 - former home; import it from ddpprobe.launch
     scenario_ref,
 )
 from ddpprobe.launch._files import read_text as _read, snapshot as _snapshot
