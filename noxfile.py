@@ -53,7 +53,8 @@ releases = _releases_module().releases
 #: ``(distribution, version)`` of every ``facts`` session: pytorch-lightning's last 1.x and the last patch
 #: of every 2.x minor; the unified ``lightning`` at the newest of those.
 RELEASES = [("pytorch-lightning", v) for v in releases("pytorch-lightning")] + [
-    ("lightning", v) for v in releases("lightning", newest_only=True)]
+    ("lightning", v) for v in releases("lightning", newest_only=True)
+]
 
 #: The import package each distribution is run as (``DDPPROBE_LIGHTNING``, ddpprobe/_lightning.py).
 IMPORT_NAME = {"pytorch-lightning": "pytorch_lightning", "lightning": "lightning"}
@@ -95,8 +96,9 @@ def _project_requirements() -> list:
     except ModuleNotFoundError:  # Python < 3.11
         import tomli as tomllib
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    runtime = [r for r in project["dependencies"]
-               if not r.replace("_", "-").startswith(("pytorch-lightning", "lightning"))]
+    runtime = [
+        r for r in project["dependencies"] if not r.replace("_", "-").startswith(("pytorch-lightning", "lightning"))
+    ]
     return runtime + list(project["optional-dependencies"]["test"])
 
 
@@ -127,17 +129,30 @@ def facts(session: nox.Session, distribution: str, version: str) -> None:
     if needs is not None and needs.strip() == "yes":
         session.install(PKG_RESOURCES_SETUPTOOLS)
     session.env["DDPPROBE_LIGHTNING"] = module
-    session.run("python", "-c", f"import torch, {module}, torchmetrics; "
-                f"print('torch', torch.__version__, '| {distribution}', {module}.__version__, "
-                "'| torchmetrics', torchmetrics.__version__)")
+    session.run(
+        "python",
+        "-c",
+        f"import torch, {module}, torchmetrics; "
+        f"print('torch', torch.__version__, '| {distribution}', {module}.__version__, "
+        "'| torchmetrics', torchmetrics.__version__)",
+    )
 
     OUT.mkdir(exist_ok=True)
     card = OUT / f"semantics-{distribution}-{version}.md"
     for stale in (card, card.with_suffix(".json")):
         stale.unlink(missing_ok=True)
     ran = session.run(
-        "python", "-m", "pytest", "-n", "auto", "-p", "no:cacheprovider", "-q",
-        f"--semantics-report={card}", "--semantics-no-picture", *session.posargs,
+        "python",
+        "-m",
+        "pytest",
+        "-n",
+        "auto",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        f"--semantics-report={card}",
+        "--semantics-no-picture",
+        *session.posargs,
         success_codes=[0, 1],
     )
     if ran is not None and not card.with_suffix(".json").exists():  # None: ``nox --install-only``
@@ -153,5 +168,6 @@ def matrix(session: nox.Session) -> None:
     # ddpprobe.card.matrix needs only packaging and jsonschema: this environment has no torch or Lightning.
     session.install("packaging", "jsonschema>=4.18")
     session.install("--no-deps", "-e", ".")
-    session.run("python", "-m", "ddpprobe.card.matrix", *cards, "--out", "docs/matrix.md",
-                "--command", "nox -s facts matrix")
+    session.run(
+        "python", "-m", "ddpprobe.card.matrix", *cards, "--out", "docs/matrix.md", "--command", "nox -s facts matrix"
+    )

@@ -46,8 +46,11 @@ SCENARIOS = [
     ("validate reduce_fx=max", validation.validate, dict(n=7, logs=[log_spec("v", sync_dist=True, reduce_fx="max")])),
     ("validate on_step", validation.validate, dict(n=6, logs=[log_spec("v", on_step=True, on_epoch=False)])),
     ("validate rank_zero_only", validation.validate, dict(n=6, logs=[log_spec("v", rank_zero_only=True)])),
-    ("validate two logs", validation.validate,
-     dict(n=9, logs=[log_spec("a", sync_dist=True), log_spec("b", prog_bar=True)])),
+    (
+        "validate two logs",
+        validation.validate,
+        dict(n=9, logs=[log_spec("a", sync_dist=True), log_spec("b", prog_bar=True)]),
+    ),
     ("validate prints", validation.validate, dict(n=6, prints=True)),
     ("validate csv_logger", validation.validate, dict(n=6, logs=[log_spec("v", sync_dist=True)], csv_logger=True)),
     ("validate experiment_log", validation.validate, dict(n=6, csv_logger=True, experiment_log=True)),
@@ -96,8 +99,10 @@ def main(argv=None) -> int:
     import torch
 
     print(f"machine: {_machine()}")
-    print(f"torch {torch.__version__}, world size {WORLD_SIZE}, backend gloo, {len(SCENARIOS)} scenarios, "
-          f"{args.repeats} repeat(s)\n")
+    print(
+        f"torch {torch.__version__}, world size {WORLD_SIZE}, backend gloo, {len(SCENARIOS)} scenarios, "
+        f"{args.repeats} repeat(s)\n"
+    )
 
     # One-time forkserver start: its first world (server start + preload + the world) minus warm ones.
     cold = _timed(scenarios.identity, {"tag": "cold"}, "forkserver")
@@ -127,16 +132,24 @@ def main(argv=None) -> int:
 
     median_validate = statistics.median(validate_fork)
     print()
-    print(f"forkserver one-time start cost: {start_cost:.2f} s (first world {cold:.2f} s, "
-          f"warm identity world median {statistics.median(warm_identity):.3f} s)")
-    print(f"ratio spawn/forkserver: min {min(ratios):.1f}, median {statistics.median(ratios):.1f}, max {max(ratios):.1f}")
+    print(
+        f"forkserver one-time start cost: {start_cost:.2f} s (first world {cold:.2f} s, "
+        f"warm identity world median {statistics.median(warm_identity):.3f} s)"
+    )
+    print(
+        f"ratio spawn/forkserver: min {min(ratios):.1f}, median {statistics.median(ratios):.1f}, max {max(ratios):.1f}"
+    )
     met = median_validate <= TARGET_FORKSERVER_VALIDATE_S
-    print(f"target 1: 2-rank Trainer.validate world, forkserver median <= {TARGET_FORKSERVER_VALIDATE_S} s: "
-          f"{median_validate:.3f} s over {len(validate_fork)} validate scenarios -> {'met' if met else 'NOT met'}")
+    print(
+        f"target 1: 2-rank Trainer.validate world, forkserver median <= {TARGET_FORKSERVER_VALIDATE_S} s: "
+        f"{median_validate:.3f} s over {len(validate_fork)} validate scenarios -> {'met' if met else 'NOT met'}"
+    )
     met = min(ratios) >= TARGET_SPEEDUP
-    print(f"target 2: forkserver >= {TARGET_SPEEDUP:g}x faster than spawn per scenario: "
-          f"min ratio {min(ratios):.1f} -> {'met' if met else 'NOT met'}"
-          f" ({sum(r >= TARGET_SPEEDUP for r in ratios)}/{len(ratios)} scenarios reach it)")
+    print(
+        f"target 2: forkserver >= {TARGET_SPEEDUP:g}x faster than spawn per scenario: "
+        f"min ratio {min(ratios):.1f} -> {'met' if met else 'NOT met'}"
+        f" ({sum(r >= TARGET_SPEEDUP for r in ratios)}/{len(ratios)} scenarios reach it)"
+    )
     print(f"machine at the end: {_machine()}")
     return 0
 

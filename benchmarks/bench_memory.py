@@ -61,7 +61,9 @@ def main(argv=None) -> int:
             for recipe in metric_memory.RECIPES:
                 world = run_world(metric_memory.peak_memory, world_size, recipe=recipe, n=n, timeout=600)
                 peaks[recipe, n, world_size] = max(rec["peak_added_bytes"] for rec in world.records)
-                print(f"W={world_size} n={n:>8} {recipe:<10} peak +{_mib(peaks[recipe, n, world_size])} MiB", flush=True)
+                print(
+                    f"W={world_size} n={n:>8} {recipe:<10} peak +{_mib(peaks[recipe, n, world_size])} MiB", flush=True
+                )
     elapsed = time.monotonic() - started
 
     header = "| recipe | " + " | ".join(f"W={w}, n={n:,}" for w in world_sizes for n in sizes) + " | growth |"

@@ -71,8 +71,14 @@ def read_junit(path: str) -> list:
                 if child.tag == "skipped" and child.get("type") == "pytest.xfail":
                     outcome = "xfailed"
                 break
-        rows.append((file_of(case.get("classname", ""), case.get("name", "")), case.get("name", ""),
-                     float(case.get("time") or 0.0), outcome))
+        rows.append(
+            (
+                file_of(case.get("classname", ""), case.get("name", "")),
+                case.get("name", ""),
+                float(case.get("time") or 0.0),
+                outcome,
+            )
+        )
     return rows
 
 
@@ -106,15 +112,20 @@ def _cpu_model() -> str:
 def _fmt_table(header: list, rows: list, markdown: bool) -> str:
     cells = [[str(c) for c in header]] + [[str(c) for c in row] for row in rows]
     if markdown:
-        lines = ["| " + " | ".join(cells[0]) + " |",
-                 "| " + " | ".join("---" if i in (0, len(header) - 1) else "---:" for i in range(len(header))) + " |"]
+        lines = [
+            "| " + " | ".join(cells[0]) + " |",
+            "| " + " | ".join("---" if i in (0, len(header) - 1) else "---:" for i in range(len(header))) + " |",
+        ]
         lines += ["| " + " | ".join(row) + " |" for row in cells[1:]]
         return "\n".join(lines)
     widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
     out = []
     for n, row in enumerate(cells):
-        out.append("  ".join(c.ljust(w) if i in (0, len(header) - 1) else c.rjust(w)
-                             for i, (c, w) in enumerate(zip(row, widths))).rstrip())
+        out.append(
+            "  ".join(
+                c.ljust(w) if i in (0, len(header) - 1) else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))
+            ).rstrip()
+        )
         if n == 0:
             out.append("  ".join("-" * w for w in widths))
     return "\n".join(out)
@@ -125,13 +136,16 @@ def main(argv=None) -> int:
     pytest_args = DEFAULT_PYTEST_ARGS
     if "--" in argv:
         cut = argv.index("--")
-        argv, pytest_args = argv[:cut], argv[cut + 1:]
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     usage="%(prog)s [--markdown] [--top N] [--target SECONDS] [-- PYTEST ARGS]")
+        argv, pytest_args = argv[:cut], argv[cut + 1 :]
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        usage="%(prog)s [--markdown] [--top N] [--target SECONDS] [-- PYTEST ARGS]",
+    )
     parser.add_argument("--markdown", action="store_true", help="print the tables as Markdown")
     parser.add_argument("--top", type=int, default=10, help="slowest tests to list (default 10)")
-    parser.add_argument("--target", type=float, default=None,
-                        help="wall-time target in seconds; exit 1 when the run takes longer")
+    parser.add_argument(
+        "--target", type=float, default=None, help="wall-time target in seconds; exit 1 when the run takes longer"
+    )
     args = parser.parse_args(argv)
     if args.top < 0:
         parser.error(f"--top must be >= 0, got {args.top}")
@@ -140,8 +154,7 @@ def main(argv=None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="ddpprobe-bench-") as tmp:
         junit = os.path.join(tmp, "junit.xml")
-        command = [sys.executable, "-m", "pytest", *pytest_args, "-q", "-p", "no:cacheprovider",
-                   f"--junitxml={junit}"]
+        command = [sys.executable, "-m", "pytest", *pytest_args, "-q", "-p", "no:cacheprovider", f"--junitxml={junit}"]
         load_before = _load()
         usage_before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
@@ -161,28 +174,44 @@ def main(argv=None) -> int:
     counts = collections.Counter(outcome for *_, outcome in rows)
     test_s = sum(seconds for _, _, seconds, _ in rows)
     print(f"command: {' '.join(['pytest', *pytest_args])}  (exit code {done.returncode})")
-    print(f"machine: {platform.python_implementation()} {platform.python_version()}, CPU {_cpu_model()}, "
-          f"{cores} usable core(s); load average before {load_before}, after {load_after}")
+    print(
+        f"machine: {platform.python_implementation()} {platform.python_version()}, CPU {_cpu_model()}, "
+        f"{cores} usable core(s); load average before {load_before}, after {load_after}"
+    )
     print(f"pytest: {summary}")
-    print(f"wall time {wall:.1f} s; CPU time {cpu:.1f} s (user + system of every process the run started; "
-          f"{cpu / cores:.1f} s per core); summed test time {test_s:.1f} s over {len(rows)} tests "
-          f"({', '.join(f'{n} {k}' for k, n in sorted(counts.items()))})")
+    print(
+        f"wall time {wall:.1f} s; CPU time {cpu:.1f} s (user + system of every process the run started; "
+        f"{cpu / cores:.1f} s per core); summed test time {test_s:.1f} s over {len(rows)} tests "
+        f"({', '.join(f'{n} {k}' for k, n in sorted(counts.items()))})"
+    )
     print()
     table = per_file(rows)
-    print(_fmt_table(
-        ["file", "tests", "seconds", "share", "slowest test"],
-        [(file, n, f"{s:.2f}", f"{100 * s / test_s:.0f}%" if test_s else "-", f"{slow_s:.2f} s {slow}")
-         for file, n, s, slow, slow_s in table],
-        args.markdown))
+    print(
+        _fmt_table(
+            ["file", "tests", "seconds", "share", "slowest test"],
+            [
+                (file, n, f"{s:.2f}", f"{100 * s / test_s:.0f}%" if test_s else "-", f"{slow_s:.2f} s {slow}")
+                for file, n, s, slow, slow_s in table
+            ],
+            args.markdown,
+        )
+    )
     if args.top:
         print()
         slowest = sorted(rows, key=lambda row: -row[2])[: args.top]
-        print(_fmt_table(["slowest tests", "seconds", "outcome"],
-                         [(f"{file}::{name}", f"{s:.2f}", outcome) for file, name, s, outcome in slowest],
-                         args.markdown))
+        print(
+            _fmt_table(
+                ["slowest tests", "seconds", "outcome"],
+                [(f"{file}::{name}", f"{s:.2f}", outcome) for file, name, s, outcome in slowest],
+                args.markdown,
+            )
+        )
     if done.returncode != 0:
-        print(f"\nbench_suite: pytest failed (exit code {done.returncode}); its last lines:\n"
-              + "\n".join(done.stdout.strip().splitlines()[-30:]), file=sys.stderr)
+        print(
+            f"\nbench_suite: pytest failed (exit code {done.returncode}); its last lines:\n"
+            + "\n".join(done.stdout.strip().splitlines()[-30:]),
+            file=sys.stderr,
+        )
         return done.returncode
     if args.target is not None:
         met = wall <= args.target

@@ -25,23 +25,49 @@ def _parser() -> argparse.ArgumentParser:
         "(fresh process groups), and report each logged key: its hook and self.log options, the value at "
         "W=1 and on every rank, and a verdict. Exit code 1 if a problem is found, 2 for bad input.",
     )
-    audit.add_argument("model", metavar="MODEL_FACTORY",
-                       help="'package.module:function' returning a LightningModule (called with no arguments)")
-    audit.add_argument("--data", required=True, metavar="DATA_FACTORY",
-                       help="'package.module:function' returning a LightningDataModule, a DataLoader, "
-                       "or {'train': DataLoader, 'val': DataLoader}")
-    audit.add_argument("--world-size", type=int, default=2, metavar="W",
-                       help="ranks of the distributed run, 2 or more (default 2)")
-    audit.add_argument("--stage", choices=("validate", "fit", "test", "predict"), default="validate",
-                       help="Trainer method to run (default validate)")
-    audit.add_argument("--limit-batches", type=int, default=None, metavar="K",
-                       help="run only the first K batches of each loader on each rank")
+    audit.add_argument(
+        "model",
+        metavar="MODEL_FACTORY",
+        help="'package.module:function' returning a LightningModule (called with no arguments)",
+    )
+    audit.add_argument(
+        "--data",
+        required=True,
+        metavar="DATA_FACTORY",
+        help="'package.module:function' returning a LightningDataModule, a DataLoader, "
+        "or {'train': DataLoader, 'val': DataLoader}",
+    )
+    audit.add_argument(
+        "--world-size", type=int, default=2, metavar="W", help="ranks of the distributed run, 2 or more (default 2)"
+    )
+    audit.add_argument(
+        "--stage",
+        choices=("validate", "fit", "test", "predict"),
+        default="validate",
+        help="Trainer method to run (default validate)",
+    )
+    audit.add_argument(
+        "--limit-batches",
+        type=int,
+        default=None,
+        metavar="K",
+        help="run only the first K batches of each loader on each rank",
+    )
     audit.add_argument("--max-epochs", type=int, default=1, metavar="E", help="epochs for --stage fit (default 1)")
-    audit.add_argument("--backend", choices=("gloo", "nccl"), default="gloo",
-                       help="process-group backend: gloo (CPU, default) or nccl (one GPU per rank)")
+    audit.add_argument(
+        "--backend",
+        choices=("gloo", "nccl"),
+        default="gloo",
+        help="process-group backend: gloo (CPU, default) or nccl (one GPU per rank)",
+    )
     audit.add_argument("--seed", type=int, default=0, help="seed_everything seed before the factories run (default 0)")
-    audit.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
-                       help="seconds each world may run (default DDPPROBE_TIMEOUT or 120)")
+    audit.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="seconds each world may run (default DDPPROBE_TIMEOUT or 120)",
+    )
     audit.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
     return parser
 
@@ -52,10 +78,18 @@ def main(argv: Optional[list] = None) -> int:
     from ddpprobe.audit import AuditInputError, audit
 
     try:
-        result = audit(args.model, args.data, world_size=args.world_size, stage=args.stage, backend=args.backend,
-                       limit_batches=args.limit_batches, max_epochs=args.max_epochs, seed=args.seed,
-                       timeout=args.timeout, progress=lambda line: print(f"ddpprobe audit: {line}", file=sys.stderr,
-                                                                        flush=True))
+        result = audit(
+            args.model,
+            args.data,
+            world_size=args.world_size,
+            stage=args.stage,
+            backend=args.backend,
+            limit_batches=args.limit_batches,
+            max_epochs=args.max_epochs,
+            seed=args.seed,
+            timeout=args.timeout,
+            progress=lambda line: print(f"ddpprobe audit: {line}", file=sys.stderr, flush=True),
+        )
     except AuditInputError as exc:
         print(f"ddpprobe audit: error: {exc}", file=sys.stderr)
         return 2

@@ -63,7 +63,7 @@ def chosen(value: Optional[str] = None) -> str:
     if not _installed(value):
         raise ValueError(
             f"Lightning package {value!r} is not installed; pip install {PACKAGES[value][2]} "
-            f"(or pip install -e \".[{'lightning' if value == 'lightning' else 'test'}]\"), or choose the other package"
+            f'(or pip install -e ".[{"lightning" if value == "lightning" else "test"}]"), or choose the other package'
         )
     return value
 

@@ -50,8 +50,12 @@ from ddpprobe.launch import (
 
 
 #: How each launch setting is named in a usage error: the option (its variable is named by the resolver).
-_OPTIONS = {"backend": "--backend", "timeout": "--world-timeout", "pg_timeout": "--pg-timeout",
-            "start_method": "--start-method"}
+_OPTIONS = {
+    "backend": "--backend",
+    "timeout": "--world-timeout",
+    "pg_timeout": "--pg-timeout",
+    "start_method": "--start-method",
+}
 
 _SETTINGS = pytest.StashKey[dict]()
 _REFUSED = pytest.StashKey[list]()
@@ -169,7 +173,8 @@ def _parse_world_sizes(raw: str) -> frozenset:
         if size is None or size < 1:
             raise pytest.UsageError(
                 f"--world-size / DDPPROBE_WORLD_SIZES={raw!r}: {part!r} is not a world size; give whole numbers "
-                ">= 1, e.g. --world-size 2,3")
+                ">= 1, e.g. --world-size 2,3"
+            )
         sizes.add(size)
     return frozenset(sizes)
 
@@ -184,7 +189,8 @@ def _check_devices(world_sizes: frozenset) -> None:
         raise pytest.UsageError(
             f"--backend nccl runs one CUDA device per rank: {needed} needed ({why}), found {found}. Run on a "
             "machine with enough GPUs, use --backend gloo, or pass --skip-unavailable to skip the facts that "
-            "cannot run here, each with its reason")
+            "cannot run here, each with its reason"
+        )
 
 
 def _world_size_of(item) -> Optional[int]:
@@ -202,9 +208,12 @@ def pytest_collection_modifyitems(config, items) -> None:
         present = {_world_size_of(item) for item in items} - {None}
         missing = sorted(sizes - present)
         if missing:
-            _refuse(config, items,
-                    f"--world-size {','.join(map(str, sorted(sizes)))}: no collected test is parametrised with world "
-                    f"size {', '.join(map(str, missing))} (world sizes present: {', '.join(map(str, sorted(present))) or 'none'})")
+            _refuse(
+                config,
+                items,
+                f"--world-size {','.join(map(str, sorted(sizes)))}: no collected test is parametrised with world "
+                f"size {', '.join(map(str, missing))} (world sizes present: {', '.join(map(str, sorted(present))) or 'none'})",
+            )
             return
         keep, drop = [], []
         for item in items:
@@ -225,8 +234,12 @@ def pytest_collection_modifyitems(config, items) -> None:
         size = _world_size_of(item)
         if size is not None:
             if outside is not None and size != outside.world_size:
-                unmet.append(("world", f"fact runs at world size {size}; this {outside.launcher} world has "
-                                       f"{outside.world_size} ranks"))
+                unmet.append(
+                    (
+                        "world",
+                        f"fact runs at world size {size}; this {outside.launcher} world has {outside.world_size} ranks",
+                    )
+                )
             elif outside is None:
                 reason = runif.world_skip_reason(environment.backend, size, environment.cuda_devices)
                 if reason:
@@ -240,10 +253,13 @@ def pytest_collection_modifyitems(config, items) -> None:
             item.add_marker(pytest.mark.skipif(True, reason="; ".join(reason for _, reason in unmet)))
     if short:
         listed = "\n  ".join(short[:5]) + (f"\n  ... and {len(short) - 5} more" if len(short) > 5 else "")
-        _refuse(config, items,
-                f"--backend nccl: {len(short)} selected test(s) need more CUDA devices than the "
-                f"{environment.cuda_devices} found here:\n  {listed}\nRun on a machine with more GPUs, narrow "
-                "the run (e.g. --world-size), or pass --skip-unavailable to skip them, each with its reason")
+        _refuse(
+            config,
+            items,
+            f"--backend nccl: {len(short)} selected test(s) need more CUDA devices than the "
+            f"{environment.cuda_devices} found here:\n  {listed}\nRun on a machine with more GPUs, narrow "
+            "the run (e.g. --world-size), or pass --skip-unavailable to skip them, each with its reason",
+        )
 
 
 def _refuse(config, items, message: str) -> None:
@@ -311,8 +327,10 @@ def run_world(request, backend):
         outside = external_world()
         if outside is not None:
             if world_size != outside.world_size:
-                raise _skip_at_the_test(f"fact runs at world size {world_size}; this {outside.launcher} world has "
-                                        f"{outside.world_size} ranks")
+                raise _skip_at_the_test(
+                    f"fact runs at world size {world_size}; this {outside.launcher} world has "
+                    f"{outside.world_size} ranks"
+                )
         elif isinstance(world_size, int) and not isinstance(world_size, bool):
             chosen = kwargs.get("backend", backend)
             reason = runif.world_skip_reason(chosen, world_size, cuda_device_count() if chosen == "nccl" else 0)

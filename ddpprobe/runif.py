@@ -98,8 +98,12 @@ class RunEnvironment:
         from ddpprobe import _lightning
         from ddpprobe.launch import cuda_device_count
 
-        return cls(backend=backend, cuda_devices=cuda_device_count(),
-                   lightning_distribution=_lightning.distribution(), lightning_version=_lightning.version())
+        return cls(
+            backend=backend,
+            cuda_devices=cuda_device_count(),
+            lightning_distribution=_lightning.distribution(),
+            lightning_version=_lightning.version(),
+        )
 
 
 def run_if(*, min_gpus: int = 0, backend: Optional[str] = None, lightning: Optional[str] = None):
@@ -132,7 +136,9 @@ def lightning_in(spec: str, installed: Optional[str]) -> bool:
         ValueError: ``spec`` is not a specifier set, ``installed`` is None or not a version.
     """
     if installed is None:
-        raise ValueError(f"no Lightning version to compare with {spec!r}: the chosen Lightning package is not installed")
+        raise ValueError(
+            f"no Lightning version to compare with {spec!r}: the chosen Lightning package is not installed"
+        )
     try:
         return SpecifierSet(spec).contains(Version(installed), prereleases=True)
     except InvalidSpecifier:
@@ -153,8 +159,13 @@ def unmet(requirements: Requirements, environment: RunEnvironment) -> List[Tuple
     if requirements.lightning is not None:
         installed = environment.lightning_version
         if installed is None or not lightning_in(requirements.lightning, installed):
-            found.append((LIGHTNING, f"applies to {environment.lightning_distribution} {requirements.lightning}; "
-                                     f"installed {installed or 'none'}"))
+            found.append(
+                (
+                    LIGHTNING,
+                    f"applies to {environment.lightning_distribution} {requirements.lightning}; "
+                    f"installed {installed or 'none'}",
+                )
+            )
     return found
 
 

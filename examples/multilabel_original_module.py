@@ -41,7 +41,11 @@ class MultilabelScores(Dataset):
         return self.n
 
     def __getitem__(self, i: int) -> dict:
-        return {"id": torch.tensor(i), "scores": torch.tensor(sample_scores(i)), "labels": torch.tensor(sample_labels(i))}
+        return {
+            "id": torch.tensor(i),
+            "scores": torch.tensor(sample_scores(i)),
+            "labels": torch.tensor(sample_labels(i)),
+        }
 
 
 def best_threshold_metrics(labels: np.ndarray, scores: np.ndarray) -> dict:

@@ -110,8 +110,11 @@ class RightWrongDataset:
 
     def __getitem__(self, i: int) -> dict:
         target = sample_target(i)
-        return {"id": torch.tensor(i), "target": torch.tensor(target),
-                "pred": torch.tensor(target if i % 2 == 0 else 1 - target)}
+        return {
+            "id": torch.tensor(i),
+            "target": torch.tensor(target),
+            "pred": torch.tensor(target if i % 2 == 0 else 1 - target),
+        }
 
 
 class StepAccuracyModule(pl.LightningModule):
@@ -125,8 +128,7 @@ class StepAccuracyModule(pl.LightningModule):
 
     def validation_step(self, batch, batch_idx):
         self.acc(batch["pred"], batch["target"])
-        self.log("val_acc", self.acc, on_step=True, on_epoch=self.on_epoch, sync_dist=True,
-                 batch_size=len(batch["id"]))
+        self.log("val_acc", self.acc, on_step=True, on_epoch=self.on_epoch, sync_dist=True, batch_size=len(batch["id"]))
 
 
 def make_step_and_epoch_accuracy_model() -> StepAccuracyModule:

@@ -18,8 +18,15 @@ def split(events: list) -> dict:
     (entries, or None when not written), ``stage`` (``"end"``, ``"raised"``, or None: the rank never
     finished its stage) and ``stage_error``."""
     collectives, by_seq, logs, batches = [], {}, [], []
-    out = {"collectives": collectives, "logs": logs, "batches": batches, "flight_recorder": None,
-           "flight_recorder_unavailable": None, "stage": None, "stage_error": None}
+    out = {
+        "collectives": collectives,
+        "logs": logs,
+        "batches": batches,
+        "flight_recorder": None,
+        "flight_recorder_unavailable": None,
+        "stage": None,
+        "stage_error": None,
+    }
     for event in events:
         kind = event.get("event")
         if kind == "collective":
@@ -118,10 +125,18 @@ def counts(world: list, single: Optional[dict], loop: str) -> Optional[Counts]:
         if single_samples:
             missing = len(single_samples - union)
     sampler = next((b.get("sampler") for b in per_rank[0] if b.get("sampler")), None) if per_rank[0] else None
-    return Counts(loop=loop, batches=[len(b) for b in per_rank],
-                  samples=[sum(x.get("size") or 0 for x in b) for b in per_rank], identified=identified, by=by,
-                  duplicates=duplicates, duplicated=duplicated, unsharded=unsharded, missing_vs_single=missing,
-                  sampler=sampler)
+    return Counts(
+        loop=loop,
+        batches=[len(b) for b in per_rank],
+        samples=[sum(x.get("size") or 0 for x in b) for b in per_rank],
+        identified=identified,
+        by=by,
+        duplicates=duplicates,
+        duplicated=duplicated,
+        unsharded=unsharded,
+        missing_vs_single=missing,
+        sampler=sampler,
+    )
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -130,8 +145,18 @@ def counts(world: list, single: Optional[dict], loop: str) -> Optional[Counts]:
 
 
 #: Flight Recorder dtype names (c10's) in torch's spelling, as the Python-level trace writes them.
-_DTYPES = {"Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16", "Long": "int64",
-           "Int": "int32", "Short": "int16", "Char": "int8", "Byte": "uint8", "Bool": "bool"}
+_DTYPES = {
+    "Float": "float32",
+    "Double": "float64",
+    "Half": "float16",
+    "BFloat16": "bfloat16",
+    "Long": "int64",
+    "Int": "int32",
+    "Short": "int16",
+    "Char": "int8",
+    "Byte": "uint8",
+    "Bool": "bool",
+}
 
 
 def _op(name: Optional[str]) -> str:
@@ -165,9 +190,17 @@ def sequence(rank: dict, use_flight_recorder: bool) -> list:
         op = _op(entry.get("profiling_name"))
         shapes = entry.get("input_sizes") or []
         dtype = (entry.get("input_dtypes") or [None])[0]
-        item = {"op": op, "dtype": _DTYPES.get(dtype, dtype), "shape": shapes[0] if shapes else None,
-                "source": "internal", "key": None, "metric": None, "hook": None, "call_site": None,
-                "status": "done"}
+        item = {
+            "op": op,
+            "dtype": _DTYPES.get(dtype, dtype),
+            "shape": shapes[0] if shapes else None,
+            "source": "internal",
+            "key": None,
+            "metric": None,
+            "hook": None,
+            "call_site": None,
+            "status": "done",
+        }
         if owner is not None:
             item.update({k: owner.get(k) for k in ("source", "key", "metric", "states", "hook", "call_site", "origin")})
             item["status"] = owner["status"]
@@ -192,7 +225,8 @@ def describe(entry: dict) -> str:
         text += " (not called from Python: e.g. DDP's gradient all_reduce in backward)"
     elif source == "library":
         text += f" (called by {entry.get('origin') or 'Lightning or torch'}" + (
-            f", in {entry['hook']})" if entry.get("hook") else ")")
+            f", in {entry['hook']})" if entry.get("hook") else ")"
+        )
     else:
         text += " (your code)"
     if entry.get("call_site"):
@@ -228,27 +262,55 @@ def first_divergence(sequences: list, ended: list) -> Optional[dict]:
             why = []
             for r in absent:
                 last = describe(sequences[r][-1]) if sequences[r] else "none"
-                state = {"end": "its stage finished", "raised": "its stage raised",
-                         None: "it ended without finishing its stage"}[ended[r]]
+                state = {
+                    "end": "its stage finished",
+                    "raised": "its stage raised",
+                    None: "it ended without finishing its stage",
+                }[ended[r]]
                 why.append(f"rank {r} never entered it ({state}; its last collective: {last})")
             waiting = [r for r in present if entries[r].get("status") != "done"]
-            message = (f"collective #{i} of the run: rank(s) {present} entered {describe(first)}; " + "; ".join(why)
-                       + (f"; rank(s) {waiting} waited there" if waiting else ""))
-            return {"kind": "missing", "index": i, "ranks": present, "absent": absent, "entries": entries,
-                    "message": message}
+            message = (
+                f"collective #{i} of the run: rank(s) {present} entered {describe(first)}; "
+                + "; ".join(why)
+                + (f"; rank(s) {waiting} waited there" if waiting else "")
+            )
+            return {
+                "kind": "missing",
+                "index": i,
+                "ranks": present,
+                "absent": absent,
+                "entries": entries,
+                "message": message,
+            }
         signatures = {_signature(e) for e in entries}
         if len(signatures) > 1:
             parts = [f"rank {r}: {describe(e)}" for r, e in enumerate(entries)]
-            return {"kind": "mismatch", "index": i, "ranks": list(range(len(entries))), "absent": [],
-                    "entries": entries,
-                    "message": f"collective #{i} of the run: the ranks called different collectives: " + "; ".join(parts)}
+            return {
+                "kind": "mismatch",
+                "index": i,
+                "ranks": list(range(len(entries))),
+                "absent": [],
+                "entries": entries,
+                "message": f"collective #{i} of the run: the ranks called different collectives: " + "; ".join(parts),
+            }
         keys = {e.get("key") for e in entries}
-        if len(keys) > 1 and entries[0]["op"] != "barrier" and any(e.get("source") in ("self.log", "torchmetrics") for e in entries):
+        if (
+            len(keys) > 1
+            and entries[0]["op"] != "barrier"
+            and any(e.get("source") in ("self.log", "torchmetrics") for e in entries)
+        ):
             parts = [f"rank {r}: {describe(e)}" for r, e in enumerate(entries)]
-            return {"kind": "keys", "index": i, "ranks": list(range(len(entries))), "absent": [],
-                    "entries": entries,
-                    "message": (f"collective #{i} of the run: the same {entries[0]['op']} carries different keys, so each "
-                                "rank's value is reduced with another key's: " + "; ".join(parts))}
+            return {
+                "kind": "keys",
+                "index": i,
+                "ranks": list(range(len(entries))),
+                "absent": [],
+                "entries": entries,
+                "message": (
+                    f"collective #{i} of the run: the same {entries[0]['op']} carries different keys, so each "
+                    "rank's value is reduced with another key's: " + "; ".join(parts)
+                ),
+            }
     return None
 
 
@@ -260,9 +322,15 @@ def trace_summary(world: list) -> dict:
     ended = [rank["stage"] for rank in world]
     return {
         "level": "flight_recorder" if use_fr else "python",
-        "ranks": [{"collectives": rank["collectives"], "stage": rank["stage"], "stage_error": rank["stage_error"],
-                   "flight_recorder_entries": None if rank["flight_recorder"] is None else len(rank["flight_recorder"]),
-                   "flight_recorder_unavailable": rank["flight_recorder_unavailable"]}
-                  for rank in world],
+        "ranks": [
+            {
+                "collectives": rank["collectives"],
+                "stage": rank["stage"],
+                "stage_error": rank["stage_error"],
+                "flight_recorder_entries": None if rank["flight_recorder"] is None else len(rank["flight_recorder"]),
+                "flight_recorder_unavailable": rank["flight_recorder_unavailable"],
+            }
+            for rank in world
+        ],
         "first_divergence": first_divergence(sequences, ended),
     }

@@ -21,15 +21,26 @@ def _experiment_values(calls: list) -> dict:
     out, seen = {}, collections.Counter()
     for call in calls:
         args = call.get("args") or []
-        if len(args) >= 2 and isinstance(args[0], str) and isinstance(args[1], (int, float)) and not isinstance(args[1], bool):
+        if (
+            len(args) >= 2
+            and isinstance(args[0], str)
+            and isinstance(args[1], (int, float))
+            and not isinstance(args[1], bool)
+        ):
             key = (call["method"], args[0])
             out[(call["method"], args[0], seen[key])] = (float(args[1]), call.get("hook"))
             seen[key] += 1
     return out
 
 
-def experiment_rows(single_calls: list, world_calls: list, collectives_per_rank: list, counts: dict,
-                    rtol: float = 1e-5, atol: float = 1e-6) -> list:
+def experiment_rows(
+    single_calls: list,
+    world_calls: list,
+    collectives_per_rank: list,
+    counts: dict,
+    rtol: float = 1e-5,
+    atol: float = 1e-6,
+) -> list:
     """One row per value the module wrote to ``self.logger.experiment`` (``add_scalar(tag, value, ...)``),
     comparing what each rank's code wrote (only rank 0's reaches the logger) with the single process.
 
@@ -54,31 +65,62 @@ def experiment_rows(single_calls: list, world_calls: list, collectives_per_rank:
         fixes = []
         if known and not all(close(v, known[0], rtol, atol) for v in known):
             verdict = EXPERIMENT_DIVERGENT
-            in_hook = [[c for c in rank if c.get("hook") == hook and c.get("source") in ("user", "torchmetrics")]
-                       for rank in collectives_per_rank]
-            cause = (f"each rank computed {tag!r} in {hook} and wrote its own value ({', '.join(format(v, '.6g') for v in values if v is not None)}); "
-                     "logger.experiment is a no-op on every rank but 0, so the logger has rank 0's value only")
+            in_hook = [
+                [c for c in rank if c.get("hook") == hook and c.get("source") in ("user", "torchmetrics")]
+                for rank in collectives_per_rank
+            ]
+            cause = (
+                f"each rank computed {tag!r} in {hook} and wrote its own value ({', '.join(format(v, '.6g') for v in values if v is not None)}); "
+                "logger.experiment is a no-op on every rank but 0, so the logger has rank 0's value only"
+            )
             if hook and not any(in_hook):
-                cause += (f"; no rank ran a collective in {hook}, so each value was computed from that rank's own "
-                          "outputs (its shard of the data)")
+                cause += (
+                    f"; no rank ran a collective in {hook}, so each value was computed from that rank's own "
+                    "outputs (its shard of the data)"
+                )
             fixes = ["gather_dedupe", "metric_object"]
         elif single_value is not None and known and not close(known[0], single_value, rtol, atol):
             verdict = EXPERIMENT_DIFFERS
             dup = [c for c in counts.values() if c.get("duplicates") and not c.get("unsharded")]
-            cause = (f"the ranks wrote the same value, computed over {sum(dup[0]['samples'])} samples of which "
-                     f"{dup[0]['duplicates']} repeat" if dup else "unknown: the ranks agree but not with the single process")
+            cause = (
+                f"the ranks wrote the same value, computed over {sum(dup[0]['samples'])} samples of which "
+                f"{dup[0]['duplicates']} repeat"
+                if dup
+                else "unknown: the ranks agree but not with the single process"
+            )
             fixes = ["gather_dedupe"] if dup else []
         else:
             verdict, cause = EXPERIMENT_EQUAL, ""
-        out.append({"method": method, "tag": tag, "occurrence": occurrence, "hook": hook, "single": single_value,
-                    "per_rank": values, "verdict": verdict, "cause": cause, "fixes": fixes,
-                    "problem": verdict != EXPERIMENT_EQUAL})
+        out.append(
+            {
+                "method": method,
+                "tag": tag,
+                "occurrence": occurrence,
+                "hook": hook,
+                "single": single_value,
+                "per_rank": values,
+                "verdict": verdict,
+                "cause": cause,
+                "fixes": fixes,
+                "problem": verdict != EXPERIMENT_EQUAL,
+            }
+        )
     # Values written from a hook where other values are rank-divergent and no rank ran a collective come
     # from the same rank-local outputs, even where the ranks happen to agree.
-    local_hooks = {row["hook"] for row in out if row["verdict"] == EXPERIMENT_DIVERGENT and "no rank ran a collective" in row["cause"]}
+    local_hooks = {
+        row["hook"]
+        for row in out
+        if row["verdict"] == EXPERIMENT_DIVERGENT and "no rank ran a collective" in row["cause"]
+    }
     for row in out:
         if row["hook"] in local_hooks and row["verdict"] != EXPERIMENT_DIVERGENT:
-            row.update(verdict=EXPERIMENT_LOCAL, problem=True, fixes=["gather_dedupe", "metric_object"],
-                       cause=(f"written in {row['hook']} from the same rank-local outputs as the rank-divergent values "
-                              "(no rank ran a collective there); on this data the ranks' values happen to agree"))
+            row.update(
+                verdict=EXPERIMENT_LOCAL,
+                problem=True,
+                fixes=["gather_dedupe", "metric_object"],
+                cause=(
+                    f"written in {row['hook']} from the same rank-local outputs as the rank-divergent values "
+                    "(no rank ran a collective there); on this data the ranks' values happen to agree"
+                ),
+            )
     return out

@@ -29,15 +29,22 @@ def _table(header: list, body: list) -> list:
 
 
 def _wrap(text: str, indent: str) -> list:
-    return textwrap.wrap(text, width=100, initial_indent=indent, subsequent_indent=indent + "  ",
-                         break_long_words=False, break_on_hyphens=False)
+    return textwrap.wrap(
+        text,
+        width=100,
+        initial_indent=indent,
+        subsequent_indent=indent + "  ",
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
 
 
 def _counts_line(info: dict, loader, w: int) -> str:
     size = f"N={loader['dataset_size']}; " if loader and loader.get("dataset_size") is not None else ""
     samples = info["samples"]
-    text = (f"{size}the ranks ran {samples} samples in {info['batches']} batches"
-            + (f" (sampler {info['sampler']})" if info.get("sampler") else ""))
+    text = f"{size}the ranks ran {samples} samples in {info['batches']} batches" + (
+        f" (sampler {info['sampler']})" if info.get("sampler") else ""
+    )
     if not info["identified"]:
         return text + "; samples could not be identified, so repeats were not counted"
     if info["unsharded"]:
@@ -45,8 +52,11 @@ def _counts_line(info: dict, loader, w: int) -> str:
     if info["duplicates"]:
         repeated = ", ".join(f"{k} x{v}" for k, v in info["duplicated"].items())
         return text + f"; {info['duplicates']} repeated sample(s) across ranks ({repeated})"
-    return text + "; no sample ran twice" + (f", {info['missing_vs_single']} sample(s) of W=1 ran on no rank"
-                                             if info.get("missing_vs_single") else "")
+    return (
+        text
+        + "; no sample ran twice"
+        + (f", {info['missing_vs_single']} sample(s) of W=1 ran on no rank" if info.get("missing_vs_single") else "")
+    )
 
 
 def format_result(result) -> str:
@@ -67,7 +77,9 @@ def format_result(result) -> str:
             f"predict: the ranks returned {result.predictions} prediction batch(es); predict does not pad "
             "(Lightning's UnrepeatedDistributedSamplerWrapper), so each sample is predicted once and the ranks "
             f"can run different numbers of batches ({info['batches']}): a collective in predict_step or its "
-            "hooks then waits on the ranks that ran fewer", "")
+            "hooks then waits on the ranks that ran fewer",
+            "",
+        )
     lines.append("")
 
     per_rank_columns = w <= MAX_RANK_COLUMNS
@@ -81,10 +93,24 @@ def format_result(result) -> str:
             values = [_num(v) for v in row.per_rank]
         else:
             known = [v for v in row.per_rank if v is not None]
-            values = [_num(min(known)) if known else "-", _num(max(known)) if known else "-",
-                      str(len({round(v, 6) for v in known}))]
-        body.append([key, ",".join(row.hooks), _yes(row.on_step), _yes(row.on_epoch), _yes(row.sync_dist),
-                     reduce_fx, _num(row.single), *values, ("! " if row.problem else "") + row.verdict])
+            values = [
+                _num(min(known)) if known else "-",
+                _num(max(known)) if known else "-",
+                str(len({round(v, 6) for v in known})),
+            ]
+        body.append(
+            [
+                key,
+                ",".join(row.hooks),
+                _yes(row.on_step),
+                _yes(row.on_epoch),
+                _yes(row.sync_dist),
+                reduce_fx,
+                _num(row.single),
+                *values,
+                ("! " if row.problem else "") + row.verdict,
+            ]
+        )
     lines += _table(header, body) if body else ["(no self.log calls recorded)"]
     if any(row.level == "step" for row in result.rows):
         lines.append("  [steps]: the values logged at each step; the columns show the last step's")
@@ -109,9 +135,13 @@ def format_result(result) -> str:
         lines.append("")
         lines.append(f"collective trace ({trace.get('level', 'python')} level, {w} ranks):")
         for r, rank in enumerate(trace.get("ranks", [])):
-            ended = {"end": "finished its stage", "raised": "stage raised", None: "never finished its stage"}[rank["stage"]]
-            lines.append(f"  rank {r}: {len(rank['collectives'])} collective(s) from Python, {ended}"
-                         + (f" ({rank['stage_error'][:120]})" if rank.get("stage_error") else ""))
+            ended = {"end": "finished its stage", "raised": "stage raised", None: "never finished its stage"}[
+                rank["stage"]
+            ]
+            lines.append(
+                f"  rank {r}: {len(rank['collectives'])} collective(s) from Python, {ended}"
+                + (f" ({rank['stage_error'][:120]})" if rank.get("stage_error") else "")
+            )
         if divergence:
             lines += _wrap("first divergence: " + divergence["message"], "  ")
             for fix in divergence_fixes(divergence, result.stage):
@@ -131,7 +161,9 @@ def format_result(result) -> str:
         lines += [f"  {h['hook']}: {h['effect']}" for h in result.removed_hooks]
     if result.experiment_rows:
         lines.append("")
-        lines.append("values written to self.logger.experiment (what each rank's code wrote; the logger gets rank 0's only):")
+        lines.append(
+            "values written to self.logger.experiment (what each rank's code wrote; the logger gets rank 0's only):"
+        )
         header = ["call", "hook", "W=1"] + ranks + ["verdict"]
         body = []
         for row in result.experiment_rows:
@@ -139,10 +171,20 @@ def format_result(result) -> str:
                 values = [_num(v) for v in row["per_rank"]]
             else:
                 known = [v for v in row["per_rank"] if v is not None]
-                values = [_num(min(known)) if known else "-", _num(max(known)) if known else "-",
-                          str(len({round(v, 6) for v in known}))]
-            body.append([f"{row['method']}({row['tag']!r})", row["hook"] or "-", _num(row["single"]), *values,
-                         ("! " if row["problem"] else "") + row["verdict"]])
+                values = [
+                    _num(min(known)) if known else "-",
+                    _num(max(known)) if known else "-",
+                    str(len({round(v, 6) for v in known})),
+                ]
+            body.append(
+                [
+                    f"{row['method']}({row['tag']!r})",
+                    row["hook"] or "-",
+                    _num(row["single"]),
+                    *values,
+                    ("! " if row["problem"] else "") + row["verdict"],
+                ]
+            )
         lines += ["  " + line for line in _table(header, body)]
         shown = set()
         for row in result.experiment_rows:
@@ -152,12 +194,16 @@ def format_result(result) -> str:
                 for fix in row["fixes"]:
                     lines += _wrap(fix_line(fix), "    ")
     elif result.experiment_calls:
-        lines.append("direct self.logger.experiment calls (recorded on rank 0; a no-op on every other rank, "
-                     "so only rank 0's values reach the logger):")
+        lines.append(
+            "direct self.logger.experiment calls (recorded on rank 0; a no-op on every other rank, "
+            "so only rank 0's values reach the logger):"
+        )
         for call in result.experiment_calls[:10]:
             args = ", ".join([repr(a) for a in call["args"]] + [f"{k}={v!r}" for k, v in call["kwargs"].items()])
             lines.append(f"  {call['method']}({args})")
-    for where, info in [("W=1", result.raised["single"])] + [(f"rank {r}", i) for r, i in enumerate(result.raised["world"])]:
+    for where, info in [("W=1", result.raised["single"])] + [
+        (f"rank {r}", i) for r, i in enumerate(result.raised["world"])
+    ]:
         if info:
             lines += _wrap(f"the stage raised on {where}: {info['type']}: {info['message']}", "")
     for kind, info in result.counts.items():

@@ -51,8 +51,10 @@ def _ref(factory: Union[str, Callable], what: str) -> str:
             )
         ref = f"{module}:{qualname}"
     else:
-        raise AuditInputError(f"the {what} factory must be a callable or 'package.module:function', got "
-                              f"{type(factory).__name__} {factory!r}")
+        raise AuditInputError(
+            f"the {what} factory must be a callable or 'package.module:function', got "
+            f"{type(factory).__name__} {factory!r}"
+        )
     return ref
 
 
@@ -65,17 +67,22 @@ def _call(ref: str, what: str):
             "'package.module:function', importable from the current directory or PYTHONPATH"
         ) from None
     if not callable(found):
-        raise AuditInputError(f"the {what} factory {ref!r} is a {type(found).__name__}, not a callable; point "
-                              "at a function (or class) that takes no arguments")
+        raise AuditInputError(
+            f"the {what} factory {ref!r} is a {type(found).__name__}, not a callable; point "
+            "at a function (or class) that takes no arguments"
+        )
     try:
         return found()
     except SystemExit as exc:  # e.g. argparse in the factory reading the audit's own command line
-        raise AuditInputError(f"the {what} factory {ref!r} called sys.exit({exc.code!r}) (argparse's parse_args() "
-                              "reading the audit's command line does); it must build its object with no "
-                              "arguments and without reading sys.argv") from None
+        raise AuditInputError(
+            f"the {what} factory {ref!r} called sys.exit({exc.code!r}) (argparse's parse_args() "
+            "reading the audit's command line does); it must build its object with no "
+            "arguments and without reading sys.argv"
+        ) from None
     except Exception as exc:  # noqa: BLE001 - the user's factory raising is bad input
-        raise AuditInputError(f"the {what} factory {ref!r} raised {type(exc).__name__}: {exc}; it must build "
-                              "its object with no arguments") from None
+        raise AuditInputError(
+            f"the {what} factory {ref!r} raised {type(exc).__name__}: {exc}; it must build its object with no arguments"
+        ) from None
 
 
 def declared_package(ref: str) -> Optional[str]:
@@ -94,8 +101,13 @@ def declared_package(ref: str) -> Optional[str]:
         return None
     found = set()
     for node in tree.body:
-        names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                 else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+        names = (
+            [a.name for a in node.names]
+            if isinstance(node, ast.Import)
+            else [node.module or ""]
+            if isinstance(node, ast.ImportFrom) and not node.level
+            else []
+        )
         for name in names:
             top = name.split(".")[0]
             if top in ("lightning", "pytorch_lightning"):
@@ -107,15 +119,20 @@ def declared_package(ref: str) -> Optional[str]:
 #: (pytorch_lightning/trainer/configuration_validator.py ``_verify_loop_configurations``: training_step and
 #: configure_optimizers for fit, validation_step for validate, test_step for test; predict_step or forward
 #: for predict, since the default predict_step calls ``self(batch)``).
-STAGE_STEPS = {"fit": (("training_step",), ("configure_optimizers",)), "validate": (("validation_step",),),
-               "test": (("test_step",),), "predict": (("predict_step", "forward"),)}
+STAGE_STEPS = {
+    "fit": (("training_step",), ("configure_optimizers",)),
+    "validate": (("validation_step",),),
+    "test": (("test_step",),),
+    "predict": (("predict_step", "forward"),),
+}
 
 
 def missing_step(cls, stage: str) -> Optional[str]:
     """None when ``cls`` (a LightningModule subclass) overrides what ``stage`` needs, else the first missing
     method's name (``"predict_step (or forward)"`` for predict)."""
-    base = next((b for b in cls.__mro__ if b.__name__ == "LightningModule" and b.__module__.endswith("core.module")),
-                None)
+    base = next(
+        (b for b in cls.__mro__ if b.__name__ == "LightningModule" and b.__module__.endswith("core.module")), None
+    )
     if base is None:
         return None
     for group in STAGE_STEPS[stage]:
@@ -148,24 +165,29 @@ def preflight(model_ref: str, data_ref: str, stage: str) -> str:
     try:
         package = _lightning.trainer_package_of(type(model))
     except ValueError as exc:
-        raise AuditInputError(f"the model factory {model_ref} returned a module that mixes both Lightning packages: "
-                              f"{exc}") from None
+        raise AuditInputError(
+            f"the model factory {model_ref} returned a module that mixes both Lightning packages: {exc}"
+        ) from None
     if package is None:
         raise AuditInputError(
             f"the model factory {model_ref} returned {type(model).__module__}.{type(model).__qualname__} "
             f"{model!r:.80}, not a LightningModule; make the factory return an instance of your LightningModule "
-            "subclass, e.g. `return MyModel()`")
+            "subclass, e.g. `return MyModel()`"
+        )
     data = _call(data_ref, "data")
     data_package = _lightning.trainer_package_of(type(data))
     if data_package is not None and data_package != package:
         raise AuditInputError(
             f"the model ({model_ref}) is a {package} LightningModule but the data factory {data_ref} returned a "
-            f"{data_package} LightningDataModule; import every Lightning class from one package")
+            f"{data_package} LightningDataModule; import every Lightning class from one package"
+        )
     try:
         _lightning.use(package)
     except ValueError as exc:
-        raise AuditInputError(f"{exc}: the model {model_ref} needs {package}; run the audit in a fresh process "
-                              "(python -m ddpprobe audit ...)") from None
+        raise AuditInputError(
+            f"{exc}: the model {model_ref} needs {package}; run the audit in a fresh process "
+            "(python -m ddpprobe audit ...)"
+        ) from None
     from ddpprobe.audit._scenario import InputError, _as_loaders
 
     missing = missing_step(type(model), stage)
@@ -174,7 +196,8 @@ def preflight(model_ref: str, data_ref: str, stage: str) -> str:
         raise AuditInputError(
             f"the model factory {model_ref} returned a {type(model).__qualname__} without {missing}, which "
             f"Trainer.{stage} needs (Lightning raises MisconfigurationException); define it, or audit a stage "
-            f"the module has: {', '.join('--stage ' + s for s in others) or 'none'}")
+            f"the module has: {', '.join('--stage ' + s for s in others) or 'none'}"
+        )
     try:
         _as_loaders(data, stage)
     except InputError as exc:

@@ -10,6 +10,7 @@ from typing import Optional
 
 from ddpprobe.audit._verdict import KeyRow
 
+
 @dataclasses.dataclass(frozen=True)
 class AuditResult:
     """What :func:`audit` found.
@@ -80,8 +81,11 @@ class AuditResult:
     @property
     def problems(self) -> list:
         """Sentences, one per finding that makes the audit fail."""
-        out = [f"{row.key}{' (step values)' if row.level == 'step' else ''}: {row.verdict}"
-               for row in self.rows if row.problem]
+        out = [
+            f"{row.key}{' (step values)' if row.level == 'step' else ''}: {row.verdict}"
+            for row in self.rows
+            if row.problem
+        ]
         tags = list(dict.fromkeys(f"{r['tag']}: {r['verdict']}" for r in self.experiment_rows if r["problem"]))
         out += [f"logger.experiment {t}" for t in tags]
         divergence = (self.trace or {}).get("first_divergence")
@@ -92,11 +96,15 @@ class AuditResult:
         for kind, info in self.counts.items():
             if self.stage == "predict" and kind == "predict" and info.get("identified") and not info.get("unsharded"):
                 if info.get("duplicates") or info.get("missing_vs_single"):
-                    out.append(f"predict ran {info['duplicates']} repeated and {info['missing_vs_single'] or 0} "
-                               "missing sample(s) compared with the single process")
+                    out.append(
+                        f"predict ran {info['duplicates']} repeated and {info['missing_vs_single'] or 0} "
+                        "missing sample(s) compared with the single process"
+                    )
             if info.get("unsharded"):
-                out.append(f"every rank ran all {info['samples'][0]} samples of the {kind} set (the data is not "
-                           "sharded: each rank repeats the others' work)")
+                out.append(
+                    f"every rank ran all {info['samples'][0]} samples of the {kind} set (the data is not "
+                    "sharded: each rank repeats the others' work)"
+                )
         for where, info in [("W=1", self.raised["single"])] + [
             (f"rank {r}", info) for r, info in enumerate(self.raised["world"])
         ]:

@@ -22,6 +22,7 @@ from ddpprobe.launch import RankInfo
 from ddpprobe.probes.common import ddp_trainer, recorded_warnings, seed_everything
 from ddpprobe.probes.trace import CollectiveTrace
 
+
 class InputError(Exception):
     """A factory returned something the audit cannot run (reported back as ``record["input_error"]``)."""
 
@@ -66,9 +67,14 @@ class _RecordingExperiment:
             raise AttributeError(method)
 
         def record(*args, **kwargs):
-            self.calls.append({"method": method, "args": [_jsonable(a) for a in args],
-                               "kwargs": {k: _jsonable(v) for k, v in kwargs.items()},
-                               "hook": getattr(self._model_ref[0], "_current_fx_name", None)})
+            self.calls.append(
+                {
+                    "method": method,
+                    "args": [_jsonable(a) for a in args],
+                    "kwargs": {k: _jsonable(v) for k, v in kwargs.items()},
+                    "hook": getattr(self._model_ref[0], "_current_fx_name", None),
+                }
+            )
 
         return record
 
@@ -156,14 +162,19 @@ def _as_loaders(data, stage: str) -> dict:
     if isinstance(data, pl.LightningDataModule):
         return {"datamodule": data}
     if isinstance(data, DataLoader):
-        return {{"validate": "dataloaders", "test": "dataloaders", "predict": "dataloaders",
-                 "fit": "train_dataloaders"}[stage]: data}
+        return {
+            {"validate": "dataloaders", "test": "dataloaders", "predict": "dataloaders", "fit": "train_dataloaders"}[
+                stage
+            ]: data
+        }
     if isinstance(data, (tuple, list)) and stage == "fit" and len(data) == 2:
         data = {"train": data[0], "val": data[1]}
     if isinstance(data, dict) and data and set(data) <= {"train", "val", "test", "predict"}:
         if stage == "fit":
             if "train" not in data:
-                raise InputError("the data factory returned a dict without 'train'; stage 'fit' needs a training loader")
+                raise InputError(
+                    "the data factory returned a dict without 'train'; stage 'fit' needs a training loader"
+                )
             return {"train_dataloaders": data["train"], **({"val_dataloaders": data["val"]} if "val" in data else {})}
         key = {"validate": "val", "test": "test", "predict": "predict"}[stage]
         if key not in data:
@@ -172,8 +183,11 @@ def _as_loaders(data, stage: str) -> dict:
     raise InputError(
         f"the data factory returned {_describe(data)}; return a LightningDataModule, a DataLoader, or a dict "
         "{'train': DataLoader, 'val': DataLoader}"
-        + ("; several loaders of one stage go in the dict, e.g. {'val': [DataLoader, DataLoader]}"
-           if isinstance(data, (list, tuple)) else "")
+        + (
+            "; several loaders of one stage go in the dict, e.g. {'val': [DataLoader, DataLoader]}"
+            if isinstance(data, (list, tuple))
+            else ""
+        )
     )
 
 
@@ -185,8 +199,10 @@ def check_model(model, model_ref: str) -> None:
 
     other = _lightning.trainer_package_of(type(model))
     if other is not None:
-        fix = (f"it subclasses {other}'s LightningModule but this process runs {_lightning.chosen()}; run the "
-               f"audit in a fresh process (python -m ddpprobe audit ...) so it can choose {other}")
+        fix = (
+            f"it subclasses {other}'s LightningModule but this process runs {_lightning.chosen()}; run the "
+            f"audit in a fresh process (python -m ddpprobe audit ...) so it can choose {other}"
+        )
     else:
         fix = "make the factory return an instance of your LightningModule subclass, e.g. `return MyModel()`"
     raise InputError(f"the model factory {model_ref} returned {_describe(model)}, not a LightningModule; {fix}")
@@ -273,16 +289,19 @@ def audit_rank(
     logger.model_ref[0] = model
     limits = {}
     if limit_batches is not None:
-        limits = {"fit": {"limit_train_batches": limit_batches, "limit_val_batches": limit_batches},
-                  "validate": {"limit_val_batches": limit_batches},
-                  "test": {"limit_test_batches": limit_batches},
-                  "predict": {"limit_predict_batches": limit_batches}}[stage]
+        limits = {
+            "fit": {"limit_train_batches": limit_batches, "limit_val_batches": limit_batches},
+            "validate": {"limit_val_batches": limit_batches},
+            "test": {"limit_test_batches": limit_batches},
+            "predict": {"limit_predict_batches": limit_batches},
+        }[stage]
     raised = None
     predictions = None
-    with recorded_warnings() as warnings, CollectiveTrace(trace_path(trace_dir or info.rank_dir, info.rank),
-                                                          model) as trace:
-        trainer = ddp_trainer(info, logger=logger, max_epochs=max_epochs, callbacks=[trace.batch_recorder()],
-                              **limits)
+    with (
+        recorded_warnings() as warnings,
+        CollectiveTrace(trace_path(trace_dir or info.rank_dir, info.rank), model) as trace,
+    ):
+        trainer = ddp_trainer(info, logger=logger, max_epochs=max_epochs, callbacks=[trace.batch_recorder()], **limits)
         trace.write("stage", status="start", stage=stage, rank=info.rank, world_size=info.world_size)
         try:
             if stage == "fit":
@@ -298,8 +317,12 @@ def audit_rank(
         else:
             trace.write("stage", status="end")
     _stdout_flush()
-    loader_kinds = {"train": "train_dataloader", "val": "val_dataloaders", "test": "test_dataloaders",
-                    "predict": "predict_dataloaders"}
+    loader_kinds = {
+        "train": "train_dataloader",
+        "val": "val_dataloaders",
+        "test": "test_dataloaders",
+        "predict": "predict_dataloaders",
+    }
     return {
         "input_error": None,
         "model_class": f"{type(model).__module__}.{type(model).__qualname__}",

@@ -135,8 +135,20 @@ def _weighted(logs: list) -> Optional[tuple]:
     return total, count
 
 
-def differs_cause(name: str, calls: list, measured: float, single: float, world_logs: list, single_logs: list,
-                  counts, world_size: int, stage: str, limit_batches, rtol: float, atol: float) -> tuple:
+def differs_cause(
+    name: str,
+    calls: list,
+    measured: float,
+    single: float,
+    world_logs: list,
+    single_logs: list,
+    counts,
+    world_size: int,
+    stage: str,
+    limit_batches,
+    rtol: float,
+    atol: float,
+) -> tuple:
     """Why a synced epoch value differs from single-process, from what the ranks recorded.
 
     Args:
@@ -158,19 +170,28 @@ def differs_cause(name: str, calls: list, measured: float, single: float, world_
     sync_dist = any(c["sync_dist"] for c in calls)
     same_samples = False
     if counts is not None:
-        evidence.update({"samples per rank": counts.samples, "batches per rank": counts.batches,
-                         "duplicates": counts.duplicates if counts.identified else "unknown"})
+        evidence.update(
+            {
+                "samples per rank": counts.samples,
+                "batches per rank": counts.batches,
+                "duplicates": counts.duplicates if counts.identified else "unknown",
+            }
+        )
         if counts.unsharded:
-            causes.append(f"unsharded data: every rank ran all {counts.samples[0]} samples of the {counts.loop} "
-                          f"set (identified by {counts.by}), so each sample counts {world_size} times")
+            causes.append(
+                f"unsharded data: every rank ran all {counts.samples[0]} samples of the {counts.loop} "
+                f"set (identified by {counts.by}), so each sample counts {world_size} times"
+            )
             fixes.append("shard_iterable")
             if not mean and close(measured, world_size * single, rtol, atol):
                 causes[-1] += f"; the synced {calls[0]['reduce_fx']} is {world_size} x the single-process value"
         elif counts.duplicates:
             sampler = counts.sampler or "the sampler"
-            causes.append(f"repeated samples: the ranks ran {sum(counts.samples)} samples, {counts.duplicates} of "
-                          f"them repeats ({', '.join(f'{k} x{v}' for k, v in counts.duplicated.items())}); "
-                          f"{sampler} pads each rank to the same length")
+            causes.append(
+                f"repeated samples: the ranks ran {sum(counts.samples)} samples, {counts.duplicates} of "
+                f"them repeats ({', '.join(f'{k} x{v}' for k, v in counts.duplicated.items())}); "
+                f"{sampler} pads each rank to the same length"
+            )
             fixes.append("dedupe")
         same_samples = bool(counts.identified and counts.duplicates == 0 and counts.missing_vs_single == 0)
     per_rank = [_key_logs(logs, name) for logs in world_logs]
@@ -185,28 +206,44 @@ def differs_cause(name: str, calls: list, measured: float, single: float, world_
         correct = total / count if count else None
         floored_count = count // world_size
         floored = (total / world_size) / floored_count if floored_count else None
-        evidence.update({"batch-size totals per rank": [w[1] for w in weighted],
-                         "recomputed synced mean": correct, "with floored count": floored})
+        evidence.update(
+            {
+                "batch-size totals per rank": [w[1] for w in weighted],
+                "recomputed synced mean": correct,
+                "with floored count": floored,
+            }
+        )
         if floored is not None and close(measured, floored, rtol, atol) and not close(measured, correct, rtol, atol):
             causes.append(
                 f"the upstream floored-count bug ({FLOORED_COUNT_ISSUE}): the ranks' batch-size totals "
                 f"{[w[1] for w in weighted]} sum to {count}, which does not divide by W={world_size}; Lightning "
                 f"averages the int64 count in integers (floor({count}/{world_size}) = {floored_count}), so every "
-                f"rank gets {floored:.6g} instead of the recomputed {correct:.6g}")
+                f"rank gets {floored:.6g} instead of the recomputed {correct:.6g}"
+            )
             fixes.append("mean_metric")
             if close(correct, single, rtol, atol):
                 causes[-1] += " (which equals single-process: this is the whole difference)"
         elif correct is not None and close(measured, correct, rtol, atol):
             single_w = _weighted(single_key)
-            if same_samples and single_w is not None and single_w[1] == count and not close(correct, single, rtol, atol):
+            if (
+                same_samples
+                and single_w is not None
+                and single_w[1] == count
+                and not close(correct, single, rtol, atol)
+            ):
                 causes.append(
                     f"non-decomposable: the ranks ran exactly the single process's samples with the same weights "
                     f"(batch sizes sum to {count}), yet the logged per-batch values average to {correct:.6g} at "
                     f"W={world_size} and {single:.6g} at W=1: each batch's value depends on which samples share the "
-                    "batch (F1, precision, AUC, a median), so no average of them is the whole set's value")
+                    "batch (F1, precision, AUC, a median), so no average of them is the whole set's value"
+                )
                 fixes.append("metric_object")
-    elif tensor_mean and not at_step and all(len(logs) == 1 for logs in per_rank) and all(
-            logs[0].get("value") is not None for logs in per_rank):
+    elif (
+        tensor_mean
+        and not at_step
+        and all(len(logs) == 1 for logs in per_rank)
+        and all(logs[0].get("value") is not None for logs in per_rank)
+    ):
         values = [logs[0]["value"] for logs in per_rank]
         unweighted = sum(values) / len(values)
         evidence["per-rank values"] = values
@@ -214,22 +251,29 @@ def differs_cause(name: str, calls: list, measured: float, single: float, world_
             weighted_by_samples = sum(v * n for v, n in zip(values, counts.samples)) / max(sum(counts.samples), 1)
             evidence["sample-weighted mean of per-rank values"] = weighted_by_samples
             if len(set(counts.samples)) > 1 and close(weighted_by_samples, single, rtol, atol):
-                causes.append(f"an unweighted mean over ranks of per-rank values, with unequal sample counts "
-                              f"{counts.samples}: weighting each rank by its samples gives single-process")
+                causes.append(
+                    f"an unweighted mean over ranks of per-rank values, with unequal sample counts "
+                    f"{counts.samples}: weighting each rank by its samples gives single-process"
+                )
                 fixes.append("mean_metric")
             elif same_samples:
                 causes.append(
                     f"non-decomposable: each rank's value is computed on its own shard at epoch end and the ranks' "
                     f"values average to {unweighted:.6g} (weighted by samples {weighted_by_samples:.6g}), while "
                     f"the same samples give {single:.6g} in one process: the metric of a set is not an average of "
-                    "its parts' metrics")
+                    "its parts' metrics"
+                )
                 fixes.append("metric_object")
     if stage == "fit":
-        causes.append("also: training at W ranks averages gradients over W batches per step, so the weights (and "
-                      "anything computed from them) can differ from the single-process run")
+        causes.append(
+            "also: training at W ranks averages gradients over W batches per step, so the weights (and "
+            "anything computed from them) can differ from the single-process run"
+        )
     if limit_batches is not None:
-        causes.append(f"also: limit_batches={limit_batches} keeps the first batches of each rank's shard, a "
-                      "different subset of samples at each W")
+        causes.append(
+            f"also: limit_batches={limit_batches} keeps the first batches of each rank's shard, a "
+            "different subset of samples at each W"
+        )
     proven = [c for c in causes if not c.startswith("also:")]
     if not proven:
         shown = ", ".join(f"{k} {v if not isinstance(v, float) else format(v, '.6g')}" for k, v in evidence.items())
@@ -241,10 +285,21 @@ def _step_values(logs: list, name: str) -> list:
     return [e.get("step_value", e.get("value")) for e in _key_logs(logs, name) if e["on_step"]]
 
 
-def rows(single: dict, world: list, world_size: int, stage: str, limit_batches=None,
-         rtol: float = 1e-5, atol: float = 1e-6, *, world_logs: Optional[list] = None,
-         single_logs: Optional[list] = None, counts: Optional[dict] = None, completed: bool = True,
-         collectives: Optional[list] = None) -> list:
+def rows(
+    single: dict,
+    world: list,
+    world_size: int,
+    stage: str,
+    limit_batches=None,
+    rtol: float = 1e-5,
+    atol: float = 1e-6,
+    *,
+    world_logs: Optional[list] = None,
+    single_logs: Optional[list] = None,
+    counts: Optional[dict] = None,
+    completed: bool = True,
+    collectives: Optional[list] = None,
+) -> list:
     """One ``KeyRow`` per key logged in either run, in first-logged order (plus a ``level="step"`` row
     for each key logged with ``on_step=True``).
 
@@ -282,9 +337,16 @@ def rows(single: dict, world: list, world_size: int, stage: str, limit_batches=N
         kind = loader_kind(hooks[0], stage)
         key_counts = counts.get(kind)
         agree = all(close(v, per_rank[0], rtol, atol) for v in per_rank)
-        common = dict(key=name, hooks=hooks, on_step=on_step, on_epoch=on_epoch, sync_dist=sync_dist,
-                      reduce_fx="/".join(dict.fromkeys(c["reduce_fx"] for c in all_calls)),
-                      metric_object=metric_object, logged_on=logged_on)
+        common = dict(
+            key=name,
+            hooks=hooks,
+            on_step=on_step,
+            on_epoch=on_epoch,
+            sync_dist=sync_dist,
+            reduce_fx="/".join(dict.fromkeys(c["reduce_fx"] for c in all_calls)),
+            metric_object=metric_object,
+            logged_on=logged_on,
+        )
 
         cause, fixes, evidence = "", [], {}
         if on_epoch or len(logged_on) not in (0, len(world)):
@@ -296,19 +358,29 @@ def rows(single: dict, world: list, world_size: int, stage: str, limit_batches=N
                 others = [r for r in range(len(world)) if r not in logged_on]
                 cause = f"self.log({name!r}) ran on rank(s) {logged_on} only, never on rank(s) {others}"
                 mine = {c["name"] for r in logged_on for c in world[r]["log_calls"]}
-                partners = sorted({c["name"] for r in others for c in world[r]["log_calls"]
-                                   if c["sync_dist"] and c["hook"] in hooks and c["name"] not in mine})
+                partners = sorted(
+                    {
+                        c["name"]
+                        for r in others
+                        for c in world[r]["log_calls"]
+                        if c["sync_dist"] and c["hook"] in hooks and c["name"] not in mine
+                    }
+                )
                 if sync_dist and not metric_object and partners:
-                    cause += (f"; rank(s) {others} log {partners} from the same hook with sync_dist=True instead, so "
-                              "their all_reduces pair with this key's: its value is averaged with another key's")
+                    cause += (
+                        f"; rank(s) {others} log {partners} from the same hook with sync_dist=True instead, so "
+                        "their all_reduces pair with this key's: its value is averaged with another key's"
+                    )
                     fixes = ["same_keys"]
                 elif sync_dist and not metric_object:
                     cause += "; its sync_dist all_reduce waits for ranks that never join it (a hang, or a mismatch with their next collective)"
                 elif metric_object:
                     cause += "; the Metric's compute() syncs its state with ranks that never join it"
                 else:
-                    cause += ("; callbacks monitoring it fail on the ranks without it, and the logger has it only "
-                              "when rank 0 logs it")
+                    cause += (
+                        "; callbacks monitoring it fail on the ranks without it, and the logger has it only "
+                        "when rank 0 logs it"
+                    )
                 fixes = fixes or ["rank_zero_only"]
             elif all(v is None for v in per_rank) and not completed:
                 verdict = NO_VALUE
@@ -318,11 +390,12 @@ def rows(single: dict, world: list, world_size: int, stage: str, limit_batches=N
                 # stores the key as f"{name}/dataloader_idx_{i}" (pytorch_lightning/trainer/connectors/
                 # logger_connector/result.py ``_ResultCollection.log``, ``add_dataloader_idx``).
                 verdict = NOT_STORED
-                stored = sorted({k for rec in [single, *world] for k in rec["callback_metrics"]
-                                 if k.startswith(f"{name}/")})
-                cause = (f"callback_metrics has no {name!r} after the stage"
-                         + (f"; it has {stored}: the stage ran several dataloaders, audit one at a time"
-                            if stored else ""))
+                stored = sorted(
+                    {k for rec in [single, *world] for k in rec["callback_metrics"] if k.startswith(f"{name}/")}
+                )
+                cause = f"callback_metrics has no {name!r} after the stage" + (
+                    f"; it has {stored}: the stage ran several dataloaders, audit one at a time" if stored else ""
+                )
             elif not agree:
                 verdict = RANK_DIVERGENT
                 cause = RANK_DIVERGENT_MEANING
@@ -332,40 +405,72 @@ def rows(single: dict, world: list, world_size: int, stage: str, limit_batches=N
                     unweighted = sum(known) / len(known)
                     evidence = {"mean of the ranks' values": unweighted, "single-process": single_value}
                     samples = key_counts.samples if key_counts is not None else None
-                    weighted = (sum(v * n for v, n in zip(known, samples)) / sum(samples)
-                                if samples and sum(samples) and len(samples) == len(known) else None)
+                    weighted = (
+                        sum(v * n for v, n in zip(known, samples)) / sum(samples)
+                        if samples and sum(samples) and len(samples) == len(known)
+                        else None
+                    )
                     if close(unweighted, single_value, rtol, atol):
                         fixes = ["sync_dist"]
                         cause += "; the mean of the ranks' values equals single-process, so sync_dist=True gives it"
                     elif weighted is not None and close(weighted, single_value, rtol, atol):
                         fixes = ["mean_metric"]
-                        cause += ("; the ranks' values weighted by their sample counts average to single-process, "
-                                  "an unweighted mean over ranks does not")
+                        cause += (
+                            "; the ranks' values weighted by their sample counts average to single-process, "
+                            "an unweighted mean over ranks does not"
+                        )
                     else:
                         fixes = ["metric_object"]
-                        cause += (f"; averaging the ranks' values gives {unweighted:.6g}, not the single-process "
-                                  f"{single_value:.6g}: not a per-sample mean, so sync_dist=True cannot fix it")
+                        cause += (
+                            f"; averaging the ranks' values gives {unweighted:.6g}, not the single-process "
+                            f"{single_value:.6g}: not a per-sample mean, so sync_dist=True cannot fix it"
+                        )
             elif not single_calls:
                 verdict = NOT_AT_SINGLE
             elif close(per_rank[0], single_value, rtol, atol):
                 verdict = SYNCED_EQUAL
             else:
                 verdict = SYNCED_DIFFERS
-                cause, fixes, evidence = differs_cause(name, all_calls, per_rank[0], single_value, world_logs,
-                                                       single_logs, key_counts, world_size, stage, limit_batches,
-                                                       rtol, atol)
+                cause, fixes, evidence = differs_cause(
+                    name,
+                    all_calls,
+                    per_rank[0],
+                    single_value,
+                    world_logs,
+                    single_logs,
+                    key_counts,
+                    world_size,
+                    stage,
+                    limit_batches,
+                    rtol,
+                    atol,
+                )
             if verdict in (SYNCED_EQUAL, SYNCED_DIFFERS) and not (sync_dist or metric_object) and len(world) > 1:
-                own = [[c for c in rank if c.get("hook") in hooks and c.get("source") == "user"]
-                       for rank in (collectives or [])]
+                own = [
+                    [c for c in rank if c.get("hook") in hooks and c.get("source") == "user"]
+                    for rank in (collectives or [])
+                ]
                 if own and all(own):
                     ops = ", ".join(dict.fromkeys(f"{c['op']} at {c['call_site']}" for c in own[0]))
                     synced_by = f"synced by the module's own collectives in {hooks[0]} on every rank ({ops})"
                 else:
-                    synced_by = ("the ranks agree although it is neither logged with sync_dist=True nor a "
-                                 "torchmetrics object, and no rank ran a collective in its hook (equal by chance)")
+                    synced_by = (
+                        "the ranks agree although it is neither logged with sync_dist=True nor a "
+                        "torchmetrics object, and no rank ran a collective in its hook (equal by chance)"
+                    )
                 cause = synced_by + ("; " + cause if cause else "")
-            out.append(KeyRow(**common, single=single_value, per_rank=per_rank, verdict=verdict, cause=cause,
-                              problem=verdict in PROBLEMS, fixes=fixes, evidence=evidence))
+            out.append(
+                KeyRow(
+                    **common,
+                    single=single_value,
+                    per_rank=per_rank,
+                    verdict=verdict,
+                    cause=cause,
+                    problem=verdict in PROBLEMS,
+                    fixes=fixes,
+                    evidence=evidence,
+                )
+            )
         if on_step and len(logged_on) == len(world):
             steps = [_step_values(logs, name) for logs in world_logs]
             single_steps = _step_values(single_logs, name)
@@ -377,18 +482,33 @@ def rows(single: dict, world: list, world_size: int, stage: str, limit_batches=N
                 if same:
                     verdict, cause, fixes = STEP_SYNCED, "", []
                     if len(set(lengths)) > 1:
-                        cause = (f"the ranks logged {lengths} steps: the {n} steps every rank ran are synced; the "
-                                 "extra steps' syncs had no partner step on the other ranks (see the collective trace)")
+                        cause = (
+                            f"the ranks logged {lengths} steps: the {n} steps every rank ran are synced; the "
+                            "extra steps' syncs had no partner step on the other ranks (see the collective trace)"
+                        )
                 else:
                     verdict = STEP_RANK_LOCAL
-                    differing = next((i for i in range(n) if not all(close(s[i], steps[0][i], rtol, atol) for s in steps)), n)
-                    cause = (f"at step {differing} the ranks logged {[s[differing] if differing < len(s) else None for s in steps]}: "
-                             "each rank's step value is its own batch's, and Lightning's logger writes rank 0's")
+                    differing = next(
+                        (i for i in range(n) if not all(close(s[i], steps[0][i], rtol, atol) for s in steps)), n
+                    )
+                    cause = (
+                        f"at step {differing} the ranks logged {[s[differing] if differing < len(s) else None for s in steps]}: "
+                        "each rank's step value is its own batch's, and Lightning's logger writes rank 0's"
+                    )
                     if metric_object:
                         cause += " (a Metric object's step value is its forward() on the rank's batch; sync_dist does not apply)"
                     fixes = ["metric_step_sync"] if metric_object else ["step_sync"]
-                out.append(KeyRow(**{**common, "key": name}, single=single_steps[-1] if single_steps else None,
-                                  per_rank=[s[-1] if s else None for s in steps], verdict=verdict, cause=cause,
-                                  problem=verdict == STEP_RANK_LOCAL and (sync_dist or metric_object),
-                                  level="step", fixes=fixes, evidence=evidence))
+                out.append(
+                    KeyRow(
+                        **{**common, "key": name},
+                        single=single_steps[-1] if single_steps else None,
+                        per_rank=[s[-1] if s else None for s in steps],
+                        verdict=verdict,
+                        cause=cause,
+                        problem=verdict == STEP_RANK_LOCAL and (sync_dist or metric_object),
+                        level="step",
+                        fixes=fixes,
+                        evidence=evidence,
+                    )
+                )
     return out

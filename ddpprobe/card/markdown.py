@@ -20,31 +20,41 @@ def _cell(text) -> str:
 
 
 def _summary(card: dict) -> list:
-    lines = ["## The seed question, answered by this run", "",
-             f"> *{SEED_QUESTION}*", ""]
+    lines = ["## The seed question, answered by this run", "", f"> *{SEED_QUESTION}*", ""]
     for i, part in enumerate(seed_answers(card), start=1):
         answer = part["answer"]
         if answer is None:
             got = "; ".join(
-                f"`{f['function']}`: " + (f"{f['holds']} of {f['cases']} cases hold ({', '.join(f['verdicts'])})"
-                                           if f["cases"] else "not in this run")
-                for f in part["facts"])
+                f"`{f['function']}`: "
+                + (
+                    f"{f['holds']} of {f['cases']} cases hold ({', '.join(f['verdicts'])})"
+                    if f["cases"]
+                    else "not in this run"
+                )
+                for f in part["facts"]
+            )
             answer = f"**Not established by this run**: {got}."
         lines.append(f"{i}. **{part['question']}** {answer}")
         for fact in part["facts"]:
             if not fact["cases"]:
                 continue
-            numbers = f" — {'; '.join(fact['numbers'])}" + (f" ({fact['case']})" if fact["case"] else "") \
-                if fact["numbers"] else ""
-            lines.append(f"   - [{fact['fact']}](#{anchor(fact['module'])}): {fact['holds']} of {fact['cases']} "
-                         f"case(s) hold{numbers}")
+            numbers = (
+                f" — {'; '.join(fact['numbers'])}" + (f" ({fact['case']})" if fact["case"] else "")
+                if fact["numbers"]
+                else ""
+            )
+            lines.append(
+                f"   - [{fact['fact']}](#{anchor(fact['module'])}): {fact['holds']} of {fact['cases']} "
+                f"case(s) hold{numbers}"
+            )
     return lines + [""]
 
 
 def _header(card: dict) -> list:
     env = card["environment"]
     return [
-        "## This run", "",
+        "## This run",
+        "",
         "| | |",
         "| --- | --- |",
         f"| date | {card['generated']} |",
@@ -66,9 +76,14 @@ def _counts(card: dict) -> list:
     counts = ", ".join(f"{o.words}: {summary[code]}" for code, o in OUTCOMES.items() if summary[code])
     legend = "; ".join(f"*{o.words}* = {o.meaning}" for o in OUTCOMES.values())
     contents = " · ".join(f"[{t['module']}](#{anchor(t['module'])})" for t in card["topics"])
-    return [f"**{sum(summary.values())} facts** — {counts or 'none ran'}.", "",
-            f"Verdicts: {legend}. `″` repeats the fact above for another parameter set.", "",
-            f"Sections: {contents}" if contents else "Sections: none", ""]
+    return [
+        f"**{sum(summary.values())} facts** — {counts or 'none ran'}.",
+        "",
+        f"Verdicts: {legend}. `″` repeats the fact above for another parameter set.",
+        "",
+        f"Sections: {contents}" if contents else "Sections: none",
+        "",
+    ]
 
 
 def _sharding(card: dict) -> list:
@@ -100,8 +115,14 @@ def _verdict(fact: dict) -> str:
 
 
 def _topic(topic: dict) -> list:
-    lines = [f"## {topic['module']}", "", f"`{topic['path']}`" + (f": {topic['topic']}" if topic["topic"] else ""), "",
-             "| fact | case | verdict | numbers | test id |", "| --- | --- | --- | --- | --- |"]
+    lines = [
+        f"## {topic['module']}",
+        "",
+        f"`{topic['path']}`" + (f": {topic['topic']}" if topic["topic"] else ""),
+        "",
+        "| fact | case | verdict | numbers | test id |",
+        "| --- | --- | --- | --- | --- |",
+    ]
     previous, explained = None, []
     for fact in topic["facts"]:
         text = "″" if fact["function"] == previous else fact["fact"]
@@ -110,8 +131,10 @@ def _topic(topic: dict) -> list:
         previous = fact["function"]
         case = ", ".join(f"{k}={v}" for k, v in fact["params"].items()) or (fact["case"] or "")
         numbers = "; ".join(n["text"] for n in fact["numbers"])
-        lines.append(f"| {_cell(text)} | {_cell(case)} | {_cell(_verdict(fact))} | {_cell(numbers)} | "
-                     f"`{_cell(fact['nodeid'])}` |")
+        lines.append(
+            f"| {_cell(text)} | {_cell(case)} | {_cell(_verdict(fact))} | {_cell(numbers)} | "
+            f"`{_cell(fact['nodeid'])}` |"
+        )
     lines.append("")
     with_doc = [f for f in explained if f["explanation"]]
     if with_doc:

@@ -42,7 +42,8 @@ def cell_text(outcome: Optional[str]) -> str:
 def legend() -> list:
     """``(cell, meaning)`` pairs for every outcome and for an absent fact."""
     return [(cell_text(code), o.meaning) for code, o in OUTCOMES.items()] + [
-        (ABSENT, "the fact is not in that release's run (the test did not exist then)")]
+        (ABSENT, "the fact is not in that release's run (the test did not exist then)")
+    ]
 
 
 def load_card(path) -> dict:
@@ -54,8 +55,9 @@ def load_card(path) -> dict:
     """
     card = json.loads(pathlib.Path(path).read_text(encoding="utf-8"))
     if isinstance(card, dict) and card.get("schema") != SCHEMA:
-        raise ValueError(f"{path}: schema {card.get('schema')!r}, expected {SCHEMA!r}; regenerate it with "
-                         "`nox -s facts`")
+        raise ValueError(
+            f"{path}: schema {card.get('schema')!r}, expected {SCHEMA!r}; regenerate it with `nox -s facts`"
+        )
     problems = card_problems(card)
     if problems:
         raise ValueError(f"{path}: not a semantics card:\n" + "\n".join(problems[:20]))
@@ -96,24 +98,36 @@ def build_matrix(cards: list) -> dict:
     rows: dict = {}
     for column in reversed(columns):  # newest first: its wording and order win
         for topic in by_column[column]["topics"]:
-            entry = topics.setdefault(topic["module"], {
-                "module": topic["module"], "path": topic["path"], "topic": topic["topic"], "rows": []})
+            entry = topics.setdefault(
+                topic["module"], {"module": topic["module"], "path": topic["path"], "topic": topic["topic"], "rows": []}
+            )
             for fact in topic["facts"]:
                 row = rows.get(fact["nodeid"])
                 if row is None:
                     row = rows[fact["nodeid"]] = {
-                        "nodeid": fact["nodeid"], "function": fact["function"], "case": fact["case"],
-                        "fact": fact["fact"], "cells": {c: None for c in columns}}
+                        "nodeid": fact["nodeid"],
+                        "function": fact["function"],
+                        "case": fact["case"],
+                        "fact": fact["fact"],
+                        "cells": {c: None for c in columns},
+                    }
                     entry["rows"].append(row)
                 row["cells"][column] = {k: fact[k] for k in ("outcome", "verdict", "detail")}
     described = []
     for column in columns:
         env, card = by_column[column]["environment"], by_column[column]
-        described.append({
-            "column": column, "distribution": env["lightning_distribution"], "version": env["lightning"],
-            "torchmetrics": env["torchmetrics"], "torch": env["torch"], "python": env["python"],
-            "summary": card["summary"], "generated": card["generated"],
-        })
+        described.append(
+            {
+                "column": column,
+                "distribution": env["lightning_distribution"],
+                "version": env["lightning"],
+                "torchmetrics": env["torchmetrics"],
+                "torch": env["torch"],
+                "python": env["python"],
+                "summary": card["summary"],
+                "generated": card["generated"],
+            }
+        )
     return {"columns": described, "topics": list(topics.values())}
 
 
@@ -124,8 +138,12 @@ def _outcome(cell) -> Optional[str]:
 def differing_rows(matrix: dict, columns: Optional[list] = None) -> list:
     """Rows whose outcome is not the same in every column of ``columns`` (default all; absent counts)."""
     columns = columns if columns is not None else [c["column"] for c in matrix["columns"]]
-    return [row for topic in matrix["topics"] for row in topic["rows"]
-            if len({_outcome(row["cells"][c]) for c in columns}) > 1]
+    return [
+        row
+        for topic in matrix["topics"]
+        for row in topic["rows"]
+        if len({_outcome(row["cells"][c]) for c in columns}) > 1
+    ]
 
 
 def package_differences(matrix: dict, pl_column: str, l_column: str) -> tuple:
@@ -163,8 +181,11 @@ def _table(rows: list, columns: list) -> list:
     lines = ["| fact | " + " | ".join(columns) + " |", "| --- | " + " | ".join("---" for _ in columns) + " |"]
     previous = None
     for row in rows:
-        lines.append(f"| {_fact_label(row, previous)} | "
-                     + " | ".join(cell_text(_outcome(row["cells"][c])) for c in columns) + " |")
+        lines.append(
+            f"| {_fact_label(row, previous)} | "
+            + " | ".join(cell_text(_outcome(row["cells"][c])) for c in columns)
+            + " |"
+        )
         previous = row["function"]
     return lines
 
@@ -220,13 +241,22 @@ def render_matrix(matrix: dict, command: str = "nox -s facts matrix") -> str:
         lines += ["", "## Facts that differ between the two packages at the same release", ""]
         for pl_column, l_column in pairs:
             differ, one_run = package_differences(matrix, pl_column, l_column)
-            alone = (f" {len(one_run)} test case(s) ran with one of the two packages only (not compared: "
-                     "the suite changed between the runs)." if one_run else "")
+            alone = (
+                f" {len(one_run)} test case(s) ran with one of the two packages only (not compared: "
+                "the suite changed between the runs)."
+                if one_run
+                else ""
+            )
             if not differ:
-                lines += [f"{pl_column}: none; every fact both runs have has the same verdict with "
-                          f"`pytorch_lightning` and `lightning.pytorch`.{alone}", ""]
+                lines += [
+                    f"{pl_column}: none; every fact both runs have has the same verdict with "
+                    f"`pytorch_lightning` and `lightning.pytorch`.{alone}",
+                    "",
+                ]
                 continue
-            lines += [f"{pl_column}: {len(differ)} test case(s) differ.{alone}", ""] + _table(differ, [pl_column, l_column])
+            lines += [f"{pl_column}: {len(differ)} test case(s) differ.{alone}", ""] + _table(
+                differ, [pl_column, l_column]
+            )
             lines += [""] + _reasons(differ, [pl_column, l_column]) + [""]
 
     differ = differing_rows(matrix)
@@ -264,10 +294,12 @@ def main(argv=None) -> int:
     out.write_text(render_matrix(matrix, command=args.command), encoding="utf-8")
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(matrix, indent=1) + "\n", encoding="utf-8")
-    print(f"{out}: {sum(len(t['rows']) for t in matrix['topics'])} test cases x {len(matrix['columns'])} "
-          f"columns ({', '.join(c['column'] for c in matrix['columns'])}); {len(differing_rows(matrix))} differ "
-          f"across releases, {sum(len(package_differences(matrix, *p)[0]) for p in package_pairs(matrix))} between "
-          "the two packages")
+    print(
+        f"{out}: {sum(len(t['rows']) for t in matrix['topics'])} test cases x {len(matrix['columns'])} "
+        f"columns ({', '.join(c['column'] for c in matrix['columns'])}); {len(differing_rows(matrix))} differ "
+        f"across releases, {sum(len(package_differences(matrix, *p)[0]) for p in package_pairs(matrix))} between "
+        "the two packages"
+    )
     return 0
 
 

@@ -187,8 +187,9 @@ class CardCollector:
             if meta["not_a_fact"]:
                 left_out.append(nodeid)
                 continue
-            topic = topics.setdefault(meta["path"], {"module": meta["module"], "path": meta["path"], "topic": "",
-                                                     "facts": []})
+            topic = topics.setdefault(
+                meta["path"], {"module": meta["module"], "path": meta["path"], "topic": "", "facts": []}
+            )
             if not topic["topic"] and meta["module_doc"]:
                 topic["topic"] = record.markdown_code(record.first_paragraph(meta["module_doc"]))
             topic["facts"].append(fact_row(meta, self.reports.get(nodeid, {}), self.numbers.get(nodeid, [])))
@@ -210,7 +211,11 @@ class CardCollector:
         backend = "gloo"
         if self.config.getoption("backend", None) == "nccl" and environment()["gpu_count"] >= PICTURE_WORLD_SIZE:
             backend = "nccl"
-        entry = sharding_entry(self.path, backend, timeout=self.config.getoption("world_timeout", None),
-                               start_method=self.config.getoption("start_method", None))
+        entry = sharding_entry(
+            self.path,
+            backend,
+            timeout=self.config.getoption("world_timeout", None),
+            start_method=self.config.getoption("start_method", None),
+        )
         self.picture_error = entry["error"]
         return entry

@@ -159,7 +159,7 @@ def fact_sentence(function_name: str, doc: str = "") -> str:
     while i < len(words):
         for identifier in identifiers:
             parts = identifier.split("_")
-            if [w.lower() for w in words[i:i + len(parts)]] == [p.lower() for p in parts]:
+            if [w.lower() for w in words[i : i + len(parts)]] == [p.lower() for p in parts]:
                 out.append(f"`{identifier}`")
                 i += len(parts)
                 break
@@ -206,8 +206,16 @@ def metadata_from_nodeid(nodeid: str) -> dict:
     name = rest.rsplit("::", 1)[-1]
     function, _, case = name.partition("[")
     return {
-        "nodeid": nodeid, "path": path, "module": Path(path).stem, "module_doc": "", "function": function,
-        "case": case[:-1] if case else None, "params": {}, "world_size": None, "doc": "", "not_a_fact": False,
+        "nodeid": nodeid,
+        "path": path,
+        "module": Path(path).stem,
+        "module_doc": "",
+        "function": function,
+        "case": case[:-1] if case else None,
+        "params": {},
+        "world_size": None,
+        "doc": "",
+        "not_a_fact": False,
     }
 
 
@@ -254,7 +262,7 @@ def outcome_of(reports: dict) -> tuple:
         if call.failed:
             text = call.longrepr if isinstance(call.longrepr, str) else ""
             if text.startswith("[XPASS(strict)]"):
-                outcome, detail = "bug_fixed", one_line(text[len("[XPASS(strict)]"):]) or None
+                outcome, detail = "bug_fixed", one_line(text[len("[XPASS(strict)]") :]) or None
             else:
                 outcome, detail = "does_not_hold", _failure_message(call)
         elif call.skipped and xfail_reason is not None:

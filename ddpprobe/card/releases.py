@@ -39,8 +39,7 @@ def registry_versions(distribution: str, timeout: float = 60.0) -> list:
         RuntimeError: pip failed or printed no version list (no network, unknown distribution); the
             message has pip's own words.
     """
-    command = [sys.executable, "-m", "pip", "index", "versions", distribution, "--json",
-               "--disable-pip-version-check"]
+    command = [sys.executable, "-m", "pip", "index", "versions", distribution, "--json", "--disable-pip-version-check"]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -79,8 +78,9 @@ def matrix_releases(versions) -> list:
     return [str(v) for v in sorted(last.values())]
 
 
-def releases(distribution: str = "pytorch-lightning", newest_only: bool = False,
-             versions: Optional[list] = None) -> list:
+def releases(
+    distribution: str = "pytorch-lightning", newest_only: bool = False, versions: Optional[list] = None
+) -> list:
     """The matrix's releases of ``distribution``: from the index, else :data:`PINNED` (said on stderr).
 
     Args:
@@ -97,8 +97,11 @@ def releases(distribution: str = "pytorch-lightning", newest_only: bool = False,
         try:
             versions = registry_versions(distribution)
         except RuntimeError as exc:
-            print(f"ddpprobe: cannot list {distribution} releases ({exc}); using the pinned list "
-                  f"{', '.join(PINNED[distribution])}", file=sys.stderr)
+            print(
+                f"ddpprobe: cannot list {distribution} releases ({exc}); using the pinned list "
+                f"{', '.join(PINNED[distribution])}",
+                file=sys.stderr,
+            )
             versions = PINNED[distribution]
     chosen = matrix_releases(versions) or PINNED[distribution]
     return chosen[-1:] if newest_only else chosen

@@ -39,8 +39,9 @@ class Outcome:
 
 #: Outcome code -> :class:`Outcome`, in the schema's order (holds first).
 OUTCOMES: dict = {
-    entry["const"]: Outcome(entry["const"], entry["title"], entry["x-cell"], entry["x-problem"], entry["x-detail"],
-                            entry["description"])
+    entry["const"]: Outcome(
+        entry["const"], entry["title"], entry["x-cell"], entry["x-problem"], entry["x-detail"], entry["description"]
+    )
     for entry in SCHEMA_DOCUMENT["$defs"]["outcome"]["oneOf"]
 }
 
@@ -77,15 +78,20 @@ def _schema_problems(card) -> list:
     import jsonschema  # here, so reading OUTCOMES needs no jsonschema (the matrix's release list does not)
 
     validator = jsonschema.Draft202012Validator(SCHEMA_DOCUMENT)
-    return [f"{_where(e.absolute_path)}: {_message(e)}"
-            for e in sorted(validator.iter_errors(card), key=lambda e: [str(p) for p in e.absolute_path])]
+    return [
+        f"{_where(e.absolute_path)}: {_message(e)}"
+        for e in sorted(validator.iter_errors(card), key=lambda e: [str(p) for p in e.absolute_path])
+    ]
 
 
 def _consistency_problems(card: dict) -> list:
     """What the JSON Schema cannot say; runs only on a card that matches the schema."""
     problems = []
-    facts = [(f"card.topics[{t}].facts[{f}]", fact)
-             for t, topic in enumerate(card["topics"]) for f, fact in enumerate(topic["facts"])]
+    facts = [
+        (f"card.topics[{t}].facts[{f}]", fact)
+        for t, topic in enumerate(card["topics"])
+        for f, fact in enumerate(topic["facts"])
+    ]
     for where, fact in facts:
         if fact["verdict"] != verdict_words(fact["outcome"], fact["detail"]):
             problems.append(f"{where}.verdict: {fact['verdict']!r} does not match outcome {fact['outcome']!r}")
@@ -99,8 +105,9 @@ def _consistency_problems(card: dict) -> list:
         problems.append("card.world_sizes: expected sorted distinct ints")
     sharding = card["sharding"]
     if sharding is not None and sharding["seen"] is not None and len(sharding["seen"]) != sharding["world_size"]:
-        problems.append(f"card.sharding.seen: expected one entry per rank ({sharding['world_size']}), "
-                        f"got {len(sharding['seen'])}")
+        problems.append(
+            f"card.sharding.seen: expected one entry per rank ({sharding['world_size']}), got {len(sharding['seen'])}"
+        )
     return problems
 
 

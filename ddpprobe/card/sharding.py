@@ -41,8 +41,9 @@ def run_sharding_world(backend: str = "gloo", timeout=None, start_method=None) -
     from ddpprobe.probes import validation
 
     options = {k: v for k, v in {"timeout": timeout, "start_method": start_method}.items() if v is not None}
-    world = run_world(validation.validate, PICTURE_WORLD_SIZE, backend=backend, n=PICTURE_N,
-                      batch_size=PICTURE_BATCH, **options)
+    world = run_world(
+        validation.validate, PICTURE_WORLD_SIZE, backend=backend, n=PICTURE_N, batch_size=PICTURE_BATCH, **options
+    )
     return [[[int(i) for i in batch] for batch in record["seen_ids"]] for record in world.records]
 
 
@@ -64,8 +65,10 @@ def padding_cells(seen: list) -> list:
     """
     flat = [[sample for batch in rank_batches for sample in batch] for rank_batches in seen]
     world_size = len(flat)
-    order = sorted(((slot, rank) for rank, row in enumerate(flat) for slot in range(len(row))),
-                   key=lambda sr: sr[0] * world_size + sr[1])
+    order = sorted(
+        ((slot, rank) for rank, row in enumerate(flat) for slot in range(len(row))),
+        key=lambda sr: sr[0] * world_size + sr[1],
+    )
     dealt, padding = set(), []
     for slot, rank in order:
         sample = flat[rank][slot]
@@ -81,8 +84,15 @@ def sharding_entry(card_path, backend: str, timeout=None, start_method=None) -> 
     A failed world does not raise: the entry then has ``seen: null`` and the reason in ``error``.
     """
     entry = {
-        "n": PICTURE_N, "world_size": PICTURE_WORLD_SIZE, "batch_size": PICTURE_BATCH, "backend": backend,
-        "seen": None, "duplicates": [], "padding": [], "svg": None, "error": None,
+        "n": PICTURE_N,
+        "world_size": PICTURE_WORLD_SIZE,
+        "batch_size": PICTURE_BATCH,
+        "backend": backend,
+        "seen": None,
+        "duplicates": [],
+        "padding": [],
+        "svg": None,
+        "error": None,
     }
     try:
         seen = run_sharding_world(backend=backend, timeout=timeout, start_method=start_method)
@@ -141,8 +151,10 @@ def sharding_svg(seen: list, n: int) -> str:
         f"world size = {world_size}</text>",
     ]
     for slot in range(slots):
-        out.append(f'<text x="{left + slot * cell_w + cell_w / 2}" y="{top - 8}" text-anchor="middle" '
-                   f'fill="#555">slot {slot}</text>')
+        out.append(
+            f'<text x="{left + slot * cell_w + cell_w / 2}" y="{top - 8}" text-anchor="middle" '
+            f'fill="#555">slot {slot}</text>'
+        )
     for rank, row in enumerate(flat):
         y = top + rank * cell_h
         out.append(f'<text x="{left - 10}" y="{y + cell_h / 2 + 5}" text-anchor="end">rank {rank}</text>')
@@ -155,30 +167,39 @@ def sharding_svg(seen: list, n: int) -> str:
                 f'data-sample="{sample}" data-batch="{batch}" data-count="{counts[sample]}" x="{x + 2}" y="{y + 2}" '
                 f'width="{cell_w - 4}" height="{cell_h - 4}" rx="4" fill="{dup if is_dup else plain}" '
                 f'stroke="{"#b5520b" if is_dup else "#7fa7c9"}"><title>rank {rank}, slot {slot} (batch {batch}): '
-                f'sample {sample}, evaluated {counts[sample]}x ({role})</title></rect>'
+                f"sample {sample}, evaluated {counts[sample]}x ({role})</title></rect>"
             )
             out.append(f'<text x="{x + cell_w / 2}" y="{y + cell_h / 2 + 5}" text-anchor="middle">{sample}</text>')
         # batch boundaries of this rank: a dark tick between slots of different batches
         for slot in range(1, len(row)):
             if row[slot][1] != row[slot - 1][1]:
                 x = left + slot * cell_w
-                out.append(f'<line x1="{x}" y1="{y + 4}" x2="{x}" y2="{y + cell_h - 4}" stroke="#333" stroke-width="2"/>')
+                out.append(
+                    f'<line x1="{x}" y1="{y + 4}" x2="{x}" y2="{y + cell_h - 4}" stroke="#333" stroke-width="2"/>'
+                )
     out.append(f'<text x="{left}" y="{strip_top - 12}" fill="#555">times each sample id was evaluated</text>')
     for sample in range(n):
         x = left + sample * 34
         count = counts.get(sample, 0)
         fill = twice if count > 1 else plain if count == 1 else "#eeeeee"
-        out.append(f'<rect class="count" data-sample="{sample}" data-count="{count}" x="{x + 1}" y="{strip_top}" '
-                   f'width="32" height="28" rx="3" fill="{fill}" stroke="#999"/>')
+        out.append(
+            f'<rect class="count" data-sample="{sample}" data-count="{count}" x="{x + 1}" y="{strip_top}" '
+            f'width="32" height="28" rx="3" fill="{fill}" stroke="#999"/>'
+        )
         out.append(f'<text x="{x + 17}" y="{strip_top + 13}" text-anchor="middle" font-size="11">{sample}</text>')
-        out.append(f'<text x="{x + 17}" y="{strip_top + 25}" text-anchor="middle" font-size="10" '
-                   f'fill="#333">{count}x</text>')
+        out.append(
+            f'<text x="{x + 17}" y="{strip_top + 25}" text-anchor="middle" font-size="10" fill="#333">{count}x</text>'
+        )
     legend_y = strip_top + 52
     batch_size = max((len(b) for r in seen for b in r), default=0)
     out.append(f'<rect x="{left}" y="{legend_y - 11}" width="14" height="14" fill="{dup}" stroke="#b5520b"/>')
-    out.append(f'<text x="{left + 20}" y="{legend_y}">padding: a later copy of a sample the sampler already dealt</text>')
-    out.append(f'<line x1="{left + 7}" y1="{legend_y + 10}" x2="{left + 7}" y2="{legend_y + 25}" '
-               'stroke="#333" stroke-width="2"/>')
+    out.append(
+        f'<text x="{left + 20}" y="{legend_y}">padding: a later copy of a sample the sampler already dealt</text>'
+    )
+    out.append(
+        f'<line x1="{left + 7}" y1="{legend_y + 10}" x2="{left + 7}" y2="{legend_y + 25}" '
+        'stroke="#333" stroke-width="2"/>'
+    )
     out.append(f'<text x="{left + 20}" y="{legend_y + 22}">batch boundary (batch size {batch_size})</text>')
     out.append("</svg>")
     return "\n".join(out) + "\n"

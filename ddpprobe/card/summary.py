@@ -47,8 +47,16 @@ SEED_QUESTIONS = (
         "Every rank runs every hook, so a plain `print` writes once per rank. `self.print` and a "
         "`@rank_zero_only` function write on rank 0 only; `self.logger.experiment` is a no-op on every other "
         "rank, so a logger file holds rank 0's local value only.",
-        (("test_printing_and_loggers", "test_plain_print_appears_once_per_rank_while_self_print_and_rank_zero_only_print_once"),
-         ("test_printing_and_loggers", "test_logger_experiment_on_other_ranks_is_a_no_op_so_the_file_holds_rank_0s_local_value")),
+        (
+            (
+                "test_printing_and_loggers",
+                "test_plain_print_appears_once_per_rank_while_self_print_and_rank_zero_only_print_once",
+            ),
+            (
+                "test_printing_and_loggers",
+                "test_logger_experiment_on_other_ranks_is_a_no_op_so_the_file_holds_rank_0s_local_value",
+            ),
+        ),
     ),
     Question(
         "How do you log F1, precision and recall over the entire validation set?",
@@ -57,16 +65,26 @@ SEED_QUESTIONS = (
         "predictions and targets, or all-reduce the TP/FP/FN counts: each equals scikit-learn on the samples the "
         "ranks evaluated. Those include `DistributedSampler`'s padding duplicates; gather the sample ids too and "
         "drop duplicates for the single-process value.",
-        (("test_f1_over_whole_set", "test_f1_over_the_whole_validation_set_five_ways"),
-         ("test_f1_over_whole_set", "test_metric_objects_need_no_sync_dist_and_trigger_no_sync_dist_warning")),
+        (
+            ("test_f1_over_whole_set", "test_f1_over_the_whole_validation_set_five_ways"),
+            ("test_f1_over_whole_set", "test_metric_objects_need_no_sync_dist_and_trigger_no_sync_dist_warning"),
+        ),
     ),
     Question(
         "And what does `self.log` give without and with `sync_dist`?",
         "Without `sync_dist` each rank keeps the mean over its own shard and the logger writes rank 0's; with "
         "`sync_dist=True` every rank gets the mean over all samples the ranks evaluated, padding duplicates "
         "included, which differs from the single-process mean when N does not divide by the world size.",
-        (("test_logging_sync_dist", "test_without_sync_dist_each_rank_keeps_its_own_value_and_only_rank_0s_reaches_the_log_file"),
-         ("test_logging_sync_dist", "test_with_sync_dist_every_rank_gets_the_mean_over_the_padded_set_not_the_dataset")),
+        (
+            (
+                "test_logging_sync_dist",
+                "test_without_sync_dist_each_rank_keeps_its_own_value_and_only_rank_0s_reaches_the_log_file",
+            ),
+            (
+                "test_logging_sync_dist",
+                "test_with_sync_dist_every_rank_gets_the_mean_over_the_padded_set_not_the_dataset",
+            ),
+        ),
     ),
     Question(
         "And per label, F1, precision and recall at the threshold that gives the best F1 (the original code's metric)?",
@@ -75,14 +93,24 @@ SEED_QUESTIONS = (
         "`MultilabelPrecisionRecallCurve(thresholds=None)`, choose it on the padded set the ranks evaluated; "
         "gathering the sample ids too and dropping duplicates gives the single-process numbers; a fixed "
         "threshold grid keeps memory constant but can only choose a grid point (benchmarks/memory.md).",
-        (("test_multilabel_best_threshold_f1",
-          "test_a_best_threshold_chosen_on_rank_local_outputs_is_each_ranks_own_threshold_and_scores"),
-         ("test_multilabel_best_threshold_f1",
-          "test_b_averaging_per_batch_best_threshold_f1_gives_neither_the_whole_set_f1_nor_one_threshold"),
-         ("test_multilabel_best_threshold_f1",
-          "test_c_all_gather_and_d_a_synced_curve_metric_choose_the_threshold_on_the_padded_set_and_e_dropping_duplicates_gives_the_single_process_numbers"),
-         ("test_multilabel_best_threshold_f1",
-          "test_g_a_fixed_threshold_grid_metric_chooses_only_grid_thresholds_and_is_approximate")),
+        (
+            (
+                "test_multilabel_best_threshold_f1",
+                "test_a_best_threshold_chosen_on_rank_local_outputs_is_each_ranks_own_threshold_and_scores",
+            ),
+            (
+                "test_multilabel_best_threshold_f1",
+                "test_b_averaging_per_batch_best_threshold_f1_gives_neither_the_whole_set_f1_nor_one_threshold",
+            ),
+            (
+                "test_multilabel_best_threshold_f1",
+                "test_c_all_gather_and_d_a_synced_curve_metric_choose_the_threshold_on_the_padded_set_and_e_dropping_duplicates_gives_the_single_process_numbers",
+            ),
+            (
+                "test_multilabel_best_threshold_f1",
+                "test_g_a_fixed_threshold_grid_metric_chooses_only_grid_thresholds_and_is_approximate",
+            ),
+        ),
     ),
 )
 
@@ -111,16 +139,20 @@ def seed_answers(card: dict, questions=SEED_QUESTIONS) -> list:
         for module, function in q.facts:
             cases = by_function.get((module, function), [])
             with_numbers = next((c for c in cases if c["numbers"]), None)
-            facts.append({
-                "module": module, "function": function,
-                "fact": cases[0]["fact"] if cases else function,
-                "cases": len(cases),
-                "holds": sum(c["outcome"] == "holds" for c in cases),
-                "verdicts": sorted({c["verdict"] for c in cases if c["outcome"] != "holds"}),
-                "numbers": [n["text"] for n in with_numbers["numbers"]] if with_numbers else [],
-                "case": (", ".join(f"{k}={v}" for k, v in with_numbers["params"].items())
-                         if with_numbers else None),
-            })
+            facts.append(
+                {
+                    "module": module,
+                    "function": function,
+                    "fact": cases[0]["fact"] if cases else function,
+                    "cases": len(cases),
+                    "holds": sum(c["outcome"] == "holds" for c in cases),
+                    "verdicts": sorted({c["verdict"] for c in cases if c["outcome"] != "holds"}),
+                    "numbers": [n["text"] for n in with_numbers["numbers"]] if with_numbers else [],
+                    "case": (
+                        ", ".join(f"{k}={v}" for k, v in with_numbers["params"].items()) if with_numbers else None
+                    ),
+                }
+            )
         established = all(f["cases"] and f["holds"] == f["cases"] for f in facts)
         answers.append({"question": q.question, "answer": q.answer if established else None, "facts": facts})
     return answers

@@ -17,8 +17,15 @@ from ddpprobe.launch._spec import MAX_WORLD_SIZE
 
 def scenario_ref(scenario: Callable) -> str:
     if not inspect.isfunction(scenario):
-        kind = ("a class" if inspect.isclass(scenario) else "a bound method" if inspect.ismethod(scenario)
-                else "a builtin" if inspect.isbuiltin(scenario) else f"a {type(scenario).__name__}")
+        kind = (
+            "a class"
+            if inspect.isclass(scenario)
+            else "a bound method"
+            if inspect.ismethod(scenario)
+            else "a builtin"
+            if inspect.isbuiltin(scenario)
+            else f"a {type(scenario).__name__}"
+        )
         raise TypeError(
             f"scenario must be a function defined with `def` at the top level of an importable module, "
             f"got {kind}: {scenario!r}; wrap it in such a function (parameters go in run_world(**params))"
@@ -82,8 +89,18 @@ def check_devices(backend: str, ranks_here: int) -> None:
 #: Variables the launcher sets in every rank to describe the world (ddpprobe/launch/_rank.py): ``env`` may
 #: not replace them, since a replaced one gives a rank another identity (two ranks 0 wait for each other
 #: until the process-group timeout) or makes gloo listen on another interface than loopback.
-LAUNCHER_ENV = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK",
-                "GROUP_RANK", "TORCHELASTIC_USE_AGENT_STORE", "GLOO_SOCKET_IFNAME")
+LAUNCHER_ENV = (
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "WORLD_SIZE",
+    "RANK",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "NODE_RANK",
+    "GROUP_RANK",
+    "TORCHELASTIC_USE_AGENT_STORE",
+    "GLOO_SOCKET_IFNAME",
+)
 
 
 def check_env(env: dict) -> dict:
@@ -92,7 +109,8 @@ def check_env(env: dict) -> dict:
         raise ValueError(
             f"env sets {', '.join(f'{k}={env[k]!r}' for k in clash)}, which the launcher sets in every rank to "
             "describe the world (ranks, nodes, the loopback rendezvous); remove it from env and use run_world's "
-            "world_size and num_nodes instead")
+            "world_size and num_nodes instead"
+        )
     for key, value in env.items():
         if not isinstance(key, str) or not isinstance(value, str):
             raise TypeError(f"env must map str to str, got {key!r}: {value!r}")

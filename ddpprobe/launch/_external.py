@@ -85,7 +85,8 @@ def external_world(environ: Optional[dict] = None) -> Optional[ExternalWorld]:
         raise ValueError(
             f"DDPPROBE_NO_EXTERNAL_WORLD={env['DDPPROBE_NO_EXTERNAL_WORLD']!r} is neither on nor off; set it to 1 "
             "(true, yes) to launch ddpprobe's own worlds even under torchrun/srun, or to 0 (false, no, empty) to "
-            "run in the external world")
+            "run in the external world"
+        )
 
     def number(name: str, default=None) -> int:
         raw = env.get(name, default)
@@ -260,14 +261,18 @@ def main(argv: Optional[list] = None) -> int:
     parser.add_argument("--params", default="{}", help="JSON object of scenario parameters")
     parser.add_argument("--backend", default=None, choices=BACKENDS, help="default DDPPROBE_BACKEND or gloo")
     parser.add_argument("--timeout", type=float, default=None, help="seconds; default DDPPROBE_TIMEOUT or 120")
-    parser.add_argument("--pg-timeout", type=float, default=None,
-                        help="seconds; default DDPPROBE_PG_TIMEOUT or half the timeout")
+    parser.add_argument(
+        "--pg-timeout", type=float, default=None, help="seconds; default DDPPROBE_PG_TIMEOUT or half the timeout"
+    )
     parser.add_argument("--out", default="-")
     args = parser.parse_args(argv)
     try:
-        settings = resolve_settings(backend=args.backend, timeout=args.timeout, pg_timeout=args.pg_timeout,
-                                    names={"backend": "--backend", "timeout": "--timeout",
-                                           "pg_timeout": "--pg-timeout"})
+        settings = resolve_settings(
+            backend=args.backend,
+            timeout=args.timeout,
+            pg_timeout=args.pg_timeout,
+            names={"backend": "--backend", "timeout": "--timeout", "pg_timeout": "--pg-timeout"},
+        )
     except SettingsError as exc:
         parser.error(str(exc))
     try:
@@ -275,8 +280,10 @@ def main(argv: Optional[list] = None) -> int:
     except ValueError as exc:
         parser.error(f"--params {args.params!r} is not JSON ({exc}); give a JSON object, e.g. --params '{{\"n\": 8}}'")
     if not isinstance(params, dict):
-        parser.error(f"--params {args.params!r} is a JSON {type(params).__name__}, not an object; give the scenario's "
-                     "keyword arguments as a JSON object, e.g. --params '{\"n\": 8}'")
+        parser.error(
+            f"--params {args.params!r} is a JSON {type(params).__name__}, not an object; give the scenario's "
+            "keyword arguments as a JSON object, e.g. --params '{\"n\": 8}'"
+        )
     world = external_world()
     if world is None:
         parser.error("no external world found: run under torchrun (TORCHELASTIC_RUN_ID, RANK, WORLD_SIZE) or srun")

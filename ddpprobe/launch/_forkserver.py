@@ -11,12 +11,18 @@ import time
 
 #: Modules the forkserver imports once, so that forked ranks start with them loaded.
 #: ``ddpprobe.probes`` imports the Lightning package chosen by ``DDPPROBE_LIGHTNING`` (ddpprobe/_lightning.py).
-FORKSERVER_PRELOAD = ["torch", "torch.distributed", "torchmetrics", "ddpprobe.launch._rank", "ddpprobe.probes",
-                      # pytorch-lightning <= 2.2 imports torch._dynamo inside every Trainer.fit/validate/
-                      # test/predict (pytorch_lightning/utilities/compile.py ``_maybe_unwrap_optimized``),
-                      # about 800 modules (sympy among them): ~1 s in every rank of every world unless
-                      # imported here once. Later releases import it with Lightning, so it costs nothing there.
-                      "torch._dynamo"]
+FORKSERVER_PRELOAD = [
+    "torch",
+    "torch.distributed",
+    "torchmetrics",
+    "ddpprobe.launch._rank",
+    "ddpprobe.probes",
+    # pytorch-lightning <= 2.2 imports torch._dynamo inside every Trainer.fit/validate/
+    # test/predict (pytorch_lightning/utilities/compile.py ``_maybe_unwrap_optimized``),
+    # about 800 modules (sympy among them): ~1 s in every rank of every world unless
+    # imported here once. Later releases import it with Lightning, so it costs nothing there.
+    "torch._dynamo",
+]
 
 #: Seconds the launcher waits at interpreter exit for the forkserver it started to end.
 FORKSERVER_STOP_S = 5.0

@@ -106,10 +106,18 @@ def run_scenario(scenario_ref: str, info, params: dict, pid: int, catch=Exceptio
         except (TypeError, ValueError):
             where, type_name = find_unserialisable(record) or ("record", type(record).__name__)
             return RankMessage(
-                rank=info.rank, status="unserialisable", pid=pid,
+                rank=info.rank,
+                status="unserialisable",
+                pid=pid,
                 error=f"{where} is a {type_name}, which JSON cannot hold; return plain lists, dicts, "
                 "str, int, float, bool or None (e.g. tensor.tolist() or float(tensor))",
             )
     except catch as exc:  # noqa: BLE001 - every failure is reported
-        return RankMessage(rank=info.rank, status="error", pid=pid, exc_type=type(exc).__name__,
-                           error=str(exc), traceback=traceback.format_exc())
+        return RankMessage(
+            rank=info.rank,
+            status="error",
+            pid=pid,
+            exc_type=type(exc).__name__,
+            error=str(exc),
+            traceback=traceback.format_exc(),
+        )

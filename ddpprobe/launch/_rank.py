@@ -182,8 +182,9 @@ def rank_main(spec: LaunchSpec, rank: int, result_conn, lifeline) -> None:
     _set_environment(spec, rank)
     os.chdir(files["dir"])
     _align_process_state(rank, rank % spec.devices)
-    message = run_scenario(spec.scenario_ref, spec.rank_info(rank, files["dir"]), spec.params, os.getpid(),
-                           catch=BaseException)
+    message = run_scenario(
+        spec.scenario_ref, spec.rank_info(rank, files["dir"]), spec.params, os.getpid(), catch=BaseException
+    )
     sys.stdout.flush()
     sys.stderr.flush()
     try:

@@ -44,8 +44,15 @@ def loopback_store(timeout_s: float):
         port = listener.getsockname()[1]
         fd = listener.detach()  # the store owns the socket from here and closes it when deleted
     try:
-        return TCPStore(LOOPBACK, port, None, True, timeout=datetime.timedelta(seconds=timeout_s),
-                        wait_for_workers=False, master_listen_fd=fd)
+        return TCPStore(
+            LOOPBACK,
+            port,
+            None,
+            True,
+            timeout=datetime.timedelta(seconds=timeout_s),
+            wait_for_workers=False,
+            master_listen_fd=fd,
+        )
     except BaseException:
         os.close(fd)
         raise

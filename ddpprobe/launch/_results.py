@@ -124,8 +124,9 @@ class WorldTimeout(WorldError):
         self.stacks = stacks
 
 
-def build_result(messages: list, world: str, order: Optional[list] = None, timeout: Optional[float] = None,
-                 timed_out: bool = False) -> WorldResult:
+def build_result(
+    messages: list, world: str, order: Optional[list] = None, timeout: Optional[float] = None, timed_out: bool = False
+) -> WorldResult:
     """Turn one ``RankMessage`` per rank into the world's result, or raise the error that explains it.
 
     Args:
@@ -165,22 +166,46 @@ def build_result(messages: list, world: str, order: Optional[list] = None, timeo
     raised = [r for r in failed if by_rank[r].status == "error"]
     unserialisable = [r for r in failed if by_rank[r].status == "unserialisable"]
     if died:
-        raise RankDied(message("died", died), died, pids, outputs,
-                       exitcodes={r: by_rank[r].exitcode for r in died}, rank_errors=rank_errors)
+        raise RankDied(
+            message("died", died),
+            died,
+            pids,
+            outputs,
+            exitcodes={r: by_rank[r].exitcode for r in died},
+            rank_errors=rank_errors,
+        )
     if raised:
-        raise RankFailed(message("raised an exception", raised), raised, pids, outputs,
-                         exc_types={r: by_rank[r].exc_type for r in raised},
-                         tracebacks={r: by_rank[r].traceback for r in raised}, rank_errors=rank_errors)
+        raise RankFailed(
+            message("raised an exception", raised),
+            raised,
+            pids,
+            outputs,
+            exc_types={r: by_rank[r].exc_type for r in raised},
+            tracebacks={r: by_rank[r].traceback for r in raised},
+            rank_errors=rank_errors,
+        )
     if unserialisable:
         raise TypeError(message("returned a record JSON cannot hold", unserialisable, with_stderr=False))
     if stuck or timed_out:
         after = f"timed out after {timeout:g}s" if timeout is not None else "timed out"
-        raise WorldTimeout(message(after, stuck), stuck, pids, outputs,
-                           stacks={r: by_rank[r].stack for r in stuck}, rank_errors=rank_errors)
+        raise WorldTimeout(
+            message(after, stuck),
+            stuck,
+            pids,
+            outputs,
+            stacks={r: by_rank[r].stack for r in stuck},
+            rank_errors=rank_errors,
+        )
     return WorldResult(
-        RankResult(rank=r, record=json.loads(by_rank[r].record_json), stdout=by_rank[r].stdout,
-                   stderr=by_rank[r].stderr, files=by_rank[r].files, pid=by_rank[r].pid,
-                   exitcode=by_rank[r].exitcode)
+        RankResult(
+            rank=r,
+            record=json.loads(by_rank[r].record_json),
+            stdout=by_rank[r].stdout,
+            stderr=by_rank[r].stderr,
+            files=by_rank[r].files,
+            pid=by_rank[r].pid,
+            exitcode=by_rank[r].exitcode,
+        )
         for r in ranks
     )
 

@@ -130,8 +130,9 @@ def resolve_settings(
         )
 
     method, where = source("start_method", start_method)
-    method = _choice("start_method", method or ("spawn" if backend_value == "nccl" else "forkserver"),
-                     START_METHODS, where)
+    method = _choice(
+        "start_method", method or ("spawn" if backend_value == "nccl" else "forkserver"), START_METHODS, where
+    )
     return Settings(backend=backend_value, timeout=timeout_value, pg_timeout=pg_value, start_method=method)
 
 
@@ -147,15 +148,13 @@ def _seconds(name: str, value, where: str) -> float:
         try:
             number = float(value)
         except ValueError:
-            raise SettingsError(
-                f"{name}={value!r} ({where}) is not a number of seconds; set it to e.g. 60") from None
+            raise SettingsError(f"{name}={value!r} ({where}) is not a number of seconds; set it to e.g. 60") from None
     elif isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise SettingsTypeError(
-            f"{name} must be a number of seconds, got {type(value).__name__} {value!r} ({where})")
+        raise SettingsTypeError(f"{name} must be a number of seconds, got {type(value).__name__} {value!r} ({where})")
     else:
         number = value
     if not (math.isfinite(number) and MIN_SECONDS <= number <= MAX_SECONDS):  # also rejects nan
         raise SettingsError(
-            f"{name}={value!r} ({where}) must be a number of seconds from {MIN_SECONDS:g} to {MAX_SECONDS:g}")
+            f"{name}={value!r} ({where}) must be a number of seconds from {MIN_SECONDS:g} to {MAX_SECONDS:g}"
+        )
     return float(number)
-

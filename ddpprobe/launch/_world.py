@@ -311,13 +311,21 @@ class _World:
         for rank, process in enumerate(self.processes):
             files = paths(self.spec.world_dir, rank)
             message = self.results.get(rank) or RankMessage(
-                rank=rank, status="stuck", stack=_read(files["stack"]) or "(no stack received)")
-            messages.append(dataclasses.replace(
-                message, pid=process.pid, exitcode=process.exitcode, stdout=_read(files["stdout"]),
-                stderr=_read(files["stderr"]), files=_snapshot(files["dir"]) if message.status == "ok" else {},
-            ))
-        world = (f"world of {self.spec.world_size} rank(s) running {self.spec.scenario_ref} "
-                 f"(backend={self.spec.backend})")
+                rank=rank, status="stuck", stack=_read(files["stack"]) or "(no stack received)"
+            )
+            messages.append(
+                dataclasses.replace(
+                    message,
+                    pid=process.pid,
+                    exitcode=process.exitcode,
+                    stdout=_read(files["stdout"]),
+                    stderr=_read(files["stderr"]),
+                    files=_snapshot(files["dir"]) if message.status == "ok" else {},
+                )
+            )
+        world = (
+            f"world of {self.spec.world_size} rank(s) running {self.spec.scenario_ref} (backend={self.spec.backend})"
+        )
         return build_result(messages, world, order=self.arrival, timeout=self.timeout, timed_out=self.timed_out)
 
 

@@ -83,8 +83,7 @@ class RecordingCheckpointIO(fabric.plugins.TorchCheckpointIO):
         super().save_checkpoint(checkpoint, path, storage_options=storage_options)
 
 
-def _fit(info: RankInfo, values: list, max_epochs: int, n_per_rank: int, batch_size: int, callbacks: list,
-         **overrides):
+def _fit(info: RankInfo, values: list, max_epochs: int, n_per_rank: int, batch_size: int, callbacks: list, **overrides):
     model = MonitoredRegressor(values)
     recorder = _MetricRecorder()
     trainer = ddp_trainer(info, max_epochs=max_epochs, callbacks=[recorder, *callbacks], **overrides)
@@ -154,8 +153,14 @@ def model_checkpoint(
     checkpoint_io = RecordingCheckpointIO()
     with recorded_warnings() as warnings:
         trainer, model, recorder = _fit(
-            info, values, max_epochs, n_per_rank, batch_size, [checkpoint],
-            enable_checkpointing=True, plugins=[checkpoint_io],
+            info,
+            values,
+            max_epochs,
+            n_per_rank,
+            batch_size,
+            [checkpoint],
+            enable_checkpointing=True,
+            plugins=[checkpoint_io],
         )
 
     def rel(path):

@@ -154,8 +154,14 @@ def collective(info: RankInfo, action: str, strategy: str = "ddp", log_rank_zero
             trainer = ddp_trainer(info)
         elif strategy == "auto":
             trainer = pl.Trainer(
-                accelerator="cpu", devices=1, strategy="auto", logger=False, enable_progress_bar=False,
-                enable_model_summary=False, enable_checkpointing=False, default_root_dir=info.rank_dir,
+                accelerator="cpu",
+                devices=1,
+                strategy="auto",
+                logger=False,
+                enable_progress_bar=False,
+                enable_model_summary=False,
+                enable_checkpointing=False,
+                default_root_dir=info.rank_dir,
             )
         else:
             raise ValueError(f"strategy={strategy!r}: use 'ddp' or 'auto'")

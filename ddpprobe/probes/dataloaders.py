@@ -78,8 +78,9 @@ class MultiLoaderProbe(pl.LightningModule):
         self.outputs.clear()
 
 
-def validate_loaders(info: RankInfo, sizes: list, firsts: list, batch_size: int = 2, logs: list = (),
-                     expect_error: bool = False) -> dict:
+def validate_loaders(
+    info: RankInfo, sizes: list, firsts: list, batch_size: int = 2, logs: list = (), expect_error: bool = False
+) -> dict:
     """Scenario: ``trainer.validate`` a ``MultiLoaderProbe`` over one ``DataLoader`` per entry of ``sizes``.
 
     Args:
@@ -99,8 +100,9 @@ def validate_loaders(info: RankInfo, sizes: list, firsts: list, batch_size: int 
     """
     if len(sizes) != len(firsts):
         raise ValueError(f"sizes={sizes!r} and firsts={firsts!r} must have the same length (one per dataloader)")
-    loaders = [DataLoader(ShiftedIdDataset(n, first), batch_size=batch_size, num_workers=0)
-               for n, first in zip(sizes, firsts)]
+    loaders = [
+        DataLoader(ShiftedIdDataset(n, first), batch_size=batch_size, num_workers=0) for n, first in zip(sizes, firsts)
+    ]
     model = MultiLoaderProbe(logs=logs)
     error, returned = None, []
     with recorded_warnings() as warnings:

@@ -38,7 +38,11 @@ def scores_from_counts(tp: float, fp: float, fn: float) -> dict:
 def _counts(preds: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """``[TP, FP, FN]`` as a float64 tensor of shape (3,)."""
     return torch.stack(
-        [((preds == 1) & (target == 1)).sum(), ((preds == 1) & (target == 0)).sum(), ((preds == 0) & (target == 1)).sum()]
+        [
+            ((preds == 1) & (target == 1)).sum(),
+            ((preds == 1) & (target == 0)).sum(),
+            ((preds == 0) & (target == 1)).sum(),
+        ]
     ).double()
 
 

@@ -65,7 +65,7 @@ def announce(record: dict) -> dict:
 def read_announced(stdout: str):
     """The record a rank announced in its ``stdout`` (``announce``), or None if it announced none
     (it failed before). Raises ``ValueError`` if it announced more than one."""
-    lines = [line[len(ANNOUNCE_PREFIX):] for line in stdout.splitlines() if line.startswith(ANNOUNCE_PREFIX)]
+    lines = [line[len(ANNOUNCE_PREFIX) :] for line in stdout.splitlines() if line.startswith(ANNOUNCE_PREFIX)]
     if len(lines) > 1:
         raise ValueError(f"a rank announced {len(lines)} records; expected at most one")
     return json.loads(lines[0]) if lines else None
@@ -77,8 +77,12 @@ def _check_plan(name: str, plan, world_size: int) -> list:
         raise ValueError(f"{name} must list one row per rank ({world_size} rows), got {plan!r}")
     for rank, row in enumerate(plan):
         for entry in row:
-            if not (isinstance(entry, (list, tuple)) and len(entry) == 2 and isinstance(entry[0], str)
-                    and isinstance(entry[1], (int, float))):
+            if not (
+                isinstance(entry, (list, tuple))
+                and len(entry) == 2
+                and isinstance(entry[0], str)
+                and isinstance(entry[1], (int, float))
+            ):
                 raise ValueError(f"{name}[{rank}] entry {entry!r}: use [key, number]")
     return [[(str(k), float(v)) for k, v in row] for row in plan]
 
@@ -229,8 +233,12 @@ def metric_on_step(info: RankInfo, dist_sync_on_step: bool, n: int, batch_size: 
     logger = RecordingLogger()
     trainer = ddp_trainer(info, logger=logger)
     trainer.validate(model, dataloaders=id_loader(n, batch_size), verbose=False)
-    return {"seen_ids": model.seen_ids, "forward_values": model.forward_values, "logged": logger.calls,
-            **trainer_metrics(trainer)}
+    return {
+        "seen_ids": model.seen_ids,
+        "forward_values": model.forward_values,
+        "logged": logger.calls,
+        **trainer_metrics(trainer),
+    }
 
 
 class CollectionProbe(pl.LightningModule):
@@ -307,9 +315,16 @@ class Rank0KeyRegressor(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
-def monitor_rank0_key(info: RankInfo, callback: str, values: list, rank_zero_only: bool = False,
-                      every_rank: bool = False, hold_s: float = 0.0, n_per_rank: int = 2,
-                      batch_size: int = 2) -> dict:
+def monitor_rank0_key(
+    info: RankInfo,
+    callback: str,
+    values: list,
+    rank_zero_only: bool = False,
+    every_rank: bool = False,
+    hold_s: float = 0.0,
+    n_per_rank: int = 2,
+    batch_size: int = 2,
+) -> dict:
     """Scenario: fit a ``Rank0KeyRegressor`` for ``len(values)`` epochs (a validation loop after each, no
     sanity check) with ``ModelCheckpoint(monitor=MONITORED, mode="min", save_top_k=1)``
     (``callback="checkpoint"``; ``dirpath`` = this rank's ``checkpoints`` folder, replaced by rank 0's)
@@ -330,13 +345,19 @@ def monitor_rank0_key(info: RankInfo, callback: str, values: list, rank_zero_onl
         raise ValueError(f"callback={callback!r}: use one of {CALLBACKS}")
     model = Rank0KeyRegressor(values, rank_zero_only=rank_zero_only, every_rank=every_rank)
     if callback == "checkpoint":
-        watcher = pl.callbacks.ModelCheckpoint(dirpath=os.path.join(info.rank_dir, "checkpoints"),
-                                               monitor=MONITORED, mode="min", save_top_k=1)
+        watcher = pl.callbacks.ModelCheckpoint(
+            dirpath=os.path.join(info.rank_dir, "checkpoints"), monitor=MONITORED, mode="min", save_top_k=1
+        )
     else:
         watcher = pl.callbacks.EarlyStopping(monitor=MONITORED, mode="min", patience=1)
     loader = id_loader(n_per_rank * info.world_size, batch_size)
-    trainer = ddp_trainer(info, max_epochs=len(values), callbacks=[watcher], num_sanity_val_steps=0,
-                          enable_checkpointing=callback == "checkpoint")
+    trainer = ddp_trainer(
+        info,
+        max_epochs=len(values),
+        callbacks=[watcher],
+        num_sanity_val_steps=0,
+        enable_checkpointing=callback == "checkpoint",
+    )
     raised = None
     try:
         trainer.fit(model, train_dataloaders=loader, val_dataloaders=loader)
@@ -347,15 +368,19 @@ def monitor_rank0_key(info: RankInfo, callback: str, values: list, rank_zero_onl
         time.sleep(hold_s)
     files = sorted(
         os.path.relpath(os.path.join(root, name), info.world_dir)
-        for root, _, names in os.walk(info.world_dir) for name in names if name.endswith(".ckpt")
+        for root, _, names in os.walk(info.world_dir)
+        for name in names
+        if name.endswith(".ckpt")
     )
     score = getattr(watcher, "best_model_score", None)
-    return announce({
-        "raised": raised,
-        "epochs_run": model.epochs_run,
-        "callback_metrics": floats(trainer.callback_metrics),
-        "files": files,
-        "best_model_score": None if score is None else float(score),
-        "stopped_epoch": getattr(watcher, "stopped_epoch", None),
-        "should_stop": trainer.should_stop,
-    })
+    return announce(
+        {
+            "raised": raised,
+            "epochs_run": model.epochs_run,
+            "callback_metrics": floats(trainer.callback_metrics),
+            "files": files,
+            "best_model_score": None if score is None else float(score),
+            "stopped_epoch": getattr(watcher, "stopped_epoch", None),
+            "should_stop": trainer.should_stop,
+        }
+    )

@@ -170,8 +170,16 @@ def _record(trainer, model, warnings) -> dict:
     }
 
 
-def validate_iterable(info: RankInfo, n: int, batch_size: int = 1, shard: str = "none", num_workers: int = 0,
-                      plan: list = (), count=None, sized: bool = False) -> dict:
+def validate_iterable(
+    info: RankInfo,
+    n: int,
+    batch_size: int = 1,
+    shard: str = "none",
+    num_workers: int = 0,
+    plan: list = (),
+    count=None,
+    sized: bool = False,
+) -> dict:
     """Scenario: ``trainer.validate`` an ``IterableProbe(plan, count)`` over
     ``DataLoader(IdIterable(n, shard), batch_size, num_workers)`` (``SizedIdIterable`` with ``sized``).
 
@@ -184,8 +192,7 @@ def validate_iterable(info: RankInfo, n: int, batch_size: int = 1, shard: str = 
     model = IterableProbe(plan=plan, count=count)
     with recorded_warnings() as warnings:
         trainer = ddp_trainer(info)
-        returned = trainer.validate(model, dataloaders=_loader(n, batch_size, shard, num_workers, sized),
-                                    verbose=False)
+        returned = trainer.validate(model, dataloaders=_loader(n, batch_size, shard, num_workers, sized), verbose=False)
     return {
         **_record(trainer, model, warnings),
         "returned": [floats(d) for d in returned],
@@ -193,8 +200,7 @@ def validate_iterable(info: RankInfo, n: int, batch_size: int = 1, shard: str = 
     }
 
 
-def fit_iterable(info: RankInfo, n: int, batch_size: int = 1, shard: str = "none", plan: list = (),
-                 count=None) -> dict:
+def fit_iterable(info: RankInfo, n: int, batch_size: int = 1, shard: str = "none", plan: list = (), count=None) -> dict:
     """Scenario: ``trainer.fit`` an ``IterableProbe(plan, count)`` for one epoch over
     ``DataLoader(IdIterable(n, shard), batch_size)`` (no validation loop, no workers).
 

@@ -22,8 +22,16 @@ hooks a probe supports is the probe's to say (see its docstring); it rejects the
 from __future__ import annotations
 
 #: ``self.log`` options a log plan entry may carry (pytorch_lightning/core/module.py ``LightningModule.log``).
-LOG_OPTIONS = ("sync_dist", "reduce_fx", "on_step", "on_epoch", "rank_zero_only", "prog_bar", "logger",
-               "add_dataloader_idx")
+LOG_OPTIONS = (
+    "sync_dist",
+    "reduce_fx",
+    "on_step",
+    "on_epoch",
+    "rank_zero_only",
+    "prog_bar",
+    "logger",
+    "add_dataloader_idx",
+)
 #: Values a step-level entry may log (see the module docstring).
 STEP_VALUES = ("batch_mean", "python_float", "python_int", "int_tensor", "mean_metric", "sum_metric")
 #: Values an ``hook="epoch_end"`` entry may log.
@@ -34,8 +42,16 @@ HOOKS = ("step", "epoch_end")
 VIAS = ("log", "log_dict")
 
 
-def log_spec(name: str, what: str = "batch_mean", *, via: str = "log", hook: str = "step", ranks=None,
-             subgroup: bool = False, **options) -> dict:
+def log_spec(
+    name: str,
+    what: str = "batch_mean",
+    *,
+    via: str = "log",
+    hook: str = "step",
+    ranks=None,
+    subgroup: bool = False,
+    **options,
+) -> dict:
     """One entry of a log plan: log ``what`` as ``name`` with these ``self.log`` options.
 
     Args:
@@ -63,8 +79,15 @@ def log_spec(name: str, what: str = "batch_mean", *, via: str = "log", hook: str
     unknown = sorted(set(options) - set(LOG_OPTIONS))
     if unknown:
         raise ValueError(f"log_spec({name!r}): unknown option(s) {unknown}; use any of {LOG_OPTIONS}")
-    return {"name": name, "what": what, "via": via, "hook": hook, "ranks": ranks, "subgroup": subgroup,
-            "options": options}
+    return {
+        "name": name,
+        "what": what,
+        "via": via,
+        "hook": hook,
+        "ranks": ranks,
+        "subgroup": subgroup,
+        "options": options,
+    }
 
 
 def check_plan(plan, probe: str, values=STEP_VALUES, hooks=HOOKS, subgroup: bool = True) -> list:
@@ -83,12 +106,13 @@ def check_plan(plan, probe: str, values=STEP_VALUES, hooks=HOOKS, subgroup: bool
     """
     plan = list(plan)
     for entry in plan:
-        if not isinstance(entry, dict) or set(entry) != {"name", "what", "via", "hook", "ranks", "subgroup",
-                                                         "options"}:
+        if not isinstance(entry, dict) or set(entry) != {"name", "what", "via", "hook", "ranks", "subgroup", "options"}:
             raise ValueError(f"{probe}: log plan entry {entry!r} is not a log_spec(...) dict; build it with log_spec")
         if entry["hook"] not in hooks or (entry["hook"] == "step" and entry["what"] not in values):
-            raise ValueError(f"{probe}: cannot log {entry['name']!r} (what={entry['what']!r}, "
-                             f"hook={entry['hook']!r}); it logs {values} from hooks {hooks}")
+            raise ValueError(
+                f"{probe}: cannot log {entry['name']!r} (what={entry['what']!r}, "
+                f"hook={entry['hook']!r}); it logs {values} from hooks {hooks}"
+            )
         if entry["subgroup"] and not subgroup:
             raise ValueError(f"{probe}: {entry['name']!r} asks for subgroup=True; this probe has no sub process group")
     return plan

@@ -76,7 +76,9 @@ def _run(recipe: str, rank: int, world_size: int, n: int) -> float:
         dist.all_gather(gathered_labels, labels)
         return float(torch.cat(gathered_scores)[:, 0].mean() + torch.cat(gathered_labels)[:, 0].float().mean())
     if recipe in ("list_state", "grid"):
-        metric = MultilabelPrecisionRecallCurve(num_labels=NUM_LABELS, thresholds=None if recipe == "list_state" else GRID_POINTS)
+        metric = MultilabelPrecisionRecallCurve(
+            num_labels=NUM_LABELS, thresholds=None if recipe == "list_state" else GRID_POINTS
+        )
         for scores, labels in _batches(rank, n):
             metric.update(scores, labels)
         precision, recall, _ = metric.compute()  # per label: a list (list_state) or rows of a tensor (grid)
@@ -107,8 +109,9 @@ def peak_memory(info: RankInfo, recipe: str, n: int) -> dict:
     """
     if recipe not in RECIPES:
         raise ValueError(f"recipe={recipe!r}: use one of {RECIPES}")
-    dist.init_process_group(info.backend, rank=info.rank, world_size=info.world_size,
-                            timeout=datetime.timedelta(seconds=info.pg_timeout))
+    dist.init_process_group(
+        info.backend, rank=info.rank, world_size=info.world_size, timeout=datetime.timedelta(seconds=info.pg_timeout)
+    )
     _run(recipe, info.rank, info.world_size, min(n, 100))  # warm-up: lazy imports, first-use buffers
     dist.barrier()
     with open("/proc/self/clear_refs", "w") as fh:
@@ -118,5 +121,10 @@ def peak_memory(info: RankInfo, recipe: str, n: int) -> dict:
     peak = _status_kib("VmHWM")
     dist.barrier()
     dist.destroy_process_group()
-    return {"recipe": recipe, "n": n, "peak_added_bytes": (peak - baseline) * 1024, "baseline_bytes": baseline * 1024,
-            "value": value}
+    return {
+        "recipe": recipe,
+        "n": n,
+        "peak_added_bytes": (peak - baseline) * 1024,
+        "baseline_bytes": baseline * 1024,
+        "value": value,
+    }

@@ -71,8 +71,10 @@ def sample_labels(sample_id: int) -> list:
 def _tensors(ids: torch.Tensor) -> tuple:
     """``(scores, labels)`` of shape ``(len(ids), NUM_LABELS)``: float32 and int64."""
     ids = ids.tolist()
-    return (torch.tensor([sample_scores(i) for i in ids], dtype=torch.float32),
-            torch.tensor([sample_labels(i) for i in ids], dtype=torch.long))
+    return (
+        torch.tensor([sample_scores(i) for i in ids], dtype=torch.float32),
+        torch.tensor([sample_labels(i) for i in ids], dtype=torch.long),
+    )
 
 
 def _scores(tp: float, fp: float, fn: float) -> tuple:
@@ -115,10 +117,16 @@ def best_from_curve(precision: torch.Tensor, recall: torch.Tensor, thresholds: t
     one longer than ``thresholds``, their last point dropped). Ties go to the lowest threshold."""
     precision, recall = precision[: len(thresholds)].double(), recall[: len(thresholds)].double()
     denominator = precision + recall
-    f1 = torch.where(denominator > 0, 2 * precision * recall / denominator.clamp_min(1e-12), torch.zeros_like(denominator))
+    f1 = torch.where(
+        denominator > 0, 2 * precision * recall / denominator.clamp_min(1e-12), torch.zeros_like(denominator)
+    )
     k = int(torch.argmax(f1))  # the first maximum
-    return {"f1": float(f1[k]), "precision": float(precision[k]), "recall": float(recall[k]),
-            "threshold": float(thresholds[k])}
+    return {
+        "f1": float(f1[k]),
+        "precision": float(precision[k]),
+        "recall": float(recall[k]),
+        "threshold": float(thresholds[k]),
+    }
 
 
 class MultilabelProbe(pl.LightningModule):

@@ -14,8 +14,13 @@ from ddpprobe.launch import RankInfo
 def _init_nccl(info: RankInfo) -> torch.device:
     device = torch.device("cuda", info.local_rank)
     torch.cuda.set_device(device)
-    dist.init_process_group("nccl", rank=info.rank, world_size=info.world_size,
-                            timeout=datetime.timedelta(seconds=info.pg_timeout), device_id=device)
+    dist.init_process_group(
+        "nccl",
+        rank=info.rank,
+        world_size=info.world_size,
+        timeout=datetime.timedelta(seconds=info.pg_timeout),
+        device_id=device,
+    )
     return device
 
 

@@ -79,8 +79,14 @@ class RecordingWriter(pl.callbacks.BasePredictionWriter):
         self.on_epoch: list = []
 
     def write_on_batch_end(self, trainer, pl_module, prediction, batch_indices, batch, batch_idx, dataloader_idx):
-        self.on_batch.append({"prediction": to_json(prediction), "batch_indices": to_json(batch_indices),
-                              "batch_idx": batch_idx, "dataloader_idx": dataloader_idx})
+        self.on_batch.append(
+            {
+                "prediction": to_json(prediction),
+                "batch_indices": to_json(batch_indices),
+                "batch_idx": batch_idx,
+                "dataloader_idx": dataloader_idx,
+            }
+        )
 
     def write_on_epoch_end(self, trainer, pl_module, predictions, batch_indices):
         self.on_epoch.append({"predictions": to_json(predictions), "batch_indices": to_json(batch_indices)})
@@ -139,8 +145,9 @@ def merge_rank_predictions(rank_files: list, n: int) -> list:
     return [merged[i] for i in range(n)]
 
 
-def predict(info: RankInfo, n: int, batch_size: int = 2, return_predictions=None, write_interval=None,
-            write_files: bool = False) -> dict:
+def predict(
+    info: RankInfo, n: int, batch_size: int = 2, return_predictions=None, write_interval=None, write_files: bool = False
+) -> dict:
     """Scenario: ``trainer.predict`` a ``PredictProbe`` over ``IdDataset(n)`` (``shuffle=False``).
 
     Args:

@@ -131,8 +131,9 @@ def _record(trainer, model) -> dict:
     }
 
 
-def validate_plan(info: RankInfo, n: int, batch_size: int, plan: list, weights=None, subgroup_ranks=None,
-                  expect_error: bool = False) -> dict:
+def validate_plan(
+    info: RankInfo, n: int, batch_size: int, plan: list, weights=None, subgroup_ranks=None, expect_error: bool = False
+) -> dict:
     """Scenario: ``trainer.validate`` a ``ReductionProbe`` over ``IdDataset(n)``.
 
     Record keys: ``global_rank``, ``seen_ids`` (per-batch id lists), ``reported_batch_sizes`` (the

@@ -52,8 +52,15 @@ def user_sampler(kind, dataset, info: RankInfo):
     raise ValueError(f"sampler={kind!r}; use one of {USER_SAMPLERS}")
 
 
-def evaluate_with_sampler(info: RankInfo, n: int, batch_size: int = 2, sampler=None,
-                          use_distributed_sampler: bool = True, stage: str = "validate", logs: list = ()) -> dict:
+def evaluate_with_sampler(
+    info: RankInfo,
+    n: int,
+    batch_size: int = 2,
+    sampler=None,
+    use_distributed_sampler: bool = True,
+    stage: str = "validate",
+    logs: list = (),
+) -> dict:
     """Scenario: ``trainer.validate`` or ``trainer.test`` a ``ValidationProbe`` over ``IdDataset(n)`` with
     the user's ``sampler`` and ``Trainer(use_distributed_sampler=use_distributed_sampler)``.
 

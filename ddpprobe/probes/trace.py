@@ -81,9 +81,23 @@ FLIGHT_RECORDER_ENV = {"TORCH_FR_BUFFER_SIZE": "4000"}
 
 #: ``torch.distributed`` functions wrapped while a trace is active.
 COLLECTIVES = (
-    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "broadcast",
-    "broadcast_object_list", "barrier", "reduce", "reduce_scatter", "reduce_scatter_tensor", "gather",
-    "gather_object", "scatter", "scatter_object_list", "all_to_all", "all_to_all_single", "monitored_barrier",
+    "all_reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_object",
+    "broadcast",
+    "broadcast_object_list",
+    "barrier",
+    "reduce",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "gather",
+    "gather_object",
+    "scatter",
+    "scatter_object_list",
+    "all_to_all",
+    "all_to_all_single",
+    "monitored_barrier",
 )
 
 #: Batch fields taken as a sample's identity.
@@ -236,17 +250,25 @@ class CollectiveTrace:
         call_site = self._user_frame(frame)
         code = frame.f_code
         parts = code.co_filename.replace(os.sep, "/").split("/")
-        tail = parts[-3:] if "site-packages" not in parts else parts[parts.index("site-packages") + 1:]
+        tail = parts[-3:] if "site-packages" not in parts else parts[parts.index("site-packages") + 1 :]
         origin = f"{'/'.join(tail)}:{frame.f_lineno} in {code.co_name}"
         if call_site is None and key is not None:  # a logged value synced by the loop: where it was logged
-            call_site = next((c["call_site"] for c in reversed(self.log_calls)
-                              if c["key"] == key and c["hook"] == hook), None)
+            call_site = next(
+                (c["call_site"] for c in reversed(self.log_calls) if c["key"] == key and c["hook"] == hook), None
+            )
         if source is None:
             source = "user" if call_site else "library"
         if hook is None:
             hook = getattr(self.model, "_current_fx_name", None)
-        return {"source": source, "key": key, "metric": metric, "states": states, "hook": hook,
-                "call_site": call_site, "origin": origin}
+        return {
+            "source": source,
+            "key": key,
+            "metric": metric,
+            "states": states,
+            "hook": hook,
+            "call_site": call_site,
+            "origin": origin,
+        }
 
     # -- the wrappers ----------------------------------------------------------------------------
 
@@ -264,8 +286,17 @@ class CollectiveTrace:
                 group_size = torch.distributed.get_world_size(group)
             except Exception:  # noqa: BLE001
                 group_size = None
-            trace.write("collective", seq=seq, op=name, reduce_op=_reduce_op(args, kwargs), dtype=dtype, shape=shape,
-                        group_size=group_size, pg_seq=_pg_seq(), **trace._context(sys._getframe(1)))
+            trace.write(
+                "collective",
+                seq=seq,
+                op=name,
+                reduce_op=_reduce_op(args, kwargs),
+                dtype=dtype,
+                shape=shape,
+                group_size=group_size,
+                pg_seq=_pg_seq(),
+                **trace._context(sys._getframe(1)),
+            )
             trace._local.inside = True
             try:
                 result = original(*args, **kwargs)
@@ -283,8 +314,20 @@ class CollectiveTrace:
         trace, model = self, self.model
         from torchmetrics import Metric
 
-        names = ("prog_bar", "logger", "on_step", "on_epoch", "reduce_fx", "enable_graph", "sync_dist",
-                 "sync_dist_group", "add_dataloader_idx", "batch_size", "metric_attribute", "rank_zero_only")
+        names = (
+            "prog_bar",
+            "logger",
+            "on_step",
+            "on_epoch",
+            "reduce_fx",
+            "enable_graph",
+            "sync_dist",
+            "sync_dist_group",
+            "add_dataloader_idx",
+            "batch_size",
+            "metric_attribute",
+            "rank_zero_only",
+        )
 
         @functools.wraps(original)
         def log(name, value, *args, **kwargs):
@@ -305,14 +348,22 @@ class CollectiveTrace:
                 step_value = _scalar(getattr(result_metric, "_forward_cache", None)) if on_step else None
             reduce_fx = options.get("reduce_fx", "mean")
             call = {
-                "key": name, "hook": fx, "value": number, "step_value": step_value,
-                "batch_size": (after - before) if after is not None and before is not None else
-                              (after if after is not None else None),
-                "on_step": bool(on_step), "on_epoch": bool(on_epoch),
+                "key": name,
+                "hook": fx,
+                "value": number,
+                "step_value": step_value,
+                "batch_size": (after - before)
+                if after is not None and before is not None
+                else (after if after is not None else None),
+                "on_step": bool(on_step),
+                "on_epoch": bool(on_epoch),
                 "sync_dist": bool(options.get("sync_dist", False)),
-                "reduce_fx": reduce_fx if isinstance(reduce_fx, str) else getattr(reduce_fx, "__name__", repr(reduce_fx)),
+                "reduce_fx": reduce_fx
+                if isinstance(reduce_fx, str)
+                else getattr(reduce_fx, "__name__", repr(reduce_fx)),
                 "rank_zero_only": bool(options.get("rank_zero_only", False)),
-                "metric_object": isinstance(value, Metric), "call_site": call_site,
+                "metric_object": isinstance(value, Metric),
+                "call_site": call_site,
             }
             trace.log_calls.append(call)
             trace.write("log", **call)
@@ -359,7 +410,8 @@ def _levels(fx, options) -> tuple:
     try:
         validator = importlib.import_module(f"{pl.__name__}.trainer.connectors.logger_connector.fx_validator")
         return validator._FxValidator.check_logging_and_get_default_levels(
-            fx, on_step=options.get("on_step"), on_epoch=options.get("on_epoch"))
+            fx, on_step=options.get("on_step"), on_epoch=options.get("on_epoch")
+        )
     except Exception:  # noqa: BLE001 - the original call accepted it; keep what was given
         return options.get("on_step"), options.get("on_epoch")
 
@@ -423,8 +475,12 @@ class _BatchRecorder(pl.Callback):
 
 
 def _sampler_name(trainer, stage: str, dataloader_idx: int) -> Optional[str]:
-    attr = {"train": "train_dataloader", "val": "val_dataloaders", "test": "test_dataloaders",
-            "predict": "predict_dataloaders"}[stage]
+    attr = {
+        "train": "train_dataloader",
+        "val": "val_dataloaders",
+        "test": "test_dataloaders",
+        "predict": "predict_dataloaders",
+    }[stage]
     try:
         loaders = getattr(trainer, attr)
         if isinstance(loaders, (list, tuple)):

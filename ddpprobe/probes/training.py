@@ -211,7 +211,9 @@ def fit_regression(
             "shuffle": getattr(train_sampler, "shuffle", None),
             "seed": getattr(train_sampler, "seed", None),
         },
-        "val_sampler": None if val_sampler is None else {
+        "val_sampler": None
+        if val_sampler is None
+        else {
             "class": type(val_sampler).__name__,
             "shuffle": getattr(val_sampler, "shuffle", None),
         },

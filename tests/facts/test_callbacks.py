@@ -32,8 +32,9 @@ def _rank0_alone(decisions):
     return decisions[0]
 
 
-@pytest.mark.parametrize("world_size, decisions", [(1, [True]), (2, [True, False]), (3, [False, True, False]),
-                                                   (3, [True, True, True])])
+@pytest.mark.parametrize(
+    "world_size, decisions", [(1, [True]), (2, [True, False]), (3, [False, True, False]), (3, [True, True, True])]
+)
 def test_reduce_boolean_decision_is_all_by_default_and_any_with_all_false(run_world, semantics, world_size, decisions):
     """``reduce_boolean_decision(d)`` all-reduces ``int(d)`` with SUM and returns ``sum == W`` (``all``) by
     default and with ``all=True``, ``sum > 0`` (``any``) with ``all=False``; every rank gets the same
@@ -50,8 +51,10 @@ def test_reduce_boolean_decision_is_all_by_default_and_any_with_all_false(run_wo
 # values[r][epoch] each rank logs; the EarlyStopping arguments; max_epochs = 3.
 EARLY_STOPPING_CASES = {
     # mode="min", stop below 5: rank 1 crosses at epoch 1, rank 0 at epoch 2, rank 2 never.
-    "stopping_threshold": ([[9.0, 8.0, 4.0], [9.0, 4.0, 3.0], [9.0, 8.0, 7.0]],
-                           {"stopping_threshold": 5.0, "patience": 100}),
+    "stopping_threshold": (
+        [[9.0, 8.0, 4.0], [9.0, 4.0, 3.0], [9.0, 8.0, 7.0]],
+        {"stopping_threshold": 5.0, "patience": 100},
+    ),
     # mode="min", patience 1: rank 1 worsens at epoch 1, rank 2 at epoch 2, rank 0 always improves.
     "patience": ([[9.0, 8.0, 7.0], [9.0, 10.0, 11.0], [9.0, 8.0, 9.0]], {"patience": 1}),
 }
@@ -69,7 +72,9 @@ def _expected_stop(values, options):
 
 @pytest.mark.parametrize("world_size", [2, 3])
 @pytest.mark.parametrize("criterion", sorted(EARLY_STOPPING_CASES))
-def test_early_stopping_stops_every_rank_at_the_first_epoch_any_rank_wants_to_stop(run_world, semantics, world_size, criterion):
+def test_early_stopping_stops_every_rank_at_the_first_epoch_any_rank_wants_to_stop(
+    run_world, semantics, world_size, criterion
+):
     """``EarlyStopping`` monitoring a metric logged with ``sync_dist=False``: each rank evaluates its own
     value, then ``_run_early_stopping_check`` reduces with ``reduce_boolean_decision(should_stop,
     all=False)``. So every rank stops after the first epoch at which *any* rank's own criterion holds,
@@ -86,8 +91,12 @@ def test_early_stopping_stops_every_rank_at_the_first_epoch_any_rank_wants_to_st
         oracle.assert_distinct(stop_epoch_with_any=as_epochs["any"], **{f"stop_epoch_with_{rule}": as_epochs[rule]})
     stop = stops["any"]
     assert stop is not None
-    expected = {"epochs_run": list(range(stop + 1)), "stopped_epoch": stop, "should_stop": True,
-                "current_epoch": stop + 1}
+    expected = {
+        "epochs_run": list(range(stop + 1)),
+        "stopped_epoch": stop,
+        "should_stop": True,
+        "current_epoch": stop + 1,
+    }
     got = [{key: rec[key] for key in expected} for rec in world.records]
     semantics.number("stopped epoch", got[0]["stopped_epoch"], vs=("when all ranks want to stop", as_epochs["all"]))
     assert got == [expected] * world_size, oracle.side_by_side("stop", got) + f"  expected {expected} ({stops})"
@@ -110,7 +119,9 @@ def test_only_the_ranks_whose_own_value_met_the_criterion_record_a_stopping_reas
     expected = ["STOPPING_THRESHOLD" if d[stop] else "NOT_STOPPED" for d in decisions]
     assert expected.count("NOT_STOPPED") >= 1 and expected.count("STOPPING_THRESHOLD") >= 1
     got = [rec["stopping_reason"] for rec in world.records]
-    semantics.number("ranks with a stopping reason", sum(r != "NOT_STOPPED" for r in got), vs=("ranks stopped", len(got)))
+    semantics.number(
+        "ranks with a stopping reason", sum(r != "NOT_STOPPED" for r in got), vs=("ranks stopped", len(got))
+    )
     assert got == expected, oracle.side_by_side("stopping_reason", got) + f"  expected {expected}"
     messages = [rec["stopping_reason_message"] or "" for rec in world.records]
     for rank, reason in enumerate(expected):
@@ -137,22 +148,25 @@ def _checkpoint_name(epoch: int) -> str:
 
 
 @pytest.mark.parametrize("world_size, values", CHECKPOINT_CASES)
-def test_model_checkpoint_saves_only_when_every_rank_improves_and_keeps_a_rank_local_best_score(run_world, semantics,
-                                                                                                world_size, values):
+def test_model_checkpoint_saves_only_when_every_rank_improves_and_keeps_a_rank_local_best_score(
+    run_world, semantics, world_size, values
+):
     """``ModelCheckpoint(monitor=..., save_top_k=1)`` on an unsynced metric: the first epoch always saves
     (fewer than ``save_top_k`` checkpoints, no reduction); later, ``check_monitor_top_k`` reduces each
     rank's "better than my stored score" with ``reduce_boolean_decision`` (``all``), so one rank that
     worsens vetoes a save even while rank 0 improves. Every rank then stores *its own* value:
     ``best_model_score`` differs between ranks (rank ``r`` keeps ``values[r][last saved epoch]``), while
     ``best_model_path`` is the same file on every rank."""
-    world = run_world(callbacks.model_checkpoint, world_size, values=values, n_per_rank=N_PER_RANK,
-                      batch_size=BATCH_SIZE)
+    world = run_world(
+        callbacks.model_checkpoint, world_size, values=values, n_per_rank=N_PER_RANK, batch_size=BATCH_SIZE
+    )
 
     saved = oracle.top1_checkpoint_epochs(values, all)
     last = saved[-1]
     oracle.assert_distinct(last_saved_with_all=last, last_saved_with_any=oracle.top1_checkpoint_epochs(values, any)[-1])
-    oracle.assert_distinct(last_saved_with_all=last,
-                           last_saved_by_rank0_alone=oracle.top1_checkpoint_epochs(values, _rank0_alone)[-1])
+    oracle.assert_distinct(
+        last_saved_with_all=last, last_saved_by_rank0_alone=oracle.top1_checkpoint_epochs(values, _rank0_alone)[-1]
+    )
     scores = [rec["best_model_score"] for rec in world.records]
     semantics.number("rank 0's best_model_score", scores[0], vs=("rank 1's", scores[1]))
     assert scores == [row[last] for row in values], (
@@ -174,20 +188,23 @@ def test_only_global_rank_0_writes_checkpoints_into_rank_0s_dirpath(run_world, s
     epoch's file, the others' never. The files left: rank 0's folder holds the last saved checkpoint
     (binary, listed as ``<N bytes>``; earlier ones were removed by ``save_top_k=1``), the other ranks'
     folders are empty."""
-    world = run_world(callbacks.model_checkpoint, world_size, values=values, n_per_rank=N_PER_RANK,
-                      batch_size=BATCH_SIZE)
+    world = run_world(
+        callbacks.model_checkpoint, world_size, values=values, n_per_rank=N_PER_RANK, batch_size=BATCH_SIZE
+    )
 
     saved = oracle.top1_checkpoint_epochs(values, all)
     assert [rec["dirpath_given"] for rec in world.records] == [f"rank{r}/checkpoints" for r in range(world_size)]
     assert [rec["dirpath"] for rec in world.records] == ["rank0/checkpoints"] * world_size
     writes = [rec["saved"] for rec in world.records]
-    semantics.number("checkpoint writes on rank 0", len(writes[0]), vs=("on the other ranks", sum(map(len, writes[1:]))))
+    semantics.number(
+        "checkpoint writes on rank 0", len(writes[0]), vs=("on the other ranks", sum(map(len, writes[1:])))
+    )
     expected_writes = [[f"rank0/checkpoints/{_checkpoint_name(e)}" for e in saved]] + [[]] * (world_size - 1)
     assert writes == expected_writes, oracle.side_by_side("CheckpointIO writes", writes)
 
     files = [sorted(rank.files) for rank in world]
-    assert files == [[f"checkpoints/{_checkpoint_name(saved[-1])}"]] + [[]] * (world_size - 1), (
-        oracle.side_by_side("files", files)
+    assert files == [[f"checkpoints/{_checkpoint_name(saved[-1])}"]] + [[]] * (world_size - 1), oracle.side_by_side(
+        "files", files
     )
     content = world[0].files[f"checkpoints/{_checkpoint_name(saved[-1])}"]
     assert content.startswith("<") and content.endswith(" bytes>"), content[:80]

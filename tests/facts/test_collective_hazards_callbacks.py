@@ -32,10 +32,14 @@ from tests.support import oracle
 
 #: What each callback's error says on a rank without the key (Lightning's own text).
 MISSING_KEY = {
-    "checkpoint": ("MisconfigurationException", f"`ModelCheckpoint(monitor='{hazards.MONITORED}')` could not find "
-                                                 "the monitored key in the returned metrics"),
-    "early_stopping": ("RuntimeError", f"Early stopping conditioned on metric `{hazards.MONITORED}` which is not "
-                                       "available"),
+    "checkpoint": (
+        "MisconfigurationException",
+        f"`ModelCheckpoint(monitor='{hazards.MONITORED}')` could not find the monitored key in the returned metrics",
+    ),
+    "early_stopping": (
+        "RuntimeError",
+        f"Early stopping conditioned on metric `{hazards.MONITORED}` which is not available",
+    ),
 }
 #: The monitored value per epoch (mode="min"): ModelCheckpoint's best is epoch 1 of 3; EarlyStopping
 #: (patience 1) stops after epoch 1 of 4, where the value gets worse.
@@ -48,7 +52,8 @@ PG_TIMEOUT_S, WORLD_TIMEOUT_S = 3, 20
 @pytest.mark.parametrize("callback", sorted(MISSING_KEY))
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_a_callback_monitoring_a_key_only_rank_0_logs_raises_on_every_other_rank_and_leaves_rank_0_waiting(
-        run_world, semantics, world_size, callback, rank_zero_only):
+    run_world, semantics, world_size, callback, rank_zero_only
+):
     """``if self.global_rank == 0: self.log("val_score", v)`` (plain, or with ``rank_zero_only=True``:
     the same outcome) with ``ModelCheckpoint(monitor="val_score")`` or ``EarlyStopping(monitor=
     "val_score")``: at the end of the first epoch every rank but rank 0 raises Lightning's "key not
@@ -57,9 +62,17 @@ def test_a_callback_monitoring_a_key_only_rank_0_logs_raises_on_every_other_rank
     as "did not finish" (ended by the launcher as soon as its peers had failed, before its
     process-group timeout)."""
     with pytest.raises(RankFailed) as failure:
-        run_world(hazards.monitor_rank0_key, world_size, callback=callback, values=VALUES[callback],
-                  rank_zero_only=rank_zero_only, n_per_rank=N_PER_RANK, batch_size=BATCH_SIZE,
-                  timeout=WORLD_TIMEOUT_S, pg_timeout=PG_TIMEOUT_S)
+        run_world(
+            hazards.monitor_rank0_key,
+            world_size,
+            callback=callback,
+            values=VALUES[callback],
+            rank_zero_only=rank_zero_only,
+            n_per_rank=N_PER_RANK,
+            batch_size=BATCH_SIZE,
+            timeout=WORLD_TIMEOUT_S,
+            pg_timeout=PG_TIMEOUT_S,
+        )
 
     err = failure.value
     exc_type, message = MISSING_KEY[callback]
@@ -77,8 +90,9 @@ def test_a_callback_monitoring_a_key_only_rank_0_logs_raises_on_every_other_rank
 @run_if(backend="gloo")  # the text of gloo's timeout; NCCL reports its own (see ..._nccl.py)
 @pytest.mark.parametrize("callback", sorted(MISSING_KEY))
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_rank_0_left_in_reduce_boolean_decision_raises_at_the_process_group_timeout(run_world, semantics,
-                                                                                   world_size, callback):
+def test_rank_0_left_in_reduce_boolean_decision_raises_at_the_process_group_timeout(
+    run_world, semantics, world_size, callback
+):
     """Where rank 0 waits, shown by keeping the other ranks in the world: they record Lightning's error
     and stay alive (``hold_s``) instead of raising. Rank 0 then raises on its own when the
     process-group timeout (here 3 s) expires, with a traceback through the callback and
@@ -88,9 +102,17 @@ def test_rank_0_left_in_reduce_boolean_decision_raises_at_the_process_group_time
     hold_s = PG_TIMEOUT_S + 5
     start = time.monotonic()
     with pytest.raises(RankFailed) as failure:
-        run_world(hazards.monitor_rank0_key, world_size, callback=callback, values=VALUES[callback],
-                  hold_s=hold_s, n_per_rank=N_PER_RANK, batch_size=BATCH_SIZE,
-                  timeout=WORLD_TIMEOUT_S, pg_timeout=PG_TIMEOUT_S)
+        run_world(
+            hazards.monitor_rank0_key,
+            world_size,
+            callback=callback,
+            values=VALUES[callback],
+            hold_s=hold_s,
+            n_per_rank=N_PER_RANK,
+            batch_size=BATCH_SIZE,
+            timeout=WORLD_TIMEOUT_S,
+            pg_timeout=PG_TIMEOUT_S,
+        )
     elapsed = time.monotonic() - start
 
     err = failure.value
@@ -106,29 +128,49 @@ def test_rank_0_left_in_reduce_boolean_decision_raises_at_the_process_group_time
 @pytest.mark.parametrize("callback", sorted(MISSING_KEY))
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_every_rank_logging_the_monitored_key_lets_checkpoint_and_early_stopping_decide_together(
-        run_world, semantics, world_size, callback):
+    run_world, semantics, world_size, callback
+):
     """The fix: log the monitored key on every rank (``sync_dist=True`` when the ranks' values differ).
     Every rank's callback finds it and enters ``reduce_boolean_decision`` together: ``ModelCheckpoint``
     keeps the best epoch's checkpoint (written once, by rank 0) with the same ``best_model_score`` on
     every rank; ``EarlyStopping`` stops every rank after the first epoch whose value got worse."""
     values = VALUES[callback]
-    world = run_world(hazards.monitor_rank0_key, world_size, callback=callback, values=values, every_rank=True,
-                      n_per_rank=N_PER_RANK, batch_size=BATCH_SIZE)
+    world = run_world(
+        hazards.monitor_rank0_key,
+        world_size,
+        callback=callback,
+        values=values,
+        every_rank=True,
+        n_per_rank=N_PER_RANK,
+        batch_size=BATCH_SIZE,
+    )
 
-    got = [{key: rec[key] for key in ("epochs_run", "files", "best_model_score", "stopped_epoch", "should_stop")}
-           for rec in world.records]
+    got = [
+        {key: rec[key] for key in ("epochs_run", "files", "best_model_score", "stopped_epoch", "should_stop")}
+        for rec in world.records
+    ]
     if callback == "checkpoint":
         best = oracle.top1_checkpoint_epochs([values] * world_size, all)[-1]
         oracle.assert_distinct(best_epoch=best, last_epoch=len(values) - 1)
         step = (best + 1) * math.ceil(N_PER_RANK / BATCH_SIZE)
-        expected = {"epochs_run": list(range(len(values))),
-                    "files": [f"rank0/checkpoints/epoch={best}-step={step}.ckpt"], "best_model_score": values[best], "stopped_epoch": None, "should_stop": False}
+        expected = {
+            "epochs_run": list(range(len(values))),
+            "files": [f"rank0/checkpoints/epoch={best}-step={step}.ckpt"],
+            "best_model_score": values[best],
+            "stopped_epoch": None,
+            "should_stop": False,
+        }
         semantics.number("best_model_score", got[0]["best_model_score"], vs=("best value", values[best]))
     else:
         decisions = [oracle.early_stopping_local_decisions(values, mode="min", patience=1)] * world_size
         stop = oracle.first_epoch_where(decisions, any)
         oracle.assert_distinct(stop_epoch=stop, last_epoch=len(values) - 1)
-        expected = {"epochs_run": list(range(stop + 1)), "files": [], "best_model_score": None,
-                    "stopped_epoch": stop, "should_stop": True}
+        expected = {
+            "epochs_run": list(range(stop + 1)),
+            "files": [],
+            "best_model_score": None,
+            "stopped_epoch": stop,
+            "should_stop": True,
+        }
         semantics.number("stopped_epoch", got[0]["stopped_epoch"], vs=("epochs", len(values)))
     assert got == [expected] * world_size, oracle.side_by_side("got", got) + f"   expected {expected}"

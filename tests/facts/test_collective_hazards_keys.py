@@ -73,8 +73,9 @@ def _same(got: list, expected: list) -> bool:
 
 @pytest.mark.parametrize("hook", HOOKS)
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_a_key_named_after_the_rank_holds_the_all_rank_mean_not_the_ranks_own_value(run_world, semantics,
-                                                                                     world_size, hook):
+def test_a_key_named_after_the_rank_holds_the_all_rank_mean_not_the_ranks_own_value(
+    run_world, semantics, world_size, hook
+):
     """Rank ``r`` logs ``f"loss_rank{r}"`` with ``sync_dist=True`` (in ``validation_step`` or in
     ``on_validation_epoch_end``). Every rank makes the same two syncs under a different name, so the run
     finishes without an error or a warning about it, and every rank's key holds the mean over *all*
@@ -91,8 +92,10 @@ def test_a_key_named_after_the_rank_holds_the_all_rank_mean_not_the_ranks_own_va
     got = [rec["callback_metrics"] for rec in world.records]
     semantics.number("loss_rank1 on rank 1", got[1]["loss_rank1"], vs=("rank 1's own value", plan[1][0][1]))
     assert _same(got, expected), (
-        oracle.side_by_side("callback_metrics", got) + "   "
-        + oracle.side_by_side("own value", [keys[0][1] for keys in plan]) + f"   all-rank mean {all_rank_mean}"
+        oracle.side_by_side("callback_metrics", got)
+        + "   "
+        + oracle.side_by_side("own value", [keys[0][1] for keys in plan])
+        + f"   all-rank mean {all_rank_mean}"
     )
     warned = [w["message"] for rec in world.records for w in rec["warnings"] if "loss_rank" in w["message"]]
     assert warned == [], warned
@@ -101,7 +104,8 @@ def test_a_key_named_after_the_rank_holds_the_all_rank_mean_not_the_ranks_own_va
 @pytest.mark.parametrize("hook", HOOKS)
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_the_same_keys_logged_in_a_different_order_finish_without_error_with_values_swapped_between_keys(
-        run_world, semantics, world_size, hook):
+    run_world, semantics, world_size, hook
+):
     """Even ranks log ``a`` then ``b``, odd ranks ``b`` then ``a``, all with ``sync_dist=True``. Both keys
     exist on every rank and the run finishes without an error, but each key's all_reduce pairs rank 0's
     ``a`` with rank 1's ``b``: on even ranks ``a`` holds the mean of (even ranks' ``a``, odd ranks'
@@ -118,16 +122,19 @@ def test_the_same_keys_logged_in_a_different_order_finish_without_error_with_val
     got = [rec["callback_metrics"] for rec in world.records]
     semantics.number("a on rank 0", got[0]["a"], vs=("all-rank mean of a", intended["a"]))
     assert _same(got, expected), (
-        oracle.side_by_side("callback_metrics", got) + "   "
-        + oracle.side_by_side("logged in order", plan) + f"   intended {intended}"
+        oracle.side_by_side("callback_metrics", got)
+        + "   "
+        + oracle.side_by_side("logged in order", plan)
+        + f"   intended {intended}"
     )
 
 
 @run_if(backend="gloo")  # gloo fails the lonely all_reduce when peers close; NCCL waits (see ..._nccl.py)
 @pytest.mark.parametrize("hook", HOOKS)
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_a_key_only_some_ranks_log_crashes_those_ranks_and_leaves_a_wrong_value_on_the_others(run_world, semantics,
-                                                                                              world_size, hook):
+def test_a_key_only_some_ranks_log_crashes_those_ranks_and_leaves_a_wrong_value_on_the_others(
+    run_world, semantics, world_size, hook
+):
     """Every rank but the last logs ``extra`` and then ``shared``; the last rank logs only ``shared``
     (all ``sync_dist=True``). The last rank's two syncs pair with the others' syncs of ``extra``, so it
     finishes ``trainer.validate`` without an error holding, under ``shared``, the mean of the other
@@ -154,8 +161,11 @@ def test_a_key_only_some_ranks_log_crashes_those_ranks_and_leaves_a_wrong_value_
     intended_shared = oracle.sync_reduce("mean", [[(dict(keys)["shared"], 1)] for keys in plan])
     survivor = hazards.read_announced(err.outputs[last][0])
     assert survivor is not None, f"rank {last} did not finish:\n{err}"
-    semantics.number(f"shared on rank {last}", survivor["callback_metrics"]["shared"],
-                     vs=("all-rank mean of shared", intended_shared))
+    semantics.number(
+        f"shared on rank {last}",
+        survivor["callback_metrics"]["shared"],
+        vs=("all-rank mean of shared", intended_shared),
+    )
     assert expected[last] != {"shared": intended_shared}
     assert _same([survivor["callback_metrics"]], [expected[last]]), (
         f"rank {last} holds {survivor['callback_metrics']}, expected {expected[last]}; "
@@ -165,8 +175,9 @@ def test_a_key_only_some_ranks_log_crashes_those_ranks_and_leaves_a_wrong_value_
 
 @pytest.mark.parametrize("hook", HOOKS)
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_every_rank_logging_the_same_keys_in_the_same_order_gives_each_key_its_all_rank_mean(run_world, semantics,
-                                                                                             world_size, hook):
+def test_every_rank_logging_the_same_keys_in_the_same_order_gives_each_key_its_all_rank_mean(
+    run_world, semantics, world_size, hook
+):
     """The fix for all three hazards above: every rank logs the same keys, in the same order, on every
     call (a per-rank number goes under one shared key, and a value only one rank has is logged with
     ``rank_zero_only=True`` or not synced). Then every key holds the all-rank mean of its values on
@@ -177,8 +188,10 @@ def test_every_rank_logging_the_same_keys_in_the_same_order_gives_each_key_its_a
     pairings = oracle.pairing_means([[(key, value) for key, value in keys] for keys in plan])
     oracle.assert_distinct(**pairings)
     counts = _counts(world_size, hook)
-    intended = {key: oracle.sync_reduce("mean", [[(plan[r][slot][1], counts[r])] for r in range(world_size)])
-                for slot, key in enumerate(("a", "b"))}
+    intended = {
+        key: oracle.sync_reduce("mean", [[(plan[r][slot][1], counts[r])] for r in range(world_size)])
+        for slot, key in enumerate(("a", "b"))
+    }
     got = [rec["callback_metrics"] for rec in world.records]
     semantics.number("a on every rank", got[0]["a"], vs=("all-rank mean of a", intended["a"]))
     assert _same(got, [intended] * world_size), oracle.side_by_side("callback_metrics", got) + f"   intended {intended}"

@@ -34,15 +34,18 @@ PG_TIMEOUT_S, WORLD_TIMEOUT_S = 10, 40
 @pytest.mark.parametrize("hook", keys.HOOKS)
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_nccl_a_key_only_some_ranks_log_leaves_those_ranks_waiting_until_the_process_group_timeout(
-        run_world, world_size, hook):
+    run_world, world_size, hook
+):
     """As under gloo, every rank but the last logs ``extra`` then ``shared`` with ``sync_dist=True`` and
     the last rank only ``shared``: the last rank finishes with ``shared`` holding the mean of the others'
     ``extra`` and its own ``shared``. The other ranks sync ``shared`` alone; under NCCL they wait until
     the process-group timeout (not a crash at once) and ddpprobe reports exactly those ranks, before the
     world's timeout."""
     last = world_size - 1
-    plan = [([["extra", keys._value(r, 0)]] if r != last else []) + [["shared", keys._value(r, 1)]]
-            for r in range(world_size)]
+    plan = [
+        ([["extra", keys._value(r, 0)]] if r != last else []) + [["shared", keys._value(r, 1)]]
+        for r in range(world_size)
+    ]
     start = time.monotonic()
     with pytest.raises((RankFailed, RankDied, WorldTimeout)) as failure:
         keys._run(run_world, world_size, hook, plan, timeout=WORLD_TIMEOUT_S, pg_timeout=PG_TIMEOUT_S)
@@ -58,13 +61,21 @@ def test_nccl_a_key_only_some_ranks_log_leaves_those_ranks_waiting_until_the_pro
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_nccl_metric_compute_under_if_global_rank_0_leaves_rank_0_waiting_until_the_process_group_timeout(
-        run_world, world_size):
+    run_world, world_size
+):
     """``if self.global_rank == 0: self.mean.compute()``: rank 0's state all_gather has no peers; under
     NCCL it waits until the process-group timeout, and ddpprobe reports rank 0 alone."""
     start = time.monotonic()
     with pytest.raises((RankFailed, RankDied, WorldTimeout)) as failure:
-        run_world(hazards.metric_compute, world_size, where="rank0", n=7, batch_size=2,
-                  timeout=WORLD_TIMEOUT_S, pg_timeout=PG_TIMEOUT_S)
+        run_world(
+            hazards.metric_compute,
+            world_size,
+            where="rank0",
+            n=7,
+            batch_size=2,
+            timeout=WORLD_TIMEOUT_S,
+            pg_timeout=PG_TIMEOUT_S,
+        )
     elapsed = time.monotonic() - start
 
     err = failure.value

@@ -38,8 +38,9 @@ def _padded(world_size: int) -> list:
 
 @run_if(backend="gloo")  # gloo fails the lonely all_gather when peers close; NCCL waits (see ..._nccl.py)
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_metric_compute_under_if_global_rank_0_leaves_rank_0_alone_in_the_metric_state_sync(run_world, semantics,
-                                                                                            world_size):
+def test_metric_compute_under_if_global_rank_0_leaves_rank_0_alone_in_the_metric_state_sync(
+    run_world, semantics, world_size
+):
     """``if self.global_rank == 0: value = self.mean.compute()`` in ``on_validation_epoch_end``: the
     other ranks skip the call, finish ``trainer.validate`` and close their connections, while rank 0's
     ``compute()`` all_gathers the metric's states (``Metric._sync_dist``) with peers that never come.
@@ -47,8 +48,15 @@ def test_metric_compute_under_if_global_rank_0_leaves_rank_0_alone_in_the_metric
     only, with gloo's message and a traceback through torchmetrics' sync, well within the timeouts.
     Every other rank finished, without a value."""
     with pytest.raises(RankFailed) as failure:
-        run_world(hazards.metric_compute, world_size, where="rank0", n=N, batch_size=BATCH_SIZE,
-                  timeout=WORLD_TIMEOUT_S, pg_timeout=PG_TIMEOUT_S)
+        run_world(
+            hazards.metric_compute,
+            world_size,
+            where="rank0",
+            n=N,
+            batch_size=BATCH_SIZE,
+            timeout=WORLD_TIMEOUT_S,
+            pg_timeout=PG_TIMEOUT_S,
+        )
 
     err = failure.value
     semantics.number("failed ranks", str(err.ranks), vs=("world size", world_size))
@@ -57,13 +65,16 @@ def test_metric_compute_under_if_global_rank_0_leaves_rank_0_alone_in_the_metric
     traceback = err.tracebacks[0]
     assert "torchmetrics" in traceback and "_sync_dist" in traceback and "compute" in traceback, traceback
     others = [hazards.read_announced(err.outputs[r][0]) for r in range(1, world_size)]
-    assert others == [{"computed": None, "seen_ids": oracle.batches(oracle.shard(N, world_size, r), BATCH_SIZE)}
-                      for r in range(1, world_size)], oracle.side_by_side("ranks 1.. announced", others)
+    assert others == [
+        {"computed": None, "seen_ids": oracle.batches(oracle.shard(N, world_size, r), BATCH_SIZE)}
+        for r in range(1, world_size)
+    ], oracle.side_by_side("ranks 1.. announced", others)
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_metric_compute_on_every_rank_gives_every_rank_the_whole_set_value_and_self_print_prints_once(
-        run_world, semantics, world_size):
+    run_world, semantics, world_size
+):
     """The fix: call ``compute()`` on every rank (it is a collective) and print with ``self.print``
     (rank 0 only). Every rank gets the mean over every rank's samples, the sampler's padding
     duplicates included, not its own shard's mean; exactly one line is printed, by rank 0."""
@@ -71,35 +82,49 @@ def test_metric_compute_on_every_rank_gives_every_rank_the_whole_set_value_and_s
 
     whole_set = oracle.mean(oracle.values(_padded(world_size)))
     own = [oracle.mean(oracle.values(oracle.shard(N, world_size, r))) for r in range(world_size)]
-    oracle.assert_distinct(whole_set_padded=whole_set, unique_samples=oracle.mean(oracle.values(range(N))),
-                           **{f"rank{r}_shard": v for r, v in enumerate(own)})
+    oracle.assert_distinct(
+        whole_set_padded=whole_set,
+        unique_samples=oracle.mean(oracle.values(range(N))),
+        **{f"rank{r}_shard": v for r, v in enumerate(own)},
+    )
     got = [rec["computed"] for rec in world.records]
     semantics.number("computed mean", got[0], vs=("rank 0's shard mean", own[0]))
     assert got == pytest.approx([whole_set] * world_size), (
-        oracle.side_by_side("computed", got) + f"   whole set {whole_set}   " + oracle.side_by_side("own shard", own))
+        oracle.side_by_side("computed", got) + f"   whole set {whole_set}   " + oracle.side_by_side("own shard", own)
+    )
     printed = [sum(line.startswith("mean value:") for line in rank.stdout.splitlines()) for rank in world]
     assert printed == [1] + [0] * (world_size - 1), oracle.side_by_side("lines printed", printed)
 
 
 def _step_run(run_world, world_size: int, dist_sync_on_step: bool):
-    world = run_world(hazards.metric_on_step, world_size, dist_sync_on_step=dist_sync_on_step, n=N,
-                      batch_size=BATCH_SIZE)
+    world = run_world(
+        hazards.metric_on_step, world_size, dist_sync_on_step=dist_sync_on_step, n=N, batch_size=BATCH_SIZE
+    )
     batches = oracle.rank_batches(N, world_size, BATCH_SIZE)
     own = [[sum(oracle.values(batch)) for batch in rows] for rows in batches]
     across = [sum(own[r][i] for r in range(world_size)) for i in range(len(own[0]))]
     epoch = sum(oracle.values(_padded(world_size)))
-    oracle.assert_distinct(own_first_step_rank0=own[0][0], own_first_step_rank1=own[1][0],
-                           first_step_summed_over_ranks=across[0], epoch_sum=epoch)
-    steps = [[call["metrics"]["total_step"] for call in rec["logged"] if "total_step" in call["metrics"]]
-             for rec in world.records]
-    epochs = [[call["metrics"]["total_epoch"] for call in rec["logged"] if "total_epoch" in call["metrics"]]
-              for rec in world.records]
+    oracle.assert_distinct(
+        own_first_step_rank0=own[0][0],
+        own_first_step_rank1=own[1][0],
+        first_step_summed_over_ranks=across[0],
+        epoch_sum=epoch,
+    )
+    steps = [
+        [call["metrics"]["total_step"] for call in rec["logged"] if "total_step" in call["metrics"]]
+        for rec in world.records
+    ]
+    epochs = [
+        [call["metrics"]["total_epoch"] for call in rec["logged"] if "total_epoch" in call["metrics"]]
+        for rec in world.records
+    ]
     return world, own, across, epoch, steps, epochs
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_a_metric_logged_on_step_with_sync_dist_logs_the_ranks_own_batch_value_at_step_level(run_world, semantics,
-                                                                                             world_size):
+def test_a_metric_logged_on_step_with_sync_dist_logs_the_ranks_own_batch_value_at_step_level(
+    run_world, semantics, world_size
+):
     """A ``SumMetric`` called on each batch (``self.total(batch_value)``) and logged with
     ``self.log("total", self.total, on_step=True, on_epoch=True, sync_dist=True)``: each rank's logger
     receives, as ``total_step``, the sum over *its own* batch (``sync_dist=True`` does not sync a metric
@@ -115,8 +140,9 @@ def test_a_metric_logged_on_step_with_sync_dist_logs_the_ranks_own_batch_value_a
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_dist_sync_on_step_makes_the_step_value_the_sum_over_every_ranks_batch_at_that_step(run_world, semantics,
-                                                                                           world_size):
+def test_dist_sync_on_step_makes_the_step_value_the_sum_over_every_ranks_batch_at_that_step(
+    run_world, semantics, world_size
+):
     """The same with ``SumMetric(dist_sync_on_step=True)``: ``Metric.forward`` syncs the batch state, so
     every rank's ``total_step`` at step ``i`` is the sum over the ``i``-th batch of *every* rank (the same
     on all ranks), and ``total_epoch`` is unchanged: the sum over every rank's samples. ``forward``
@@ -131,15 +157,17 @@ def test_dist_sync_on_step_makes_the_step_value_the_sum_over_every_ranks_batch_a
 @pytest.mark.parametrize("sync_on_compute", [True, False], ids=["sync_on_compute", "no_sync_on_compute"])
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_sync_on_compute_false_leaves_a_metric_and_a_metric_collection_logged_with_log_dict_rank_local(
-        run_world, semantics, world_size, sync_on_compute):
+    run_world, semantics, world_size, sync_on_compute
+):
     """A ``SumMetric`` logged with ``self.log`` and a ``MetricCollection`` (``SumMetric``, ``MeanMetric``)
     logged with ``self.log_dict``. With the default ``sync_on_compute=True`` every rank's
     ``callback_metrics`` hold the sum and the mean over every rank's samples (padding included); with
     ``sync_on_compute=False`` each rank holds its own shard's sum and mean, with no error and no
     warning: the metric never enters a collective, and ``log_dict`` logs a collection metric by
     metric, so it behaves like each metric logged alone."""
-    world = run_world(hazards.metric_collection, world_size, sync_on_compute=sync_on_compute, n=N,
-                      batch_size=BATCH_SIZE)
+    world = run_world(
+        hazards.metric_collection, world_size, sync_on_compute=sync_on_compute, n=N, batch_size=BATCH_SIZE
+    )
 
     shards = [oracle.shard(N, world_size, r) for r in range(world_size)]
     whole = {"sum": sum(oracle.values(_padded(world_size))), "mean": oracle.mean(oracle.values(_padded(world_size)))}
@@ -147,11 +175,15 @@ def test_sync_on_compute_false_leaves_a_metric_and_a_metric_collection_logged_wi
     oracle.assert_distinct(whole_sum=whole["sum"], **{f"rank{r}_sum": o["sum"] for r, o in enumerate(own)})
     # Padding repeats sample 0 first, whose value is 0: at W=2 the padded sum equals the dataset's sum, so
     # only the mean shows that the synced states include the padding.
-    oracle.assert_distinct(whole_mean=whole["mean"], single_process_mean=oracle.mean(oracle.values(range(N))),
-                           **{f"rank{r}_mean": o["mean"] for r, o in enumerate(own)})
+    oracle.assert_distinct(
+        whole_mean=whole["mean"],
+        single_process_mean=oracle.mean(oracle.values(range(N))),
+        **{f"rank{r}_mean": o["mean"] for r, o in enumerate(own)},
+    )
     per_rank = [whole] * world_size if sync_on_compute else own
     expected = [{"alone_sum": v["sum"], "coll_sum": v["sum"], "coll_mean": v["mean"]} for v in per_rank]
     got = [rec["callback_metrics"] for rec in world.records]
     semantics.number("coll_sum on rank 0", got[0]["coll_sum"], vs=("whole-set sum", whole["sum"]))
     assert len(got) == world_size and all(g == pytest.approx(e) for g, e in zip(got, expected)), (
-        oracle.side_by_side("callback_metrics", got) + "   " + oracle.side_by_side("expected", expected))
+        oracle.side_by_side("callback_metrics", got) + "   " + oracle.side_by_side("expected", expected)
+    )

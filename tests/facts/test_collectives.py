@@ -29,7 +29,9 @@ from tests.support import oracle
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3])
-def test_all_gather_stacks_every_ranks_tensor_along_a_new_first_dimension_in_rank_order(run_world, semantics, world_size):
+def test_all_gather_stacks_every_ranks_tensor_along_a_new_first_dimension_in_rank_order(
+    run_world, semantics, world_size
+):
     """``self.all_gather(x)`` under ``strategy="ddp"`` returns shape ``(W, *x.shape)``, block ``r`` being
     rank ``r``'s ``x``, on every rank: for a (2, 3) tensor -> (W, 2, 3); for a 0-d tensor and for a
     Python float (converted to a 0-d tensor first) -> (W,); for a dict, each value gathered that way.
@@ -37,21 +39,30 @@ def test_all_gather_stacks_every_ranks_tensor_along_a_new_first_dimension_in_ran
     ``torch.stack``s the list, so W = 1 also gets the leading dimension."""
     world = run_world(collectives.collective, world_size, action="shapes")
 
-    tensor = {"shape": [world_size, *collectives.LOCAL_SHAPE],
-              "values": [collectives.local_tensor(r).tolist() for r in range(world_size)]}
+    tensor = {
+        "shape": [world_size, *collectives.LOCAL_SHAPE],
+        "values": [collectives.local_tensor(r).tolist() for r in range(world_size)],
+    }
     scalar = {"shape": [world_size], "values": [collectives.local_scalar(r) for r in range(world_size)]}
     expected = {"tensor": tensor, "scalar_tensor": scalar, "python_float": scalar, "dict": {"s": scalar, "t": tensor}}
     results = [rec["result"] for rec in world.records]
-    semantics.number("gathered shape of a (2, 3) tensor", str(results[0]["tensor"]["shape"]), vs=("x.shape", str(list(collectives.LOCAL_SHAPE))))
+    semantics.number(
+        "gathered shape of a (2, 3) tensor",
+        str(results[0]["tensor"]["shape"]),
+        vs=("x.shape", str(list(collectives.LOCAL_SHAPE))),
+    )
     assert results == [expected] * world_size, (
         oracle.side_by_side("tensor shape", [res["tensor"]["shape"] for res in results])
-        + "   " + oracle.side_by_side("scalar gathered", [res["scalar_tensor"] for res in results])
+        + "   "
+        + oracle.side_by_side("scalar gathered", [res["scalar_tensor"] for res in results])
         + f"   expected {expected['tensor']['shape']} and {scalar}"
     )
     assert {rec["strategy"] for rec in world.records} == {"DDPStrategy"}
 
 
-def test_with_ddp_and_one_device_all_gather_adds_a_dimension_of_1_but_a_non_distributed_run_adds_none(run_world, semantics):
+def test_with_ddp_and_one_device_all_gather_adds_a_dimension_of_1_but_a_non_distributed_run_adds_none(
+    run_world, semantics
+):
     """``LightningModule.all_gather``'s docstring says that "for the special case where world_size is 1,
     no additional dimension is added". That is a property of the strategy, not of the world size:
     ``Trainer(strategy="ddp", devices=1)`` initialises a process group of one rank and
@@ -62,7 +73,11 @@ def test_with_ddp_and_one_device_all_gather_adds_a_dimension_of_1_but_a_non_dist
     single = run_world(collectives.collective, 1, action="shapes", strategy="auto").records[0]
 
     local, scalar = collectives.local_tensor(0), collectives.local_scalar(0)
-    semantics.number("gathered shape with ddp at W=1", str(ddp["result"]["tensor"]["shape"]), vs=("without DDP", str(single["result"]["tensor"]["shape"])))
+    semantics.number(
+        "gathered shape with ddp at W=1",
+        str(ddp["result"]["tensor"]["shape"]),
+        vs=("without DDP", str(single["result"]["tensor"]["shape"])),
+    )
     assert (ddp["strategy"], ddp["process_group"]) == ("DDPStrategy", True)
     assert ddp["result"]["tensor"] == {"shape": [1, *local.shape], "values": [local.tolist()]}
     assert ddp["result"]["python_float"] == {"shape": [1], "values": [scalar]}
@@ -71,13 +86,17 @@ def test_with_ddp_and_one_device_all_gather_adds_a_dimension_of_1_but_a_non_dist
     assert single["result"]["tensor"] == {"shape": list(local.shape), "values": local.tolist()}
     assert single["result"]["scalar_tensor"] == {"shape": [], "values": scalar}
     assert single["result"]["python_float"] == {"shape": [], "values": scalar}
-    assert single["result"]["dict"] == {"s": {"shape": [], "values": scalar},
-                                        "t": {"shape": list(local.shape), "values": local.tolist()}}
+    assert single["result"]["dict"] == {
+        "s": {"shape": [], "values": scalar},
+        "t": {"shape": list(local.shape), "values": local.tolist()},
+    }
 
 
 @run_if(backend="gloo")  # asserts how gloo reports a broken collective; NCCL fails differently
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_all_gather_of_different_first_dimensions_fails_with_gloo_and_is_reported_not_hung(run_world, semantics, world_size):
+def test_all_gather_of_different_first_dimensions_fails_with_gloo_and_is_reported_not_hung(
+    run_world, semantics, world_size
+):
     """Rank ``r`` all-gathers a tensor of ``r + 1`` rows. ``torch.distributed.nn.functional.all_gather``
     gives each rank receive buffers shaped like its *own* tensor, so rank 0 (1 row, the smallest) gets
     blocks larger than its buffers; gloo's TCP transport checks every received message against the
@@ -99,7 +118,9 @@ def test_all_gather_of_different_first_dimensions_fails_with_gloo_and_is_reporte
 
 
 @pytest.mark.parametrize("world_size, strategy", [(1, "ddp"), (2, "ddp"), (3, "ddp"), (1, "auto")])
-def test_pad_gather_trim_returns_every_ranks_rows_for_uneven_first_dimensions(run_world, semantics, world_size, strategy):
+def test_pad_gather_trim_returns_every_ranks_rows_for_uneven_first_dimensions(
+    run_world, semantics, world_size, strategy
+):
     """``collectives.all_gather_uneven`` (all_gather the sizes, pad to the largest, all_gather, trim)
     gives every rank the list of all ranks' tensors, rank ``r``'s with its own ``r + 1`` rows and no
     padding row left, under DDP at W = 1, 2, 3 and in a non-distributed run (where ``all_gather`` adds
@@ -108,13 +129,19 @@ def test_pad_gather_trim_returns_every_ranks_rows_for_uneven_first_dimensions(ru
 
     expected = [collectives.uneven_rows(r).tolist() for r in range(world_size)]
     got = [rec["result"]["gathered"] for rec in world.records]
-    semantics.number("rows per rank gathered on rank 0", str([len(t) for t in got[0]]), vs=("expected", str([len(t) for t in expected])))
+    semantics.number(
+        "rows per rank gathered on rank 0",
+        str([len(t) for t in got[0]]),
+        vs=("expected", str([len(t) for t in expected])),
+    )
     assert got == [expected] * world_size, oracle.side_by_side("gathered", got) + f"  expected {expected}"
 
 
 @run_if(backend="gloo")  # asserts how gloo reports a broken collective; NCCL fails differently
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_sync_dist_logging_under_if_global_rank_0_leaves_rank_0_alone_in_the_all_reduce(run_world, semantics, world_size):
+def test_sync_dist_logging_under_if_global_rank_0_leaves_rank_0_alone_in_the_all_reduce(
+    run_world, semantics, world_size
+):
     """``if self.global_rank == 0: self.log("rank0_value", v, sync_dist=True)`` in
     ``on_validation_epoch_end``: only rank 0 holds the value, so only rank 0 all-reduces it when the
     logger connector computes epoch metrics (``_ResultMetric.compute`` -> ``_Sync`` ->
@@ -135,8 +162,9 @@ def test_sync_dist_logging_under_if_global_rank_0_leaves_rank_0_alone_in_the_all
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_rank_zero_only_logging_under_if_global_rank_0_completes_and_only_rank_0_holds_the_value(run_world, semantics,
-                                                                                                world_size):
+def test_rank_zero_only_logging_under_if_global_rank_0_completes_and_only_rank_0_holds_the_value(
+    run_world, semantics, world_size
+):
     """The same call with ``rank_zero_only=True``: ``_Sync`` replaces the reduction with a no-op, so no
     collective is entered, the run completes, rank 0's ``callback_metrics`` holds its own value and the
     other ranks hold nothing under that name."""
@@ -145,5 +173,7 @@ def test_rank_zero_only_logging_under_if_global_rank_0_completes_and_only_rank_0
     own = collectives.local_scalar(0)
     oracle.assert_distinct(rank0_value=own, mean_with_absent_ranks_as_zero=own / world_size)
     got = [rec["callback_metrics"] for rec in world.records]
-    semantics.number("rank 0's value", got[0].get("rank0_value"), vs=("mean with absent ranks as zero", own / world_size))
+    semantics.number(
+        "rank 0's value", got[0].get("rank0_value"), vs=("mean with absent ranks as zero", own / world_size)
+    )
     assert got == [{"rank0_value": own}] + [{}] * (world_size - 1), oracle.side_by_side("callback_metrics", got)

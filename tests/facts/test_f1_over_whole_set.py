@@ -34,8 +34,11 @@ def _sklearn(ids) -> dict:
 
 def _batch_weighted_mean_f1(n, world_size, batch_size) -> float:
     """What (a) computes: each batch's F1 weighted by its size, averaged over every batch of every rank."""
-    scores = [(f1_score(oracle.targets(b), oracle.preds(b), zero_division=0), len(b))
-              for r in range(world_size) for b in oracle.batches(oracle.shard(n, world_size, r), batch_size)]
+    scores = [
+        (f1_score(oracle.targets(b), oracle.preds(b), zero_division=0), len(b))
+        for r in range(world_size)
+        for b in oracle.batches(oracle.shard(n, world_size, r), batch_size)
+    ]
     return sum(s * w for s, w in scores) / sum(w for _, w in scores)
 
 
@@ -73,8 +76,14 @@ def test_metric_objects_need_no_sync_dist_and_trigger_no_sync_dist_warning(run_w
     """Logging a torchmetrics object (b) emits no "recommended to use sync_dist=True" warning on any
     rank: the object syncs its own state, and Lightning knows it."""
     world = run_world(f1.f1_five_ways, 2, n=11, batch_size=3)
-    semantics.number("sync_dist warnings naming a metric object", sum(
-        "sync_dist=True" in w["message"] and "'b_" in w["message"] for rank in world for w in rank.record["warnings"]))
+    semantics.number(
+        "sync_dist warnings naming a metric object",
+        sum(
+            "sync_dist=True" in w["message"] and "'b_" in w["message"]
+            for rank in world
+            for w in rank.record["warnings"]
+        ),
+    )
 
     for rank in world:
         hints = [w["message"] for w in rank.record["warnings"] if "sync_dist=True" in w["message"]]

@@ -79,13 +79,15 @@ def test_with_an_iterable_dataset_a_synced_sum_counts_every_sample_world_size_ti
     padded = oracle.padded_indices(N, max(world_size, 2))
     competing = {
         "padded_mean_if_sharded": oracle.mean(oracle.values(padded)),
-        "mean_of_batch_means": oracle.mean(oracle.mean(oracle.values(b))
-                                           for b in oracle.batches(list(range(N)), BATCH)),
+        "mean_of_batch_means": oracle.mean(
+            oracle.mean(oracle.values(b)) for b in oracle.batches(list(range(N)), BATCH)
+        ),
     }
     oracle.assert_distinct(true_mean=true_mean, **competing)
     if world_size > 1:
-        oracle.assert_distinct(count_world_size_times=world_size * N, true_count=true_count,
-                               padded_count_if_sharded=len(padded))
+        oracle.assert_distinct(
+            count_world_size_times=world_size * N, true_count=true_count, padded_count_if_sharded=len(padded)
+        )
 
     counts = [rec["callback_metrics"]["count"] for rec in world.records]
     means = [rec["callback_metrics"]["v"] for rec in world.records]
@@ -110,15 +112,17 @@ def test_with_num_workers_2_every_dataloader_worker_of_every_rank_yields_the_who
     Source: torch/utils/data/dataloader.py (``_MultiProcessingDataLoaderIter``; the ``IterableDataset``
     docs: "each worker process gets a different copy of the dataset object")."""
     workers = 2
-    world = run_world(iterable.validate_iterable, world_size, n=N, batch_size=BATCH, num_workers=workers,
-                      plan=PLAN, count=COUNT)
+    world = run_world(
+        iterable.validate_iterable, world_size, n=N, batch_size=BATCH, num_workers=workers, plan=PLAN, count=COUNT
+    )
 
     per_worker = oracle.batches(list(range(N)), BATCH)
     expected = oracle.round_robin([per_worker] * workers)
     expected_workers = oracle.round_robin([[[w] * len(b) for b in per_worker] for w in range(workers)])
     true_mean = oracle.mean(oracle.values(range(N)))
-    oracle.assert_distinct(count_per_worker_and_rank=world_size * workers * N, count_per_rank=world_size * N,
-                           true_count=N)
+    oracle.assert_distinct(
+        count_per_worker_and_rank=world_size * workers * N, count_per_rank=world_size * N, true_count=N
+    )
 
     seen = [rec["seen_ids"] for rec in world.records]
     assert seen == [expected] * world_size, oracle.side_by_side("saw", seen) + f"  expected every rank {expected}"
@@ -147,19 +151,29 @@ def test_an_iterable_dataset_sharded_by_rank_and_worker_is_validated_once_per_sa
     the single-process mean. (The sharding is the dataset's own code, ``ddpprobe.probes.iterable.IdIterable``
     with ``shard="rank_and_worker"``; Lightning adds nothing.)"""
     workers, n = 2, RECIPE_N
-    world = run_world(iterable.validate_iterable, world_size, n=n, batch_size=BATCH, num_workers=workers,
-                      shard="rank_and_worker", plan=PLAN, count=COUNT)
+    world = run_world(
+        iterable.validate_iterable,
+        world_size,
+        n=n,
+        batch_size=BATCH,
+        num_workers=workers,
+        shard="rank_and_worker",
+        plan=PLAN,
+        count=COUNT,
+    )
 
     expected = [
-        oracle.round_robin([oracle.batches(oracle.rank_and_worker_shard(n, world_size, r, workers, w), BATCH)
-                            for w in range(workers)])
+        oracle.round_robin(
+            [oracle.batches(oracle.rank_and_worker_shard(n, world_size, r, workers, w), BATCH) for w in range(workers)]
+        )
         for r in range(world_size)
     ]
     seen = [rec["seen_ids"] for rec in world.records]
     assert seen == expected, oracle.side_by_side("saw", seen) + f"  expected {expected}"
     every = Counter(i for rec in world.records for i in _flat(rec))
-    assert every == Counter(range(n)), f"samples seen other than once: {every - Counter(range(n))} extra, " \
-        f"{Counter(range(n)) - every} missing"
+    assert every == Counter(range(n)), (
+        f"samples seen other than once: {every - Counter(range(n))} extra, {Counter(range(n)) - every} missing"
+    )
 
     true_mean = oracle.mean(oracle.values(range(n)))
     oracle.assert_distinct(true_count=n, count_unsharded=world_size * workers * n)
@@ -183,8 +197,7 @@ def test_an_iterable_dataset_with_len_warns_on_rank_0_only_about_worker_duplicat
     configured independently to avoid having duplicate data." It speaks of workers, not ranks, and, like
     every ``rank_zero_warn``, appears on global rank 0 only; every rank still validates every sample.
     Source: pytorch_lightning/utilities/data.py ``has_len_all_ranks``."""
-    world = run_world(iterable.validate_iterable, world_size, n=N, batch_size=BATCH, plan=PLAN, count=COUNT,
-                      sized=True)
+    world = run_world(iterable.validate_iterable, world_size, n=N, batch_size=BATCH, plan=PLAN, count=COUNT, sized=True)
 
     expected = oracle.batches(list(range(N)), BATCH)
     seen = [rec["seen_ids"] for rec in world.records]

@@ -70,7 +70,10 @@ def test_reduce_fx_reduces_each_ranks_logged_values_then_the_same_op_reduces_acr
     of all ranks. The data make each of these differ from the single-process value, from the same op
     applied to raw samples, from a rank's unsynced value and (for "sum") from a mean of rank sums."""
     world = run_world(
-        reductions.validate_plan, world_size, n=N, batch_size=BATCH,
+        reductions.validate_plan,
+        world_size,
+        n=N,
+        batch_size=BATCH,
         plan=[log_spec("v", reduce_fx=reduce_fx, sync_dist=True)],
     )
 
@@ -93,7 +96,9 @@ def test_reduce_fx_reduces_each_ranks_logged_values_then_the_same_op_reduces_acr
     oracle.assert_distinct(lightning=expected, **competing)
 
     got = _got(world, "v")
-    semantics.number(f"synced {reduce_fx}", got[0], vs=(next(iter(competing)).replace("_", " "), next(iter(competing.values()))))
+    semantics.number(
+        f"synced {reduce_fx}", got[0], vs=(next(iter(competing)).replace("_", " "), next(iter(competing.values())))
+    )
     assert got == pytest.approx([expected] * world_size, rel=1e-6), (
         oracle.side_by_side("v", got) + f"  expected {expected}; competing {competing}"
     )
@@ -106,12 +111,18 @@ def test_an_unsupported_reduce_fx_string_raises_misconfiguration_exception_on_ev
     in the first ``validation_step`` of every rank, before any collective, so no rank hangs.
     Source: result.py ``_Metadata._parse_reduce_fx``."""
     world = run_world(
-        reductions.validate_plan, 2, n=4, batch_size=2,
-        plan=[log_spec("v", reduce_fx="median", sync_dist=True)], expect_error=True,
+        reductions.validate_plan,
+        2,
+        n=4,
+        batch_size=2,
+        plan=[log_spec("v", reduce_fx="median", sync_dist=True)],
+        expect_error=True,
     )
 
     errors = [rec["error"] for rec in world.records]
-    semantics.number("ranks raising", sum(bool(e) and e["type"] == "MisconfigurationException" for e in errors), vs=("world size", 2))
+    semantics.number(
+        "ranks raising", sum(bool(e) and e["type"] == "MisconfigurationException" for e in errors), vs=("world size", 2)
+    )
     assert [e and e["type"] for e in errors] == ["MisconfigurationException"] * 2, oracle.side_by_side("error", errors)
     for e in errors:
         assert "Only `self.log(..., reduce_fx={min,max,mean,sum})` are supported." in e["message"]
@@ -139,7 +150,11 @@ def test_the_step_value_is_the_unweighted_mean_over_ranks_and_the_epoch_value_is
     samples the batches held (``_ResultMetric.compute``)."""
     n, batch_size, weights = 3 * world_size, 2, STEP_WEIGHTS[world_size]
     world = run_world(
-        reductions.validate_plan, world_size, n=n, batch_size=batch_size, weights=weights,
+        reductions.validate_plan,
+        world_size,
+        n=n,
+        batch_size=batch_size,
+        weights=weights,
         plan=[log_spec("v", on_step=True, on_epoch=True, sync_dist=True)],
     )
 
@@ -155,8 +170,14 @@ def test_the_step_value_is_the_unweighted_mean_over_ranks_and_the_epoch_value_is
         epoch_unweighted=oracle.mean(v for rank in logged for v, _ in rank),
         epoch_by_sample_count=oracle.mean(oracle.values(oracle.padded_indices(n, world_size))),
     )
-    semantics.number("first v_step", world.records[0]["step_logged_metrics"][0].get("v_step"), vs=("batch_size-weighted", step_weighted[0]))
-    semantics.number("v_epoch", _got(world, "v_epoch")[0], vs=("unweighted", oracle.mean(v for rank in logged for v, _ in rank)))
+    semantics.number(
+        "first v_step",
+        world.records[0]["step_logged_metrics"][0].get("v_step"),
+        vs=("batch_size-weighted", step_weighted[0]),
+    )
+    semantics.number(
+        "v_epoch", _got(world, "v_epoch")[0], vs=("unweighted", oracle.mean(v for rank in logged for v, _ in rank))
+    )
 
     for rec in world.records:
         got_steps = [step.get("v_step") for step in rec["step_logged_metrics"]]
@@ -169,7 +190,9 @@ def test_the_step_value_is_the_unweighted_mean_over_ranks_and_the_epoch_value_is
 
 
 @pytest.mark.parametrize("stage", ["validate", "fit"])
-def test_on_step_and_on_epoch_fork_the_name_and_only_training_puts_the_step_key_in_callback_metrics(run_world, semantics, stage):
+def test_on_step_and_on_epoch_fork_the_name_and_only_training_puts_the_step_key_in_callback_metrics(
+    run_world, semantics, stage
+):
     """With ``on_step=True, on_epoch=True`` the name forks (``_Metadata.forked_name``): ``logged_metrics``
     holds ``v_step`` (the last step's value) and ``v_epoch``, never a bare ``v``. ``callback_metrics``
     holds ``v`` and ``v_epoch`` (both the epoch value) and, only in training, ``v_step`` too: for
@@ -179,15 +202,24 @@ def test_on_step_and_on_epoch_fork_the_name_and_only_training_puts_the_step_key_
     keys and numbers on every rank."""
     world_size, n, batch_size = 2, 8, 2
     scenario = reductions.validate_plan if stage == "validate" else reductions.fit_plan
-    world = run_world(scenario, world_size, n=n, batch_size=batch_size,
-                      plan=[log_spec("v", on_step=True, on_epoch=True, sync_dist=True)])
+    world = run_world(
+        scenario,
+        world_size,
+        n=n,
+        batch_size=batch_size,
+        plan=[log_spec("v", on_step=True, on_epoch=True, sync_dist=True)],
+    )
 
     # Training shuffles its DistributedSampler, so take the ids each rank saw from its record.
     seen = [rec["seen_ids"] for rec in world.records]
     steps = [oracle.mean(oracle.mean(oracle.values(rank[s])) for rank in seen) for s in range(len(seen[0]))]
     epoch = oracle.mean(oracle.values(i for rank in seen for b in rank for i in b))
     oracle.assert_distinct(last_step=steps[-1], epoch=epoch)
-    semantics.number("v_step", world.records[0]["logged_metrics"].get("v_step"), vs=("v_epoch", world.records[0]["logged_metrics"].get("v_epoch")))
+    semantics.number(
+        "v_step",
+        world.records[0]["logged_metrics"].get("v_step"),
+        vs=("v_epoch", world.records[0]["logged_metrics"].get("v_epoch")),
+    )
 
     for rec in world.records:
         where = f"rank {rec['global_rank']} ({stage})"
@@ -231,8 +263,14 @@ def test_the_synced_epoch_mean_is_the_batch_size_weighted_mean_even_when_the_cou
     ``(sum(v*b) / W) / floor(sum(b) / W)``, too large. Source: result.py ``_ResultMetric.__init__``
     (``torch.tensor(0)``) and ``compute``; lightning_fabric/utilities/distributed.py ``_sync_ddp``."""
     n, batch_size, weights = 3 * world_size, 2, FLOOR_WEIGHTS[world_size]
-    world = run_world(reductions.validate_plan, world_size, n=n, batch_size=batch_size, weights=weights,
-                      plan=[log_spec("v", sync_dist=True)])
+    world = run_world(
+        reductions.validate_plan,
+        world_size,
+        n=n,
+        batch_size=batch_size,
+        weights=weights,
+        plan=[log_spec("v", sync_dist=True)],
+    )
 
     logged = _logged_batch_means(n, world_size, batch_size, weights)
     correct = oracle.sync_reduce("mean", logged)
@@ -257,8 +295,13 @@ def test_rank_zero_only_switches_sync_dist_off_so_each_rank_keeps_its_own_value(
     runs, nothing hangs, and each rank keeps its own weighted mean. No "sync_dist=True" hint is emitted
     either (the hint looks at ``sync_dist``, which is True)."""
     n, batch_size = 7, 2
-    world = run_world(reductions.validate_plan, world_size, n=n, batch_size=batch_size,
-                      plan=[log_spec("v", sync_dist=True, rank_zero_only=True)])
+    world = run_world(
+        reductions.validate_plan,
+        world_size,
+        n=n,
+        batch_size=batch_size,
+        plan=[log_spec("v", sync_dist=True, rank_zero_only=True)],
+    )
 
     logged = _logged_batch_means(n, world_size, batch_size)
     local = [oracle.log_reduce("mean", rank) for rank in logged]
@@ -275,8 +318,13 @@ def test_a_value_logged_with_rank_zero_only_from_rank_0_alone_exists_on_rank_0_o
     ``sync_dist=True`` as well). Rank 0 gets its own weighted mean, the other ranks have no such key,
     and nothing waits for a collective the other ranks never join."""
     world_size, n, batch_size = 2, 7, 2
-    world = run_world(reductions.validate_plan, world_size, n=n, batch_size=batch_size,
-                      plan=[log_spec("v", ranks=[0], sync_dist=True, rank_zero_only=True)])
+    world = run_world(
+        reductions.validate_plan,
+        world_size,
+        n=n,
+        batch_size=batch_size,
+        plan=[log_spec("v", ranks=[0], sync_dist=True, rank_zero_only=True)],
+    )
 
     logged = _logged_batch_means(n, world_size, batch_size)
     rank0 = oracle.log_reduce("mean", logged[0])
@@ -296,23 +344,34 @@ def test_sync_dist_group_averages_over_the_groups_ranks_only(run_world, semantic
     n, batch_size = 2 * world_size + 1, 2
     others = [r for r in range(world_size) if r not in members]
     world = run_world(
-        reductions.validate_plan, world_size, n=n, batch_size=batch_size, subgroup_ranks=members,
+        reductions.validate_plan,
+        world_size,
+        n=n,
+        batch_size=batch_size,
+        subgroup_ranks=members,
         plan=[log_spec("v", ranks=members, sync_dist=True, subgroup=True), log_spec("v", ranks=others)],
     )
 
     logged = _logged_batch_means(n, world_size, batch_size)
     group_mean = oracle.sync_reduce("mean", [logged[r] for r in members])
     local = [oracle.log_reduce("mean", rank) for rank in logged]
-    oracle.assert_distinct(group_mean=group_mean, world_mean=oracle.sync_reduce("mean", logged),
-                           **{f"rank{r}": local[r] for r in range(world_size)})
+    oracle.assert_distinct(
+        group_mean=group_mean,
+        world_mean=oracle.sync_reduce("mean", logged),
+        **{f"rank{r}": local[r] for r in range(world_size)},
+    )
     expected = [group_mean if r in members else local[r] for r in range(world_size)]
     got = _got(world, "v")
-    semantics.number(f"rank {members[0]}'s v", got[members[0]], vs=("mean over all ranks", oracle.sync_reduce("mean", logged)))
+    semantics.number(
+        f"rank {members[0]}'s v", got[members[0]], vs=("mean over all ranks", oracle.sync_reduce("mean", logged))
+    )
     assert got == pytest.approx(expected, rel=1e-6), oracle.side_by_side("v", got) + f"  expected {expected}"
 
 
 @pytest.mark.parametrize("reduce_fx", ["sum", "mean"])
-def test_a_rank_outside_sync_dist_group_that_passes_the_group_keeps_its_sum_but_its_mean_raises(run_world, semantics, reduce_fx):
+def test_a_rank_outside_sync_dist_group_that_passes_the_group_keeps_its_sum_but_its_mean_raises(
+    run_world, semantics, reduce_fx
+):
     """W=3, group = ``new_group([0, 1])``, and rank 2 (not a member) also logs with
     ``sync_dist_group=group``. For ``reduce_fx="sum"`` (and max/min) torch's ``barrier``/``all_reduce``
     on a group the rank is not in return at once with the warning "Running all_reduce on global rank 2
@@ -321,8 +380,15 @@ def test_a_rank_outside_sync_dist_group_that_passes_the_group_keeps_its_sum_but_
     raises ``ValueError("Invalid process group specified")`` on rank 2. Ranks 0 and 1 get the group's
     result either way."""
     world_size, n, batch_size, members = 3, 7, 2, [0, 1]
-    world = run_world(reductions.validate_plan, world_size, n=n, batch_size=batch_size, subgroup_ranks=members,
-                      plan=[log_spec("v", reduce_fx=reduce_fx, sync_dist=True, subgroup=True)], expect_error=True)
+    world = run_world(
+        reductions.validate_plan,
+        world_size,
+        n=n,
+        batch_size=batch_size,
+        subgroup_ranks=members,
+        plan=[log_spec("v", reduce_fx=reduce_fx, sync_dist=True, subgroup=True)],
+        expect_error=True,
+    )
 
     logged = _logged_batch_means(n, world_size, batch_size)
     group_value = oracle.sync_reduce(reduce_fx, [logged[r] for r in members])
@@ -352,10 +418,16 @@ def test_log_dict_with_sync_dist_gives_what_self_log_gives_for_each_key(run_worl
     with the same options (``LightningModule.log_dict``): ``d`` and a ``self.log("s", x, ...)`` twin end
     with the same synced number, the one the reduce_fx rule predicts."""
     world_size, n, batch_size = 2, 7, 2
-    world = run_world(reductions.validate_plan, world_size, n=n, batch_size=batch_size, plan=[
-        log_spec("s", sync_dist=True, reduce_fx=reduce_fx),
-        log_spec("d", via="log_dict", sync_dist=True, reduce_fx=reduce_fx),
-    ])
+    world = run_world(
+        reductions.validate_plan,
+        world_size,
+        n=n,
+        batch_size=batch_size,
+        plan=[
+            log_spec("s", sync_dist=True, reduce_fx=reduce_fx),
+            log_spec("d", via="log_dict", sync_dist=True, reduce_fx=reduce_fx),
+        ],
+    )
 
     logged = _logged_batch_means(n, world_size, batch_size)
     expected = oracle.sync_reduce(reduce_fx, logged)
@@ -366,7 +438,9 @@ def test_log_dict_with_sync_dist_gives_what_self_log_gives_for_each_key(run_worl
         assert got == pytest.approx([expected] * world_size, rel=1e-6), oracle.side_by_side(key, got)
 
 
-def test_python_floats_and_ints_are_synced_as_float32_and_only_an_integer_tensor_gets_the_cast_warning(run_world, semantics):
+def test_python_floats_and_ints_are_synced_as_float32_and_only_an_integer_tensor_gets_the_cast_warning(
+    run_world, semantics
+):
     """``self.log`` turns a Python ``float`` or ``int`` into a float32 tensor itself
     (``LightningModule.__to_tensor`` uses the default float dtype), so both sync like tensors and emit
     no warning. An int64 *tensor* is cast in ``_ResultMetric.update`` with the warning "You called
@@ -374,11 +448,17 @@ def test_python_floats_and_ints_are_synced_as_float32_and_only_an_integer_tensor
     Converting it to torch.float32." — on rank 0 only (``WarningCache.warn`` is rank-zero). Values here:
     the batch mean of ``value`` as a float, the sum of the batch's ids as an int and as an int tensor."""
     world_size, n, batch_size = 2, 7, 2
-    world = run_world(reductions.validate_plan, world_size, n=n, batch_size=batch_size, plan=[
-        log_spec("f", "python_float", sync_dist=True),
-        log_spec("i", "python_int", sync_dist=True),
-        log_spec("t", "int_tensor", sync_dist=True),
-    ])
+    world = run_world(
+        reductions.validate_plan,
+        world_size,
+        n=n,
+        batch_size=batch_size,
+        plan=[
+            log_spec("f", "python_float", sync_dist=True),
+            log_spec("i", "python_int", sync_dist=True),
+            log_spec("t", "int_tensor", sync_dist=True),
+        ],
+    )
 
     rank_batches = oracle.rank_batches(n, world_size, batch_size)
     float_expected = oracle.sync_reduce("mean", _logged_batch_means(n, world_size, batch_size))
@@ -390,9 +470,17 @@ def test_python_floats_and_ints_are_synced_as_float32_and_only_an_integer_tensor
         assert got == pytest.approx([expected] * world_size, rel=1e-6), oracle.side_by_side(key, got)
 
     cast = "but the value needs to be floating to be reduced. Converting it to torch.float32."
-    per_key = {key: [len(_messages(rec, f"`self.log('{key}', ...)` in your `validation_step` {cast}"))
-                     for rec in world.records] for key in ("f", "i", "t")}
-    semantics.number("cast warnings for the int tensor", sum(per_key["t"]), vs=("for Python numbers", sum(per_key["f"]) + sum(per_key["i"])))
+    per_key = {
+        key: [
+            len(_messages(rec, f"`self.log('{key}', ...)` in your `validation_step` {cast}")) for rec in world.records
+        ]
+        for key in ("f", "i", "t")
+    }
+    semantics.number(
+        "cast warnings for the int tensor",
+        sum(per_key["t"]),
+        vs=("for Python numbers", sum(per_key["f"]) + sum(per_key["i"])),
+    )
     assert per_key == {"f": [0, 0], "i": [0, 0], "t": [1, 0]}, per_key
 
 
@@ -413,18 +501,31 @@ def test_a_logged_metric_object_syncs_its_own_state_and_ignores_sync_dist_and_re
     padded set — the padding duplicates of ``DistributedSampler`` counted — whatever the options say."""
     world_size, n, batch_size = 3, 7, 2
     options = dict(sync_dist=sync_dist, reduce_fx=reduce_fx)
-    world = run_world(reductions.validate_plan, world_size, n=n, batch_size=batch_size, plan=[
-        log_spec("mean", "mean_metric", **options), log_spec("sum", "sum_metric", **options),
-    ])
+    world = run_world(
+        reductions.validate_plan,
+        world_size,
+        n=n,
+        batch_size=batch_size,
+        plan=[
+            log_spec("mean", "mean_metric", **options),
+            log_spec("sum", "sum_metric", **options),
+        ],
+    )
 
     padded = oracle.values(oracle.padded_indices(n, world_size))
     unique = oracle.values(range(n))
     rank_values = [oracle.values(oracle.shard(n, world_size, r)) for r in range(world_size)]
-    oracle.assert_distinct(padded_mean=oracle.mean(padded), dataset_mean=oracle.mean(unique),
-                           **{f"rank{r}_mean": oracle.mean(v) for r, v in enumerate(rank_values)})
-    oracle.assert_distinct(padded_sum=sum(padded), dataset_sum=sum(unique),
-                           mean_of_rank_sums=sum(padded) / world_size,
-                           **{f"rank{r}_sum": sum(v) for r, v in enumerate(rank_values)})
+    oracle.assert_distinct(
+        padded_mean=oracle.mean(padded),
+        dataset_mean=oracle.mean(unique),
+        **{f"rank{r}_mean": oracle.mean(v) for r, v in enumerate(rank_values)},
+    )
+    oracle.assert_distinct(
+        padded_sum=sum(padded),
+        dataset_sum=sum(unique),
+        mean_of_rank_sums=sum(padded) / world_size,
+        **{f"rank{r}_sum": sum(v) for r, v in enumerate(rank_values)},
+    )
     semantics.number("logged MeanMetric", _got(world, "mean")[0], vs=("dataset mean", oracle.mean(unique)))
     for key, expected in (("mean", oracle.mean(padded)), ("sum", sum(padded))):
         got = _got(world, key)
@@ -435,7 +536,9 @@ def test_a_logged_metric_object_syncs_its_own_state_and_ignores_sync_dist_and_re
     assert hints == [[]] * world_size, oracle.side_by_side("sync_dist hints", hints)
 
 
-def test_logging_metric_compute_as_a_tensor_warns_to_use_sync_dist_although_the_value_is_already_global(run_world, semantics):
+def test_logging_metric_compute_as_a_tensor_warns_to_use_sync_dist_although_the_value_is_already_global(
+    run_world, semantics
+):
     """``self.log("computed", self.metric.compute())`` in ``on_validation_epoch_end`` logs a plain tensor:
     ``compute()`` has already all-reduced the metric's state, so every rank holds the mean over the
     padded set, yet Lightning cannot know that and rank 0 gets the hint "It is recommended to use
@@ -443,14 +546,24 @@ def test_logging_metric_compute_as_a_tensor_warns_to_use_sync_dist_although_the_
     accumulate the metric across devices." (``_ResultCollection._get_cache``). Here the hint is harmless:
     adding ``sync_dist=True`` would only average equal numbers."""
     world_size, n, batch_size = 2, 7, 2
-    world = run_world(reductions.validate_plan, world_size, n=n, batch_size=batch_size,
-                      plan=[log_spec("computed", "metric_compute", hook="epoch_end")])
+    world = run_world(
+        reductions.validate_plan,
+        world_size,
+        n=n,
+        batch_size=batch_size,
+        plan=[log_spec("computed", "metric_compute", hook="epoch_end")],
+    )
 
     padded_mean = oracle.mean(oracle.values(oracle.padded_indices(n, world_size)))
-    oracle.assert_distinct(padded_mean=padded_mean, rank0_mean=oracle.mean(oracle.values(oracle.shard(n, 2, 0))),
-                           rank1_mean=oracle.mean(oracle.values(oracle.shard(n, 2, 1))))
+    oracle.assert_distinct(
+        padded_mean=padded_mean,
+        rank0_mean=oracle.mean(oracle.values(oracle.shard(n, 2, 0))),
+        rank1_mean=oracle.mean(oracle.values(oracle.shard(n, 2, 1))),
+    )
     got = _got(world, "computed")
-    semantics.number("rank 1's computed", got[1], vs=("rank 1's own mean", oracle.mean(oracle.values(oracle.shard(n, 2, 1)))))
+    semantics.number(
+        "rank 1's computed", got[1], vs=("rank 1's own mean", oracle.mean(oracle.values(oracle.shard(n, 2, 1))))
+    )
     assert got == pytest.approx([padded_mean] * world_size, rel=1e-6), oracle.side_by_side("computed", got)
     hint = "It is recommended to use `self.log('computed', ..., sync_dist=True)` when logging on epoch level"
     counts = [len(_messages(rec, hint)) for rec in world.records]

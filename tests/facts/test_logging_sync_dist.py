@@ -49,7 +49,9 @@ def test_without_sync_dist_each_rank_keeps_its_own_value_and_only_rank_0s_reache
 
 
 @pytest.mark.parametrize("world_size, n", [(2, 5), (3, 7)])
-def test_with_sync_dist_every_rank_gets_the_mean_over_the_padded_set_not_the_dataset(run_world, semantics, world_size, n):
+def test_with_sync_dist_every_rank_gets_the_mean_over_the_padded_set_not_the_dataset(
+    run_world, semantics, world_size, n
+):
     """``self.log("v", ..., sync_dist=True)``: every rank gets the same number, the sample mean over all
     samples the ranks evaluated (padding duplicates included). With N not divisible by W this differs
     from the single-process mean over the N unique samples, from either rank's local mean, and from the
@@ -58,8 +60,11 @@ def test_with_sync_dist_every_rank_gets_the_mean_over_the_padded_set_not_the_dat
 
     padded_mean = oracle.mean(oracle.values(oracle.padded_indices(n, world_size)))
     single_process_mean = oracle.mean(oracle.values(range(n)))
-    batch_means = [oracle.mean(oracle.values(b)) for r in range(world_size)
-                   for b in oracle.batches(oracle.shard(n, world_size, r), 2)]
+    batch_means = [
+        oracle.mean(oracle.values(b))
+        for r in range(world_size)
+        for b in oracle.batches(oracle.shard(n, world_size, r), 2)
+    ]
     oracle.assert_distinct(
         padded=padded_mean,
         single_process=single_process_mean,
@@ -69,6 +74,7 @@ def test_with_sync_dist_every_rank_gets_the_mean_over_the_padded_set_not_the_dat
     got = [rec["callback_metrics"]["v"] for rec in world.records]
     semantics.number("synced mean", got[0], vs=("single-process mean", single_process_mean))
     assert got == pytest.approx([padded_mean] * world_size), (
-        oracle.side_by_side("v", got) + f"  expected padded mean {padded_mean}, single-process mean {single_process_mean}"
+        oracle.side_by_side("v", got)
+        + f"  expected padded mean {padded_mean}, single-process mean {single_process_mean}"
     )
     assert all(not any("sync_dist=True" in w["message"] for w in rec["warnings"]) for rec in world.records)

@@ -45,14 +45,19 @@ def test_a_best_threshold_chosen_on_rank_local_outputs_is_each_ranks_own_thresho
     shard, not on the whole set; logged without ``sync_dist``, the logger writes rank 0's."""
     world = run_world(multilabel.best_threshold_recipes, world_size, n=n, batch_size=batch_size)
 
-    per_rank = [[oracle.best_threshold_scores(oracle.shard(n, world_size, r), k) for k in range(multilabel.NUM_LABELS)]
-                for r in range(world_size)]
+    per_rank = [
+        [oracle.best_threshold_scores(oracle.shard(n, world_size, r), k) for k in range(multilabel.NUM_LABELS)]
+        for r in range(world_size)
+    ]
     single = [oracle.best_threshold_scores(range(n), k) for k in range(multilabel.NUM_LABELS)]
     for k in range(multilabel.NUM_LABELS):
         assert per_rank[0][k]["ties"] == 1 and single[k]["ties"] == 1, "data must have one best threshold"
         oracle.assert_distinct(rank0_f1=per_rank[0][k]["f1"], single_process_f1=single[k]["f1"])
-    semantics.number("rank 0's best-threshold F1 (label 0)", world[0].record["callback_metrics"]["a_f1_0"],
-                     vs=("single-process", single[0]["f1"]))
+    semantics.number(
+        "rank 0's best-threshold F1 (label 0)",
+        world[0].record["callback_metrics"]["a_f1_0"],
+        vs=("single-process", single[0]["f1"]),
+    )
     _assert_recipe(world, "a", per_rank)
 
 
@@ -66,16 +71,23 @@ def test_b_averaging_per_batch_best_threshold_f1_gives_neither_the_whole_set_f1_
     and the logged "threshold" is a mean of thresholds."""
     world = run_world(multilabel.best_threshold_recipes, world_size, n=n, batch_size=batch_size)
 
-    expected = [{name: oracle.best_threshold_per_batch_mean(n, world_size, batch_size, k, name) for name in NAMES}
-                for k in range(multilabel.NUM_LABELS)]
+    expected = [
+        {name: oracle.best_threshold_per_batch_mean(n, world_size, batch_size, k, name) for name in NAMES}
+        for k in range(multilabel.NUM_LABELS)
+    ]
     single = [oracle.best_threshold_scores(range(n), k) for k in range(multilabel.NUM_LABELS)]
-    padded = [oracle.best_threshold_scores(oracle.padded_indices(n, world_size), k)
-              for k in range(multilabel.NUM_LABELS)]
+    padded = [
+        oracle.best_threshold_scores(oracle.padded_indices(n, world_size), k) for k in range(multilabel.NUM_LABELS)
+    ]
     for k in range(multilabel.NUM_LABELS):
-        oracle.assert_distinct(mean_of_batches_f1=expected[k]["f1"], single_process_f1=single[k]["f1"],
-                               padded_set_f1=padded[k]["f1"])
-    semantics.number("mean of per-batch best F1 (label 0)", world[0].record["callback_metrics"]["b_f1_0"],
-                     vs=("single-process", single[0]["f1"]))
+        oracle.assert_distinct(
+            mean_of_batches_f1=expected[k]["f1"], single_process_f1=single[k]["f1"], padded_set_f1=padded[k]["f1"]
+        )
+    semantics.number(
+        "mean of per-batch best F1 (label 0)",
+        world[0].record["callback_metrics"]["b_f1_0"],
+        vs=("single-process", single[0]["f1"]),
+    )
     _assert_recipe(world, "b", [expected] * world_size)
 
 
@@ -90,8 +102,9 @@ def test_c_all_gather_and_d_a_synced_curve_metric_choose_the_threshold_on_the_pa
     the sample ids too and keeping each sample once gives scikit-learn's single-process numbers exactly."""
     world = run_world(multilabel.best_threshold_recipes, world_size, n=n, batch_size=batch_size)
 
-    padded = [oracle.best_threshold_scores(oracle.padded_indices(n, world_size), k)
-              for k in range(multilabel.NUM_LABELS)]
+    padded = [
+        oracle.best_threshold_scores(oracle.padded_indices(n, world_size), k) for k in range(multilabel.NUM_LABELS)
+    ]
     single = [oracle.best_threshold_scores(range(n), k) for k in range(multilabel.NUM_LABELS)]
     for k in range(multilabel.NUM_LABELS):
         assert padded[k]["ties"] == 1 and single[k]["ties"] == 1, "data must have one best threshold"
@@ -99,8 +112,11 @@ def test_c_all_gather_and_d_a_synced_curve_metric_choose_the_threshold_on_the_pa
     moved = [k for k in range(multilabel.NUM_LABELS) if padded[k]["threshold"] != single[k]["threshold"]]
     assert moved, "the data must show padding moving a chosen threshold"
     got = world[0].record["callback_metrics"]
-    semantics.number(f"threshold chosen on the padded set (label {moved[0]})", got[f"c_threshold_{moved[0]}"],
-                     vs=("single-process threshold", single[moved[0]]["threshold"]))
+    semantics.number(
+        f"threshold chosen on the padded set (label {moved[0]})",
+        got[f"c_threshold_{moved[0]}"],
+        vs=("single-process threshold", single[moved[0]]["threshold"]),
+    )
     semantics.number("deduplicated best-threshold F1 (label 0)", got["e_f1_0"], vs=("single-process", single[0]["f1"]))
     _assert_recipe(world, "c", [padded] * world_size)
     _assert_recipe(world, "d", [padded] * world_size)
@@ -123,8 +139,11 @@ def test_g_a_fixed_threshold_grid_metric_chooses_only_grid_thresholds_and_is_app
     gaps = [exact[k]["f1"] - on_grid[k]["f1"] for k in range(multilabel.NUM_LABELS)]
     single_grid = oracle.best_threshold_on_grid(range(n), 0, grid)
     rank0_grid = oracle.best_threshold_on_grid(oracle.shard(n, world_size, 0), 0, grid)
-    oracle.assert_distinct(padded_set_grid_f1=on_grid[0]["f1"], single_process_grid_f1=single_grid["f1"],
-                           rank0_shard_grid_f1=rank0_grid["f1"])
+    oracle.assert_distinct(
+        padded_set_grid_f1=on_grid[0]["f1"],
+        single_process_grid_f1=single_grid["f1"],
+        rank0_shard_grid_f1=rank0_grid["f1"],
+    )
     assert all(gap > -1e-9 for gap in gaps) and any(gap > 1e-6 for gap in gaps), f"grid gaps {gaps}"
     semantics.number("largest F1 lost to the grid", max(gaps), vs=("exact best F1", exact[gaps.index(max(gaps))]["f1"]))
     _assert_recipe(world, "g", [on_grid] * world_size)

@@ -47,8 +47,14 @@ def node_world(run_world):
     def get(num_nodes: int = NODES, prepare_data_per_node: bool = True):
         key = (num_nodes, prepare_data_per_node)
         if key not in _WORLDS:
-            _WORLDS[key] = run_world(multinode.node_layout, WORLD_SIZE, num_nodes=num_nodes, backend="gloo", n=N,
-                                     prepare_data_per_node=prepare_data_per_node)
+            _WORLDS[key] = run_world(
+                multinode.node_layout,
+                WORLD_SIZE,
+                num_nodes=num_nodes,
+                backend="gloo",
+                n=N,
+                prepare_data_per_node=prepare_data_per_node,
+            )
         return _WORLDS[key]
 
     return get
@@ -72,13 +78,15 @@ def test_global_rank_is_node_rank_times_ranks_per_node_plus_local_rank(node_worl
     assert [r["world_size"] for r in records] == [WORLD_SIZE] * WORLD_SIZE
     assert [r["num_nodes"] for r in records] == [num_nodes] * WORLD_SIZE
     assert [r["cluster_environment"] for r in records] == ["LightningEnvironment"] * WORLD_SIZE
-    semantics.number("ranks with local rank 0", sum(r["local_rank"] == 0 for r in records),
-                     vs=("ranks with global rank 0", 1))
+    semantics.number(
+        "ranks with local rank 0", sum(r["local_rank"] == 0 for r in records), vs=("ranks with global rank 0", 1)
+    )
 
 
 @pytest.mark.parametrize("per_node", [True, False], ids=["prepare_data_per_node", "not_per_node"])
-def test_prepare_data_runs_on_local_rank_zero_of_every_node_or_on_global_rank_zero_only(node_world, per_node,
-                                                                                      semantics):
+def test_prepare_data_runs_on_local_rank_zero_of_every_node_or_on_global_rank_zero_only(
+    node_world, per_node, semantics
+):
     """``prepare_data`` (for downloads and other per-machine work) runs on local rank 0 of every node by
     default, so twice in a world of 2 nodes: on global ranks 0 and 2. With
     ``prepare_data_per_node=False`` it runs once in the world, on global rank 0 (node 0, local rank 0).
@@ -92,8 +100,11 @@ def test_prepare_data_runs_on_local_rank_zero_of_every_node_or_on_global_rank_ze
     oracle.assert_distinct(per_node=sum(once_per_node), per_world=sum(once_per_world))
     got = [r["prepare_data_calls"] for r in records]
     assert got == (once_per_node if per_node else once_per_world), oracle.side_by_side("prepare_data calls", got)
-    semantics.number("prepare_data calls in the world", sum(got),
-                     vs=("the other setting", sum(once_per_world if per_node else once_per_node)))
+    semantics.number(
+        "prepare_data calls in the world",
+        sum(got),
+        vs=("the other setting", sum(once_per_world if per_node else once_per_node)),
+    )
 
 
 def test_self_print_and_the_logger_act_on_global_rank_zero_only_not_on_every_nodes_local_rank_zero(node_world):
@@ -110,7 +121,8 @@ def test_self_print_and_the_logger_act_on_global_rank_zero_only_not_on_every_nod
 
 
 def test_the_distributed_sampler_shards_by_global_rank_across_nodes_and_sync_dist_averages_over_all_of_them(
-        node_world, semantics):
+    node_world, semantics
+):
     """Every rank's validation shard is the ``DistributedSampler`` shard of its *global* rank among all 4
     (not of its local rank on its node, which would give both nodes the whole set): 10 samples padded to
     12 with samples 0 and 1 again. The ``sync_dist=True`` mean is then one number on every rank of both
@@ -151,10 +163,28 @@ def _run_two_nodes(tmp_path, scenario: str, params: dict, timeout: float = 120) 
     env.update(OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
     agents = [
         subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", f"--nnodes={NODES}", f"--nproc-per-node={PER_NODE}",
-             f"--node-rank={node}", "--master-addr=127.0.0.1", f"--master-port={port}",
-             "-m", "ddpprobe.launch", scenario, "--params", json.dumps(params), "--out", str(out)],
-            env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                f"--nnodes={NODES}",
+                f"--nproc-per-node={PER_NODE}",
+                f"--node-rank={node}",
+                "--master-addr=127.0.0.1",
+                f"--master-port={port}",
+                "-m",
+                "ddpprobe.launch",
+                scenario,
+                "--params",
+                json.dumps(params),
+                "--out",
+                str(out),
+            ],
+            env=env,
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
             start_new_session=True,
         )
         for node in range(NODES)

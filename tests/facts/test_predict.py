@@ -50,13 +50,15 @@ def test_predict_does_not_pad_so_ranks_run_different_numbers_of_batches(run_worl
     assert samplers == ["UnrepeatedDistributedSamplerWrapper"] * world_size, oracle.side_by_side("sampler", samplers)
     replicate = [sum("replicates some samples" in w["message"] for w in rec["warnings"]) for rec in world.records]
     assert replicate == [0] * world_size, oracle.side_by_side("replicate warnings", replicate)
-    semantics.number("predict batches per rank", str(batch_counts),
-                     vs=("validate would run per rank", str([len(p) for p in padded])))
+    semantics.number(
+        "predict batches per rank", str(batch_counts), vs=("validate would run per rank", str([len(p) for p in padded]))
+    )
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_predict_returns_only_the_rank_s_own_predictions_and_none_without_return_predictions(run_world, semantics,
-                                                                                             world_size):
+def test_predict_returns_only_the_rank_s_own_predictions_and_none_without_return_predictions(
+    run_world, semantics, world_size
+):
     """``trainer.predict(...)`` returns, on each rank, the list of *that rank's* batch predictions
     (``predict_step`` outputs, one per batch); no rank gets all N. At W=1 the one rank returns all N in
     dataset order. With ``return_predictions=False`` every rank gets ``None``.
@@ -72,8 +74,10 @@ def test_predict_returns_only_the_rank_s_own_predictions_and_none_without_return
 
     returned = [rec["returned"] for rec in world.records]
     for r, got in enumerate(returned):
-        own = [[predict.predicted_value(i) for i in b]
-               for b in oracle.batches(oracle.unrepeated_shard(N, world_size, r), BATCH_SIZE)]
+        own = [
+            [predict.predicted_value(i) for i in b]
+            for b in oracle.batches(oracle.unrepeated_shard(N, world_size, r), BATCH_SIZE)
+        ]
         assert [len(b) for b in got] == [len(b) for b in own], oracle.side_by_side("returned", returned)
         assert _flat(got) == pytest.approx(_flat(own)), oracle.side_by_side("returned", returned) + f"  rank {r}: {own}"
     sizes = [len(_flat(got)) for got in returned]
@@ -87,7 +91,8 @@ def test_predict_returns_only_the_rank_s_own_predictions_and_none_without_return
 @pytest.mark.parametrize("world_size", [2, 3])
 @pytest.mark.parametrize("write_interval", ["batch", "epoch"])
 def test_predict_writer_gets_the_rank_s_batch_indices_but_at_epoch_end_nested_one_level_deeper_than_predictions(
-        run_world, semantics, world_size, write_interval):
+    run_world, semantics, world_size, write_interval
+):
     """A ``BasePredictionWriter`` on each rank sees only that rank's predictions. With
     ``write_interval="batch"``, ``write_on_batch_end`` gets each batch's ``prediction`` and its dataset
     indices ``batch_indices`` as a flat list, position for position. With ``"epoch"``,
@@ -123,8 +128,9 @@ def test_predict_writer_gets_the_rank_s_batch_indices_but_at_epoch_end_nested_on
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_predict_recipe_merging_every_rank_s_written_predictions_by_index_equals_single_process(run_world, semantics,
-                                                                                                world_size):
+def test_predict_recipe_merging_every_rank_s_written_predictions_by_index_equals_single_process(
+    run_world, semantics, world_size
+):
     """The recipe for all N predictions in order: a ``BasePredictionWriter(write_interval="epoch")`` on
     every rank writes its dataset indices and predictions to its own file (taking dataloader 0's entry of
     ``batch_indices``, see the nesting fact above), and whoever can read all files merges them by index
@@ -132,8 +138,9 @@ def test_predict_recipe_merging_every_rank_s_written_predictions_by_index_equals
     every index appears in exactly one file, and the merged list equals the W=1 predictions.
     Source: callbacks/prediction_writer.py (the ``predictions_{global_rank}`` example in its docstring)."""
     single = run_world(predict.predict, 1, n=N, batch_size=BATCH_SIZE)
-    world = run_world(predict.predict, world_size, n=N, batch_size=BATCH_SIZE, write_files=True,
-                      return_predictions=False)
+    world = run_world(
+        predict.predict, world_size, n=N, batch_size=BATCH_SIZE, write_files=True, return_predictions=False
+    )
 
     files = [json.loads(rank.files[f"predictions_rank{rank.rank}.json"]) for rank in world]
     indices = [f["indices"] for f in files]

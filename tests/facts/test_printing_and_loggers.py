@@ -26,7 +26,9 @@ def test_plain_print_appears_once_per_rank_while_self_print_and_rank_zero_only_p
     for r, rank in enumerate(world):
         lines = rank.stdout.splitlines()
         assert f"plain print on rank {r}" in lines, rank.stdout
-        assert (f"self.print on rank {r}" in lines) == (r == 0), oracle.side_by_side("stdout", [x.stdout for x in world])
+        assert (f"self.print on rank {r}" in lines) == (r == 0), oracle.side_by_side(
+            "stdout", [x.stdout for x in world]
+        )
         assert (f"rank_zero_only print on rank {r}" in lines) == (r == 0)
     plain = sum(x.stdout.count("plain print on rank") for x in world)
     once = sum(x.stdout.count("self.print on rank") + x.stdout.count("rank_zero_only print") for x in world)
@@ -56,7 +58,10 @@ def test_logger_experiment_on_other_ranks_is_a_no_op_so_the_file_holds_rank_0s_l
     oracle.assert_distinct(rank0=local[0], rank1=local[1], whole_set=oracle.mean(oracle.values(range(n))))
     rows = list(csv.DictReader(io.StringIO(world[0].files["lightning_logs/version_0/metrics.csv"])))
     written = [float(row["local_mean_direct"]) for row in rows if row.get("local_mean_direct")]
-    semantics.number("value in the log file", written[0] if written else None,
-                     vs=("whole-set mean", oracle.mean(oracle.values(range(n)))))
+    semantics.number(
+        "value in the log file",
+        written[0] if written else None,
+        vs=("whole-set mean", oracle.mean(oracle.values(range(n)))),
+    )
     assert written == pytest.approx([local[0]])
     assert world[1].files == {}

@@ -20,7 +20,11 @@ def test_defining_validation_epoch_end_raises_not_implemented_error_on_every_ran
     """A module that defines ``validation_epoch_end`` makes ``trainer.validate`` raise
     ``NotImplementedError`` naming the hook (before any ``validation_step`` runs), on every rank."""
     world = run_world(hooks.removed_hook, 2, hook="validation_epoch_end")
-    semantics.number("ranks raising NotImplementedError", sum(rec["raised"] == "NotImplementedError" for rec in world.records), vs=("world size", 2))
+    semantics.number(
+        "ranks raising NotImplementedError",
+        sum(rec["raised"] == "NotImplementedError" for rec in world.records),
+        vs=("world size", 2),
+    )
 
     for rec in world.records:
         assert rec["raised"] == "NotImplementedError", rec
@@ -35,8 +39,11 @@ def test_defining_validation_step_end_is_silently_never_called(run_world, semant
     world = run_world(hooks.removed_hook, 2, hook="validation_step_end", n=n, batch_size=batch_size)
 
     batches_per_rank = math.ceil(math.ceil(n / 2) / batch_size)
-    semantics.number("validation_step_end calls on rank 0", world.records[0]["calls"]["validation_step_end"],
-                     vs=("validation_step calls", world.records[0]["calls"]["validation_step"]))
+    semantics.number(
+        "validation_step_end calls on rank 0",
+        world.records[0]["calls"]["validation_step_end"],
+        vs=("validation_step calls", world.records[0]["calls"]["validation_step"]),
+    )
     for rec in world.records:
         assert rec["raised"] is None, rec
         assert rec["calls"]["validation_step"] == batches_per_rank

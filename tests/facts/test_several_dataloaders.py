@@ -39,8 +39,9 @@ def test_each_dataloader_idx_gets_its_own_key_padded_and_synced_on_its_own(run_w
     loader's padded shards: each loader is padded by its own ``DistributedSampler``, and the values are
     not pooled across loaders. ``trainer.validate`` returns one dict per loader, holding only that
     loader's key. Rank 0 warns about replicated samples once per loader."""
-    world = run_world(dataloaders.validate_loaders, world_size, sizes=sizes, firsts=FIRSTS,
-                      logs=[log_spec("v", sync_dist=True)])
+    world = run_world(
+        dataloaders.validate_loaders, world_size, sizes=sizes, firsts=FIRSTS, logs=[log_spec("v", sync_dist=True)]
+    )
 
     for k, (n, first) in enumerate(zip(sizes, FIRSTS)):
         seen = [sum(rec["seen_ids"][str(k)], []) for rec in world.records]
@@ -49,42 +50,59 @@ def test_each_dataloader_idx_gets_its_own_key_padded_and_synced_on_its_own(run_w
 
     padded = [_padded_mean(n, first, world_size) for n, first in zip(sizes, FIRSTS)]
     unpadded = [oracle.mean(oracle.values(range(first, first + n))) for n, first in zip(sizes, FIRSTS)]
-    pooled = oracle.mean(oracle.values(
-        [first + i for n, first in zip(sizes, FIRSTS) for i in oracle.padded_indices(n, world_size)]))
-    oracle.assert_distinct(padded_0=padded[0], padded_1=padded[1], unpadded_0=unpadded[0], unpadded_1=unpadded[1],
-                           pooled=pooled)
+    pooled = oracle.mean(
+        oracle.values([first + i for n, first in zip(sizes, FIRSTS) for i in oracle.padded_indices(n, world_size)])
+    )
+    oracle.assert_distinct(
+        padded_0=padded[0], padded_1=padded[1], unpadded_0=unpadded[0], unpadded_1=unpadded[1], pooled=pooled
+    )
     keys = [sorted(rec["callback_metrics"]) for rec in world.records]
     assert keys == [["v/dataloader_idx_0", "v/dataloader_idx_1"]] * world_size, oracle.side_by_side("keys", keys)
     for k in (0, 1):
         got = [rec["callback_metrics"][f"v/dataloader_idx_{k}"] for rec in world.records]
         assert got == pytest.approx([padded[k]] * world_size), (
-            oracle.side_by_side(f"v/dataloader_idx_{k}", got) + f"  expected padded mean of loader {k}: {padded[k]}")
+            oracle.side_by_side(f"v/dataloader_idx_{k}", got) + f"  expected padded mean of loader {k}: {padded[k]}"
+        )
     returned = [[sorted(d) for d in rec["returned"]] for rec in world.records]
     assert returned == [[["v/dataloader_idx_0"], ["v/dataloader_idx_1"]]] * world_size, oracle.side_by_side(
-        "returned keys", returned)
+        "returned keys", returned
+    )
     warned = [sum("replicates some samples" in w["message"] for w in rec["warnings"]) for rec in world.records]
     assert warned == [2] + [0] * (world_size - 1), oracle.side_by_side("replicate warnings", warned)
-    semantics.number("v/dataloader_idx_1", world.records[0]["callback_metrics"]["v/dataloader_idx_1"],
-                     vs=("loader 1 single-process mean", unpadded[1]))
+    semantics.number(
+        "v/dataloader_idx_1",
+        world.records[0]["callback_metrics"]["v/dataloader_idx_1"],
+        vs=("loader 1 single-process mean", unpadded[1]),
+    )
 
 
 @pytest.mark.parametrize("world_size, sizes", WORLDS)
-def test_add_dataloader_idx_false_with_the_same_key_in_two_dataloaders_raises_on_the_second(run_world, semantics,
-                                                                                           world_size, sizes):
+def test_add_dataloader_idx_false_with_the_same_key_in_two_dataloaders_raises_on_the_second(
+    run_world, semantics, world_size, sizes
+):
     """``self.log("v", ..., add_dataloader_idx=False)`` from both loaders is a clash: on the first
     ``self.log`` of loader 1, every rank raises ``MisconfigurationException`` ("You called
     `self.log(v, ...)` twice in `validation_step` with different arguments"), because the stored entry
     remembers ``dataloader_idx=0``. Loader 0's value has already been synced and published under plain
     ``v`` by then, and ``on_validation_epoch_end`` never runs. Lightning does not merge the loaders.
     Source: result.py ``_ResultCollection.log`` (``meta != self[key].meta``)."""
-    world = run_world(dataloaders.validate_loaders, world_size, sizes=sizes, firsts=FIRSTS,
-                      logs=[log_spec("v", sync_dist=True, add_dataloader_idx=False)], expect_error=True)
+    world = run_world(
+        dataloaders.validate_loaders,
+        world_size,
+        sizes=sizes,
+        firsts=FIRSTS,
+        logs=[log_spec("v", sync_dist=True, add_dataloader_idx=False)],
+        expect_error=True,
+    )
 
     errors = [rec["error"] for rec in world.records]
     assert all(e is not None and e["type"] == "MisconfigurationException" for e in errors), oracle.side_by_side(
-        "error", errors)
-    assert all("You called `self.log(v, ...)` twice in `validation_step` with different arguments" in e["message"]
-               for e in errors), oracle.side_by_side("error", errors)
+        "error", errors
+    )
+    assert all(
+        "You called `self.log(v, ...)` twice in `validation_step` with different arguments" in e["message"]
+        for e in errors
+    ), oracle.side_by_side("error", errors)
     loader1_batches = [len(rec["seen_ids"].get("1", [])) for rec in world.records]
     assert loader1_batches == [1] * world_size, oracle.side_by_side("loader 1 batches run", loader1_batches)
     padded_0 = _padded_mean(sizes[0], FIRSTS[0], world_size)
@@ -95,12 +113,16 @@ def test_add_dataloader_idx_false_with_the_same_key_in_two_dataloaders_raises_on
 
 
 @pytest.mark.parametrize("world_size, sizes", WORLDS)
-def test_add_dataloader_idx_false_with_one_key_per_dataloader_gives_plain_keys(run_world, semantics, world_size,
-                                                                               sizes):
+def test_add_dataloader_idx_false_with_one_key_per_dataloader_gives_plain_keys(run_world, semantics, world_size, sizes):
     """With ``add_dataloader_idx=False`` and a different name per loader (``v0``, ``v1``), nothing
     clashes: the keys are exactly the names given, each synced over its own loader's padded shards."""
-    world = run_world(dataloaders.validate_loaders, world_size, sizes=sizes, firsts=FIRSTS,
-                      logs=[log_spec("v{dataloader_idx}", sync_dist=True, add_dataloader_idx=False)])
+    world = run_world(
+        dataloaders.validate_loaders,
+        world_size,
+        sizes=sizes,
+        firsts=FIRSTS,
+        logs=[log_spec("v{dataloader_idx}", sync_dist=True, add_dataloader_idx=False)],
+    )
 
     padded = [_padded_mean(n, first, world_size) for n, first in zip(sizes, FIRSTS)]
     oracle.assert_distinct(padded_0=padded[0], padded_1=padded[1])
@@ -112,15 +134,17 @@ def test_add_dataloader_idx_false_with_one_key_per_dataloader_gives_plain_keys(r
 
 @pytest.mark.parametrize("world_size, sizes", WORLDS)
 def test_on_validation_epoch_end_runs_once_after_every_dataloader_idx_and_sees_their_synced_values(
-        run_world, semantics, world_size, sizes):
+    run_world, semantics, world_size, sizes
+):
     """``on_validation_epoch_end`` runs once, after the last loader, not once per loader. By then each
     loader's epoch values are already synced and in ``self.trainer.callback_metrics``
     (``v/dataloader_idx_0`` and ``_1`` equal on every rank), but what the module collected itself in
     ``validation_step`` is only this rank's padded shard of each loader (different on every rank).
     Source: evaluation_loop.py ``_EvaluationLoop.run`` (``_store_dataloader_outputs`` after each loader,
     then ``on_run_end`` -> ``_on_evaluation_epoch_end``)."""
-    world = run_world(dataloaders.validate_loaders, world_size, sizes=sizes, firsts=FIRSTS,
-                      logs=[log_spec("v", sync_dist=True)])
+    world = run_world(
+        dataloaders.validate_loaders, world_size, sizes=sizes, firsts=FIRSTS, logs=[log_spec("v", sync_dist=True)]
+    )
 
     calls = [rec["epoch_end_calls"] for rec in world.records]
     assert calls == [1] * world_size, oracle.side_by_side("on_validation_epoch_end calls", calls)

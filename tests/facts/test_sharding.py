@@ -32,7 +32,9 @@ def test_each_rank_sees_a_disjoint_strided_shard_when_n_divides_by_world_size(ru
 
 
 @pytest.mark.parametrize("world_size, n", [(2, 5), (3, 7), (3, 10), (4, 10)])
-def test_distributed_sampler_pads_by_repeating_the_first_samples_when_n_does_not_divide(run_world, semantics, world_size, n):
+def test_distributed_sampler_pads_by_repeating_the_first_samples_when_n_does_not_divide(
+    run_world, semantics, world_size, n
+):
     """With N not divisible by W, every rank still sees ceil(N/W) samples: ``DistributedSampler`` pads
     the dataset with copies of its first ``ceil(N/W)*W - N`` samples, so those are evaluated twice."""
     world = run_world(validation.validate, world_size, n=n, batch_size=2)
@@ -57,8 +59,10 @@ def test_trainer_validate_warns_that_the_distributed_sampler_replicates_samples(
 
     def replicate_warnings(rec):
         return [
-            w for w in rec["warnings"]
-            if w["category"] == "PossibleUserWarning" and "DistributedSampler" in w["message"]
+            w
+            for w in rec["warnings"]
+            if w["category"] == "PossibleUserWarning"
+            and "DistributedSampler" in w["message"]
             and "replicates some samples" in w["message"]
         ]
 

@@ -56,8 +56,11 @@ def _mse_and_gradient(params, ids) -> tuple:
     w0, w1, b = params
     errors = [(w0 * regression_x(i)[0] + w1 * regression_x(i)[1] + b - regression_y(i), regression_x(i)) for i in ids]
     loss = oracle.mean(e * e for e, _ in errors)
-    grad = [2 * oracle.mean(e * x[0] for e, x in errors), 2 * oracle.mean(e * x[1] for e, x in errors),
-            2 * oracle.mean(e for e, _ in errors)]
+    grad = [
+        2 * oracle.mean(e * x[0] for e, x in errors),
+        2 * oracle.mean(e * x[1] for e, x in errors),
+        2 * oracle.mean(e for e, _ in errors),
+    ]
     return loss, grad
 
 
@@ -159,7 +162,11 @@ def test_gradients_are_averaged_over_ranks_so_every_rank_holds_the_same_paramete
         oracle.assert_distinct(**{f"rank{r}_first_loss": expected_losses[0][r] for r in range(world_size)})
 
     params = [rank.record["params"] for rank in world]
-    semantics.number("first parameter after step 1", params[0][0][0], vs=("with summed gradients", _sgd(n, world_size, batch_size, epochs, lr, "sum")[0][0][0]))
+    semantics.number(
+        "first parameter after step 1",
+        params[0][0][0],
+        vs=("with summed gradients", _sgd(n, world_size, batch_size, epochs, lr, "sum")[0][0][0]),
+    )
     assert all(p == params[0] for p in params), oracle.side_by_side("params after each step", params)
     for rank in world:
         assert len(rank.record["params"]) == len(expected)
@@ -192,8 +199,9 @@ def test_batchnorm_running_stats_are_broadcast_from_rank_0_before_each_forward_t
     0; ``forward_sync_buffers``, formerly ``broadcast_buffers``, defaults to True, and Lightning's
     ``DDPStrategy`` keeps the default)."""
     n, batch_size, epochs, momentum = 12, 2, 2, 0.5
-    world = run_world(training.fit_batchnorm, world_size, n=n, batch_size=batch_size, max_epochs=epochs,
-                      momentum=momentum)
+    world = run_world(
+        training.fit_batchnorm, world_size, n=n, batch_size=batch_size, max_epochs=epochs, momentum=momentum
+    )
 
     expected = _running_stats(n, world_size, batch_size, epochs, momentum, "broadcast")
     last = world_size - 1
@@ -213,11 +221,11 @@ def test_batchnorm_running_stats_are_broadcast_from_rank_0_before_each_forward_t
         )
     finals = [_flat(_as_stats(rank.record["final"])) for rank in world]
     semantics.number(f"rank {last}'s final running mean", finals[last][0], vs=("rank 0's", finals[0][0]))
-    assert _flatten(finals) == pytest.approx(_flatten([_flat(s) for s in expected[-1]]), abs=1e-6), (
-        oracle.side_by_side("running [mean, var] at the end of fit", finals)
+    assert _flatten(finals) == pytest.approx(_flatten([_flat(s) for s in expected[-1]]), abs=1e-6), oracle.side_by_side(
+        "running [mean, var] at the end of fit", finals
     )
-    assert _flatten(finals[last]) != pytest.approx(_flatten(finals[0]), abs=1e-6), (
-        oracle.side_by_side("final running stats", finals)
+    assert _flatten(finals[last]) != pytest.approx(_flatten(finals[0]), abs=1e-6), oracle.side_by_side(
+        "final running stats", finals
     )
 
 
@@ -230,8 +238,9 @@ def test_a_validation_loop_after_training_leaves_every_rank_with_rank_0s_running
     (``require_forward_param_sync``); Lightning calls the DDP-wrapped module for ``validation_step``
     (pytorch_lightning/strategies/strategy.py ``Strategy.validation_step``)."""
     n, batch_size, epochs, momentum, world_size = 12, 2, 2, 0.5, 2
-    world = run_world(training.fit_batchnorm, world_size, n=n, batch_size=batch_size, max_epochs=epochs,
-                      momentum=momentum, val_n=4)
+    world = run_world(
+        training.fit_batchnorm, world_size, n=n, batch_size=batch_size, max_epochs=epochs, momentum=momentum, val_n=4
+    )
 
     expected = _running_stats(n, world_size, batch_size, epochs, momentum, "broadcast")
     rank0 = _flat(expected[-1][0])
@@ -253,7 +262,11 @@ def test_sync_batchnorm_is_refused_on_cpu_when_ddp_wraps_the_module(run_world, s
     accepts only GPU-like inputs."""
     with pytest.raises(RankFailed) as failure:
         run_world(training.fit_batchnorm, 2, n=12, batch_size=2, sync_batchnorm=True)
-    semantics.number("ranks raising ValueError", sum(t == "ValueError" for t in failure.value.exc_types.values()), vs=("world size", 2))
+    semantics.number(
+        "ranks raising ValueError",
+        sum(t == "ValueError" for t in failure.value.exc_types.values()),
+        vs=("world size", 2),
+    )
     assert set(failure.value.exc_types.values()) == {"ValueError"}, failure.value.exc_types
     for trace in failure.value.tracebacks.values():
         assert "SyncBatchNorm layers only work with GPU modules" in trace, trace
@@ -269,8 +282,15 @@ def test_sync_batchnorm_running_stats_are_the_global_batch_stats_and_equal_on_ev
     (``batch_norm_gather_stats_with_counts``); pytorch_lightning/strategies/ddp.py applies the layer
     sync before wrapping the model."""
     n, batch_size, epochs, momentum, world_size = 12, 2, 2, 0.5, 2
-    world = run_world(training.fit_batchnorm, world_size, n=n, batch_size=batch_size, max_epochs=epochs,
-                      momentum=momentum, sync_batchnorm=True)
+    world = run_world(
+        training.fit_batchnorm,
+        world_size,
+        n=n,
+        batch_size=batch_size,
+        max_epochs=epochs,
+        momentum=momentum,
+        sync_batchnorm=True,
+    )
 
     expected = _running_stats(n, world_size, batch_size, epochs, momentum, "global")
     averaged = _running_stats(n, world_size, batch_size, epochs, momentum, "average")
@@ -305,20 +325,27 @@ def test_the_training_sampler_shuffles_whatever_the_user_loader_says_and_reshuff
     ``_process_dataloader``/``_resolve_sampler``/``_get_distributed_sampler``;
     pytorch_lightning/loops/fit_loop.py ``on_advance_start`` (``_set_sampler_epoch``)."""
     n, batch_size, epochs = 7, 2, 3
-    world = run_world(training.fit_regression, world_size, n=n, batch_size=batch_size, max_epochs=epochs,
-                      user_shuffle=user_shuffle)
+    world = run_world(
+        training.fit_regression, world_size, n=n, batch_size=batch_size, max_epochs=epochs, user_shuffle=user_shuffle
+    )
 
-    expected = {str(e): [_train_batches(n, world_size, r, e, batch_size) for r in range(world_size)]
-                for e in range(epochs)}
+    expected = {
+        str(e): [_train_batches(n, world_size, r, e, batch_size) for r in range(world_size)] for e in range(epochs)
+    }
     sequential = [oracle.batches(oracle.shard(n, world_size, r), batch_size) for r in range(world_size)]
     assert expected["0"] != sequential, "data do not discriminate: epoch 0's shuffle is the user's order"
     assert expected["0"] != expected["1"] != expected["2"], "data do not discriminate: epochs share an order"
-    semantics.number("rank 0's epoch 0 batches", str(world[0].record["train_ids"]["0"]), vs=("the loader's order", str(sequential[0])))
+    semantics.number(
+        "rank 0's epoch 0 batches",
+        str(world[0].record["train_ids"]["0"]),
+        vs=("the loader's order", str(sequential[0])),
+    )
 
     for epoch in expected:
         got = [rank.record["train_ids"][epoch] for rank in world]
         assert got == expected[epoch], (
-            f"epoch {epoch}: " + oracle.side_by_side("saw", got)
+            f"epoch {epoch}: "
+            + oracle.side_by_side("saw", got)
             + f"  expected {expected[epoch]}  user's order {sequential}"
         )
     samplers = [rank.record["train_sampler"] for rank in world]
@@ -332,7 +359,11 @@ def test_seed_everything_seeds_the_training_sampler_shuffle(run_world, semantics
     ``_get_distributed_sampler`` (``kwargs.setdefault("seed", int(os.getenv("PL_GLOBAL_SEED", 0)))``)."""
     n, batch_size, epochs, world_size, seed = 7, 2, 2, 2, 7
     world = run_world(training.fit_regression, world_size, n=n, batch_size=batch_size, max_epochs=epochs, seed=seed)
-    semantics.number("rank 0's epoch 0 batches", str(world[0].record["train_ids"]["0"]), vs=("with seed 0", str(_train_batches(n, world_size, 0, 0, batch_size, seed=0))))
+    semantics.number(
+        "rank 0's epoch 0 batches",
+        str(world[0].record["train_ids"]["0"]),
+        vs=("with seed 0", str(_train_batches(n, world_size, 0, 0, batch_size, seed=0))),
+    )
 
     for e in range(epochs):
         expected = [_train_batches(n, world_size, r, e, batch_size, seed=seed) for r in range(world_size)]
@@ -356,10 +387,13 @@ def test_validation_inside_fit_keeps_the_users_order_every_epoch(run_world, sema
     world = run_world(training.fit_regression, world_size, n=n, batch_size=batch_size, max_epochs=epochs, val_n=val_n)
 
     expected = [oracle.batches(oracle.shard(val_n, world_size, r), batch_size) for r in range(world_size)]
-    shuffled = [oracle.batches(oracle.distributed_sampler_ids(val_n, world_size, r, 1), batch_size)
-                for r in range(world_size)]
+    shuffled = [
+        oracle.batches(oracle.distributed_sampler_ids(val_n, world_size, r, 1), batch_size) for r in range(world_size)
+    ]
     assert expected != shuffled, "data do not discriminate: the epoch-1 shuffle equals the user's order"
-    semantics.number("rank 0's epoch 1 validation batches", str(world[0].record["val_ids"]["1"]), vs=("shuffled", str(shuffled[0])))
+    semantics.number(
+        "rank 0's epoch 1 validation batches", str(world[0].record["val_ids"]["1"]), vs=("shuffled", str(shuffled[0]))
+    )
     for e in range(epochs):
         got = [rank.record["val_ids"][str(e)] for rank in world]
         assert got == expected, f"epoch {e}: " + oracle.side_by_side("validation saw", got) + f"  expected {expected}"
@@ -373,7 +407,9 @@ def test_validation_inside_fit_keeps_the_users_order_every_epoch(run_world, sema
 
 
 @pytest.mark.parametrize("world_size, n", [(2, 5), (3, 8)])
-def test_on_train_epoch_end_already_reads_this_epochs_synced_value_of_an_on_epoch_log(run_world, semantics, world_size, n):
+def test_on_train_epoch_end_already_reads_this_epochs_synced_value_of_an_on_epoch_log(
+    run_world, semantics, world_size, n
+):
     """``self.log("value_mean", batch mean, on_step=False, on_epoch=True, sync_dist=True)`` in
     ``training_step``, read from ``self.trainer.callback_metrics`` in ``on_train_epoch_end``: the value
     is already this epoch's mean over every sample the ranks trained on (this epoch's shuffled, padded
@@ -389,10 +425,17 @@ def test_on_train_epoch_end_already_reads_this_epochs_synced_value_of_an_on_epoc
     synced = {e: oracle.mean(oracle.values(i for shard in ids[e] for i in shard)) for e in range(epochs)}
     local = {e: [oracle.mean(oracle.values(ids[e][r])) for r in range(world_size)] for e in range(epochs)}
     oracle.assert_distinct(
-        epoch1_synced=synced[1], epoch0_synced=synced[0], rank0_local=local[1][0],
-        over_both_epochs=oracle.mean([synced[0], synced[1]]), single_process=oracle.mean(oracle.values(range(n))),
+        epoch1_synced=synced[1],
+        epoch0_synced=synced[0],
+        rank0_local=local[1][0],
+        over_both_epochs=oracle.mean([synced[0], synced[1]]),
+        single_process=oracle.mean(oracle.values(range(n))),
     )
-    semantics.number("epoch 1 value_mean", world[0].record["epoch_end_metrics"]["1"].get("value_mean"), vs=("rank 0's own", local[1][0]))
+    semantics.number(
+        "epoch 1 value_mean",
+        world[0].record["epoch_end_metrics"]["1"].get("value_mean"),
+        vs=("rank 0's own", local[1][0]),
+    )
     for e in range(epochs):
         got = [rank.record["epoch_end_metrics"][str(e)] for rank in world]
         values = [g.get("value_mean") for g in got]
@@ -429,11 +472,15 @@ def test_the_distributed_sampler_warning_fires_for_validate_and_test_but_not_for
         return sum(_SAMPLER_WARNING.format(fn=fn) in w["message"] for w in record["warnings"][phase])
 
     expected_rank0 = 1 if world_size > 1 else 0
-    semantics.number("rank 0's warnings in validate / test", f"{count(world[0].record, 'validate', 'validate')} / "
-                     f"{count(world[0].record, 'test', 'test')}", vs=("in fit", sum("Using `DistributedSampler`" in w["message"] for w in world[0].record["warnings"]["fit"])))
+    semantics.number(
+        "rank 0's warnings in validate / test",
+        f"{count(world[0].record, 'validate', 'validate')} / {count(world[0].record, 'test', 'test')}",
+        vs=("in fit", sum("Using `DistributedSampler`" in w["message"] for w in world[0].record["warnings"]["fit"])),
+    )
     for phase, fn in (("validate", "validate"), ("test", "test")):
         got = [count(rank.record, phase, fn) for rank in world]
         assert got == [expected_rank0] + [0] * (world_size - 1), oracle.side_by_side(f"warnings in {phase}", got)
-    in_fit = [sum("Using `DistributedSampler`" in w["message"] for w in rank.record["warnings"]["fit"])
-              for rank in world]
+    in_fit = [
+        sum("Using `DistributedSampler`" in w["message"] for w in rank.record["warnings"]["fit"]) for rank in world
+    ]
     assert in_fit == [0] * world_size, oracle.side_by_side("DistributedSampler warnings in fit", in_fit)

@@ -87,8 +87,9 @@ def test_uneven_shards_give_the_true_mean_with_an_epoch_level_synced_log(run_wor
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_uneven_shards_floor_the_synced_count_so_the_epoch_level_synced_mean_is_inflated(run_world, semantics,
-                                                                                         world_size):
+def test_uneven_shards_floor_the_synced_count_so_the_epoch_level_synced_mean_is_inflated(
+    run_world, semantics, world_size
+):
     """What Lightning gives today for the same log: every rank gets ``(sum(v*b) / W) / floor(sum(b) / W)``,
     the weighted sums' mean over the int64 batch-size counts' mean, truncated (result.py
     ``_ResultMetric.compute``; ``_sync_ddp`` copies ``sum / W`` back into the integer tensor on gloo).
@@ -134,8 +135,13 @@ def test_uneven_shards_with_a_step_and_epoch_synced_log_pair_an_extra_step_with_
     the value now) and ``compute``; gloo/transport/tcp/pair.cc."""
     long, _ = _long_and_short(world_size)
     with pytest.raises(WorldError) as failure:
-        _uneven_validate(run_world, world_size, [log_spec("v", on_step=True, sync_dist=True)],
-                         timeout=WORLD_TIMEOUT, pg_timeout=PG_TIMEOUT)
+        _uneven_validate(
+            run_world,
+            world_size,
+            [log_spec("v", on_step=True, sync_dist=True)],
+            timeout=WORLD_TIMEOUT,
+            pg_timeout=PG_TIMEOUT,
+        )
 
     err = failure.value
     semantics.number("rank that died", str(err.ranks), vs=("ranks with more batches", str(long)))
@@ -163,12 +169,18 @@ def test_uneven_shards_with_a_step_only_synced_log_fail_the_ranks_with_more_batc
     returned their records."""
     long, short = _long_and_short(world_size)
     with pytest.raises(WorldError) as failure:
-        _uneven_validate(run_world, world_size, [log_spec("v", on_step=True, on_epoch=False, sync_dist=True)],
-                         timeout=WORLD_TIMEOUT, pg_timeout=PG_TIMEOUT)
+        _uneven_validate(
+            run_world,
+            world_size,
+            [log_spec("v", on_step=True, on_epoch=False, sync_dist=True)],
+            timeout=WORLD_TIMEOUT,
+            pg_timeout=PG_TIMEOUT,
+        )
 
     err = failure.value
-    semantics.number("ranks that did not finish", str(sorted(err.rank_errors)),
-                     vs=("ranks with more batches", str(long)))
+    semantics.number(
+        "ranks that did not finish", str(sorted(err.rank_errors)), vs=("ranks with more batches", str(long))
+    )
     assert isinstance(err, RankFailed), f"expected RankFailed, got {type(err).__name__}:\n{err}"
     assert err.ranks and set(err.ranks) <= set(long), f"failed: {err.ranks}, more batches: {long}\n{_errors(err)}"
     finished = [r for r in range(world_size) if r not in err.rank_errors]
@@ -196,12 +208,20 @@ def test_uneven_fit_without_logging_finishes_the_ranks_with_fewer_batches_and_fa
     (``DistributedDataParallel._pre_forward``, the reducer's gradient all_reduce)."""
     long, short = _long_and_short(world_size)
     with pytest.raises(WorldError) as failure:
-        run_world(iterable.fit_iterable, world_size, n=N, batch_size=BATCH, shard="rank",
-                  timeout=WORLD_TIMEOUT, pg_timeout=PG_TIMEOUT)
+        run_world(
+            iterable.fit_iterable,
+            world_size,
+            n=N,
+            batch_size=BATCH,
+            shard="rank",
+            timeout=WORLD_TIMEOUT,
+            pg_timeout=PG_TIMEOUT,
+        )
 
     err = failure.value
-    semantics.number("ranks that did not finish", str(sorted(err.rank_errors)),
-                     vs=("ranks with more batches", str(long)))
+    semantics.number(
+        "ranks that did not finish", str(sorted(err.rank_errors)), vs=("ranks with more batches", str(long))
+    )
     assert isinstance(err, RankFailed), f"expected RankFailed, got {type(err).__name__}:\n{err}"
     finished = [r for r in range(world_size) if r not in err.rank_errors]
     assert finished == short, _errors(err)
@@ -216,8 +236,9 @@ def test_uneven_fit_without_logging_finishes_the_ranks_with_fewer_batches_and_fa
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_uneven_fit_with_a_synced_epoch_log_hangs_every_rank_until_the_process_group_timeout(run_world, semantics,
-                                                                                            world_size):
+def test_uneven_fit_with_a_synced_epoch_log_hangs_every_rank_until_the_process_group_timeout(
+    run_world, semantics, world_size
+):
     """The same fit with ``self.log("v", batch_mean, on_epoch=True, on_step=False, sync_dist=True)`` in
     ``training_step``. A rank with fewer batches now reaches the epoch end and waits in the epoch-level sync
     (``_sync_ddp``'s barrier) while the others wait in their extra step's DDP collective: every rank blocks
@@ -228,9 +249,16 @@ def test_uneven_fit_with_a_synced_epoch_log_hangs_every_rank_until_the_process_g
     long, short = _long_and_short(world_size)
     started = time.monotonic()
     with pytest.raises(WorldError) as failure:
-        run_world(iterable.fit_iterable, world_size, n=N, batch_size=BATCH, shard="rank",
-                  plan=[log_spec("v", on_step=False, on_epoch=True, sync_dist=True)],
-                  timeout=WORLD_TIMEOUT, pg_timeout=PG_TIMEOUT)
+        run_world(
+            iterable.fit_iterable,
+            world_size,
+            n=N,
+            batch_size=BATCH,
+            shard="rank",
+            plan=[log_spec("v", on_step=False, on_epoch=True, sync_dist=True)],
+            timeout=WORLD_TIMEOUT,
+            pg_timeout=PG_TIMEOUT,
+        )
     elapsed = time.monotonic() - started
 
     err = failure.value
@@ -281,16 +309,24 @@ def test_uneven_shards_logged_through_a_torchmetrics_mean_metric_give_the_true_m
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_uneven_shards_cut_to_equal_batch_counts_let_fit_with_a_synced_epoch_log_finish(run_world, semantics,
-                                                                                        world_size):
+def test_uneven_shards_cut_to_equal_batch_counts_let_fit_with_a_synced_epoch_log_finish(
+    run_world, semantics, world_size
+):
     """Giving every rank the same number of batches removes the mismatch: the same fit with a synced
     epoch-level log, over shards cut to ``N // W`` samples each (``IdIterable(shard="rank_equal")``, the
     ``drop_last`` of a user's sharding), completes on every rank with ``N // W`` optimizer steps, and the
     synced mean is exact for the samples kept (their count divides by W). The ``N % W`` dropped samples are
     missing from that mean, which therefore differs from the mean over all N."""
-    world = run_world(iterable.fit_iterable, world_size, n=N, batch_size=BATCH, shard="rank_equal",
-                      plan=[log_spec("v", on_step=False, on_epoch=True, sync_dist=True)],
-                      timeout=WORLD_TIMEOUT, pg_timeout=PG_TIMEOUT)
+    world = run_world(
+        iterable.fit_iterable,
+        world_size,
+        n=N,
+        batch_size=BATCH,
+        shard="rank_equal",
+        plan=[log_spec("v", on_step=False, on_epoch=True, sync_dist=True)],
+        timeout=WORLD_TIMEOUT,
+        pg_timeout=PG_TIMEOUT,
+    )
 
     per_rank = N // world_size
     kept = [oracle.modulo_shard(N, world_size, r)[:per_rank] for r in range(world_size)]
@@ -314,8 +350,16 @@ def test_uneven_shards_cut_to_equal_batch_counts_let_a_step_level_synced_log_fin
     rank has ``N // W`` batches (``IdIterable(shard="rank_equal")``): every step's sync has a partner on
     every rank. ``v_step`` (in ``logged_metrics``) is the mean over ranks of the last step's values, and
     ``v_epoch`` the mean of the kept samples, not of all N."""
-    world = run_world(iterable.validate_iterable, world_size, n=N, batch_size=BATCH, shard="rank_equal",
-                      plan=[log_spec("v", on_step=True, sync_dist=True)], timeout=WORLD_TIMEOUT, pg_timeout=PG_TIMEOUT)
+    world = run_world(
+        iterable.validate_iterable,
+        world_size,
+        n=N,
+        batch_size=BATCH,
+        shard="rank_equal",
+        plan=[log_spec("v", on_step=True, sync_dist=True)],
+        timeout=WORLD_TIMEOUT,
+        pg_timeout=PG_TIMEOUT,
+    )
 
     per_rank = N // world_size
     kept = [oracle.modulo_shard(N, world_size, r)[:per_rank] for r in range(world_size)]

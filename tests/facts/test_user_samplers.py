@@ -27,19 +27,24 @@ def test_use_distributed_sampler_false_makes_every_rank_see_the_whole_dataset(ru
     world evaluates W * N samples. A synced mean then equals the single-process mean (every sample
     counted W times), not the padded mean ``DistributedSampler`` would give, and nothing warns.
     Source: data_connector.py ``_requires_distributed_sampler`` (``use_distributed_sampler`` is off)."""
-    world = run_world(samplers.evaluate_with_sampler, world_size, n=n, batch_size=2, use_distributed_sampler=False,
-                      logs=SYNCED)
+    world = run_world(
+        samplers.evaluate_with_sampler, world_size, n=n, batch_size=2, use_distributed_sampler=False, logs=SYNCED
+    )
 
     seen = [_flat(rec["seen_ids"]) for rec in world.records]
     assert seen == [list(range(n))] * world_size, oracle.side_by_side("saw", seen) + f"  expected 0..{n - 1} on each"
     assert [rec["sampler"] for rec in world.records] == ["SequentialSampler"] * world_size
     single_process = oracle.mean(oracle.values(range(n)))
     padded = oracle.mean(oracle.values(oracle.padded_indices(n, world_size)))
-    oracle.assert_distinct(single_process=single_process, padded=padded,
-                           rank0_shard=oracle.mean(oracle.values(oracle.shard(n, world_size, 0))))
+    oracle.assert_distinct(
+        single_process=single_process,
+        padded=padded,
+        rank0_shard=oracle.mean(oracle.values(oracle.shard(n, world_size, 0))),
+    )
     got = [rec["callback_metrics"]["v"] for rec in world.records]
     assert got == pytest.approx([single_process] * world_size), (
-        oracle.side_by_side("v", got) + f"  expected {single_process}, padded would be {padded}")
+        oracle.side_by_side("v", got) + f"  expected {single_process}, padded would be {padded}"
+    )
     replicate = [sum("replicates some samples" in w["message"] for w in rec["warnings"]) for rec in world.records]
     assert replicate == [0] * world_size, oracle.side_by_side("replicate warnings", replicate)
     semantics.number("samples evaluated by the world", sum(len(s) for s in seen), vs=("dataset", n))
@@ -47,7 +52,8 @@ def test_use_distributed_sampler_false_makes_every_rank_see_the_whole_dataset(ru
 
 @pytest.mark.parametrize("world_size, n", [(2, 5), (3, 7)])
 def test_use_distributed_sampler_keeps_a_user_distributed_sampler_with_drop_last_so_the_last_samples_are_never_seen(
-        run_world, semantics, world_size, n):
+    run_world, semantics, world_size, n
+):
     """A loader that already has a ``DistributedSampler`` keeps it, even with ``use_distributed_sampler``
     on: with the user's ``drop_last=True`` each rank gets ``floor(N/W)`` samples and the last ``N % W``
     samples are evaluated by no rank (none are padded). The synced mean is the mean over the kept
@@ -71,7 +77,8 @@ def test_use_distributed_sampler_keeps_a_user_distributed_sampler_with_drop_last
     oracle.assert_distinct(kept=kept_mean, single_process=single_process, padded=padded)
     got = [rec["callback_metrics"]["v"] for rec in world.records]
     assert got == pytest.approx([kept_mean] * world_size), (
-        oracle.side_by_side("v", got) + f"  expected mean of kept samples {kept_mean}, single-process {single_process}")
+        oracle.side_by_side("v", got) + f"  expected mean of kept samples {kept_mean}, single-process {single_process}"
+    )
     replicate = [sum("DistributedSampler" in w["message"] for w in rec["warnings"]) for rec in world.records]
     assert replicate == [0] * world_size, oracle.side_by_side("DistributedSampler warnings", replicate)
     semantics.number("synced mean with drop_last", got[0], vs=("single-process mean", single_process))
@@ -79,7 +86,8 @@ def test_use_distributed_sampler_keeps_a_user_distributed_sampler_with_drop_last
 
 @pytest.mark.parametrize("world_size, n", [(2, 5), (3, 7)])
 def test_use_distributed_sampler_keeps_a_user_unrepeated_sampler_so_ranks_run_different_batch_counts(
-        run_world, semantics, world_size, n):
+    run_world, semantics, world_size, n
+):
     """A user-supplied ``UnrepeatedDistributedSampler`` (Lightning's own, the one predict uses) is a
     ``DistributedSampler`` subclass, so validate keeps it: rank r sees r, r+W, ... below N, every sample
     exactly once, and with batch size 1 the ranks run different numbers of batches (ceil or floor of N/W).
@@ -102,7 +110,8 @@ def test_use_distributed_sampler_keeps_a_user_unrepeated_sampler_so_ranks_run_di
     oracle.assert_distinct(dataset=dataset_sum, **{f"rank{r}_local": s for r, s in enumerate(local_sums)})
     got = [rec["callback_metrics"]["s"] for rec in world.records]
     assert got == pytest.approx([dataset_sum] * world_size), (
-        oracle.side_by_side("s", got) + f"  expected dataset sum {dataset_sum}")
+        oracle.side_by_side("s", got) + f"  expected dataset sum {dataset_sum}"
+    )
     semantics.number("batches per rank", str([len(s) for s in seen]))
     semantics.number("synced sum", got[0], vs=("dataset sum", dataset_sum))
 
@@ -120,17 +129,20 @@ def test_with_a_user_unrepeated_sampler_the_synced_mean_is_the_dataset_mean(run_
 
     dataset_mean = oracle.mean(oracle.values(range(n)))
     floored = oracle.floored_sync_mean(
-        [[(v, 1) for v in oracle.values(oracle.unrepeated_shard(n, world_size, r))] for r in range(world_size)])
+        [[(v, 1) for v in oracle.values(oracle.unrepeated_shard(n, world_size, r))] for r in range(world_size)]
+    )
     oracle.assert_distinct(dataset=dataset_mean, floored=floored)
     got = [rec["callback_metrics"]["v"] for rec in world.records]
     semantics.number("synced mean", got[0], vs=("dataset mean", dataset_mean))
     assert got == pytest.approx([dataset_mean] * world_size), (
-        oracle.side_by_side("v", got) + f"  expected dataset mean {dataset_mean}; floored-count mean is {floored}")
+        oracle.side_by_side("v", got) + f"  expected dataset mean {dataset_mean}; floored-count mean is {floored}"
+    )
 
 
 @pytest.mark.parametrize("world_size, n", [(2, 5), (3, 7)])
-def test_trainer_test_pads_and_warns_like_validate_when_n_does_not_divide_by_world_size(run_world, semantics,
-                                                                                        world_size, n):
+def test_trainer_test_pads_and_warns_like_validate_when_n_does_not_divide_by_world_size(
+    run_world, semantics, world_size, n
+):
     """``trainer.test`` gets the same treatment as ``trainer.validate``: a ``DistributedSampler``
     (shuffle off) that pads the N samples to ``ceil(N/W) * W`` by repeating the first ones, the same
     ``PossibleUserWarning`` on rank 0 (naming ``trainer.test()``), and a synced mean over the padded set:
@@ -147,8 +159,14 @@ def test_trainer_test_pads_and_warns_like_validate_when_n_does_not_divide_by_wor
     oracle.assert_distinct(padded=padded, single_process=single_process)
     got = [rec["callback_metrics"]["v"] for rec in world.records]
     assert got == pytest.approx([padded] * world_size), (
-        oracle.side_by_side("v", got) + f"  expected padded mean {padded}, single-process {single_process}")
-    warned = [sum("During `trainer.test()`" in w["message"] and "replicates some samples" in w["message"]
-                  for w in rec["warnings"]) for rec in world.records]
+        oracle.side_by_side("v", got) + f"  expected padded mean {padded}, single-process {single_process}"
+    )
+    warned = [
+        sum(
+            "During `trainer.test()`" in w["message"] and "replicates some samples" in w["message"]
+            for w in rec["warnings"]
+        )
+        for rec in world.records
+    ]
     assert warned == [1] + [0] * (world_size - 1), oracle.side_by_side("trainer.test() warnings", warned)
     semantics.number("synced test mean", got[0], vs=("single-process mean", single_process))

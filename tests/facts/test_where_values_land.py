@@ -65,13 +65,18 @@ def test_each_metrics_dict_holds_the_keys_its_log_options_route_there_on_every_r
     world = run_world(reductions.validate_then_test, WORLD_SIZE, n=N, batch_size=BATCH, plan=PLAN)
 
     expected = _expected_values()
-    semantics.number("rank 1's local in callback_metrics", world.records[1][stage]["callback_metrics"].get("local"),
-                     vs=("rank 0's", world.records[0][stage]["callback_metrics"].get("local")))
+    semantics.number(
+        "rank 1's local in callback_metrics",
+        world.records[1][stage]["callback_metrics"].get("local"),
+        vs=("rank 0's", world.records[0][stage]["callback_metrics"].get("local")),
+    )
     for rec in world.records:
         got = rec[stage]
         assert len(got["returned"]) == 1, got["returned"]
-        places = {**{k: got[k] for k in ("callback_metrics", "logged_metrics", "progress_bar_metrics")},
-                  "returned": got["returned"][0]}
+        places = {
+            **{k: got[k] for k in ("callback_metrics", "logged_metrics", "progress_bar_metrics")},
+            "returned": got["returned"][0],
+        }
         rank = world.records.index(rec)
         for place, keys in EXPECTED_KEYS.items():
             assert set(places[place]) == keys, f"rank {rank} after {stage}(): {place} = {sorted(places[place])}"
@@ -90,7 +95,11 @@ def test_the_results_table_is_printed_by_rank_0_only_with_rank_0s_numbers(run_wo
     world = run_world(reductions.validate_then_test, WORLD_SIZE, n=N, batch_size=BATCH, plan=PLAN)
 
     expected = _expected_values()
-    semantics.number("ranks printing the tables", sum("Validate metric" in rank.stdout for rank in world), vs=("world size", WORLD_SIZE))
+    semantics.number(
+        "ranks printing the tables",
+        sum("Validate metric" in rank.stdout for rank in world),
+        vs=("world size", WORLD_SIZE),
+    )
     for header in ("Validate metric", "Test metric"):
         shown = [header in rank.stdout for rank in world]
         assert shown == [True] + [False] * (WORLD_SIZE - 1), oracle.side_by_side(f"prints {header!r}", shown)

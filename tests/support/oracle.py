@@ -76,8 +76,9 @@ def side_by_side(label: str, per_rank: list) -> str:
     return f"{label}: " + "  ".join(f"rank {r} -> {v}" for r, v in enumerate(per_rank))
 
 
-def distributed_sampler_ids(n: int, world_size: int, rank: int, epoch: int = 0, shuffle: bool = True,
-                            seed: int = 0) -> list:
+def distributed_sampler_ids(
+    n: int, world_size: int, rank: int, epoch: int = 0, shuffle: bool = True, seed: int = 0
+) -> list:
     """Sample ids rank ``rank`` gets from torch's own ``DistributedSampler`` over ``n`` samples after
     ``set_epoch(epoch)`` (``drop_last=False``): with ``shuffle`` a permutation drawn from a generator
     seeded ``seed + epoch``, padded from its start, then every ``world_size``-th entry from ``rank``.
@@ -163,8 +164,9 @@ def floored_sync_mean(per_rank_logged: list) -> float:
     return (weighted / world_size) / (count // world_size)
 
 
-def early_stopping_local_decisions(values: list, mode: str = "min", stopping_threshold=None, patience: int = 3,
-                                   min_delta: float = 0.0) -> list:
+def early_stopping_local_decisions(
+    values: list, mode: str = "min", stopping_threshold=None, patience: int = 3, min_delta: float = 0.0
+) -> list:
     """Per epoch, whether ``EarlyStopping`` on one rank, seeing only this rank's ``values``, wants to stop.
 
     The rule of pytorch_lightning/callbacks/early_stopping.py ``_evaluate_stopping_criteria`` (without
@@ -260,8 +262,13 @@ def best_threshold_scores(ids, label: int) -> dict:
     total = precision + recall
     f1 = np.divide(2 * precision * recall, total, out=np.zeros_like(total), where=total > 0)
     k = int(np.argmax(f1))
-    return {"f1": float(f1[k]), "precision": float(precision[k]), "recall": float(recall[k]),
-            "threshold": float(thresholds[k]), "ties": int(np.isclose(f1, f1[k], rtol=0, atol=1e-12).sum())}
+    return {
+        "f1": float(f1[k]),
+        "precision": float(precision[k]),
+        "recall": float(recall[k]),
+        "threshold": float(thresholds[k]),
+        "ties": int(np.isclose(f1, f1[k], rtol=0, atol=1e-12).sum()),
+    }
 
 
 def best_threshold_on_grid(ids, label: int, grid) -> dict:
@@ -279,8 +286,12 @@ def best_threshold_on_grid(ids, label: int, grid) -> dict:
         y_pred = [int(s >= threshold) for s in y_score]
         f1 = f1_score(y_true, y_pred, zero_division=0)
         if best is None or f1 > best["f1"]:
-            best = {"f1": f1, "precision": precision_score(y_true, y_pred, zero_division=0),
-                    "recall": recall_score(y_true, y_pred, zero_division=0), "threshold": float(threshold)}
+            best = {
+                "f1": f1,
+                "precision": precision_score(y_true, y_pred, zero_division=0),
+                "recall": recall_score(y_true, y_pred, zero_division=0),
+                "threshold": float(threshold),
+            }
     return best
 
 

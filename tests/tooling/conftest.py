@@ -8,4 +8,6 @@ import pytest
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if "tests/tooling/" in item.nodeid and item.get_closest_marker("not_a_fact") is None:
-            item.add_marker(pytest.mark.not_a_fact("a test of ddpprobe's tooling (tests/tooling/), not a fact about DDP"))
+            item.add_marker(
+                pytest.mark.not_a_fact("a test of ddpprobe's tooling (tests/tooling/), not a fact about DDP")
+            )

@@ -41,8 +41,9 @@ def _f1(ids) -> float:
 def _batch_weighted_mean_f1(n: int, world_size: int, batch_size: int) -> float:
     """Each batch's F1 weighted by its size, averaged over every batch of every rank: what a per-batch
     F1 logged with ``sync_dist=True`` gives (pytorch_lightning ``_ResultMetric.compute``)."""
-    scores = [(_f1(b), len(b)) for r in range(world_size)
-              for b in oracle.batches(oracle.shard(n, world_size, r), batch_size)]
+    scores = [
+        (_f1(b), len(b)) for r in range(world_size) for b in oracle.batches(oracle.shard(n, world_size, r), batch_size)
+    ]
     return sum(s * w for s, w in scores) / sum(w for _, w in scores)
 
 
@@ -114,8 +115,7 @@ def make_not_a_module():
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_seed_module_f1_logged_without_sync_dist_is_rank_divergent_each_rank_holding_its_shards_f1(
-        backend, world_size):
+def test_seed_module_f1_logged_without_sync_dist_is_rank_divergent_each_rank_holding_its_shards_f1(backend, world_size):
     """``self.log("val_f1", f1)`` in ``on_validation_epoch_end``, f1 computed from the rank's own
     outputs: each rank's value is scikit-learn's F1 on that rank's shard, the single-process value is
     the F1 of the whole set, and the audit calls it rank-divergent (a problem: exit code 1)."""
@@ -126,39 +126,53 @@ def test_seed_module_f1_logged_without_sync_dist_is_rank_divergent_each_rank_hol
     oracle.assert_distinct(**{f"rank{r}_shard": v for r, v in enumerate(local)})
     row = result.row("val_f1")
     assert row.per_rank == pytest.approx(local, abs=1e-6), (
-        oracle.side_by_side("val_f1", row.per_rank) + f"  expected per-shard F1 {local}")
+        oracle.side_by_side("val_f1", row.per_rank) + f"  expected per-shard F1 {local}"
+    )
     assert row.single == pytest.approx(_f1(range(n)), abs=1e-6)
     assert (row.verdict, row.sync_dist, row.on_epoch, row.hooks) == (
-        ddp_audit.RANK_DIVERGENT, False, True, ["on_validation_epoch_end"])
+        ddp_audit.RANK_DIVERGENT,
+        False,
+        True,
+        ["on_validation_epoch_end"],
+    )
     assert row.problem and result.exit_code == 1
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_seed_module_batch_f1_with_sync_dist_is_synced_but_differs_from_single_process_non_decomposable(
-        backend, world_size):
+    backend, world_size
+):
     """``val_f1_batch`` (F1 of each batch, ``sync_dist=True``): every rank holds the batch-size-weighted
     mean of all ranks' batch F1s, the single process the mean of its own batches' F1s; N=12 divides by
     W, so there is no padding and the audit names the non-decomposable average as the cause."""
     n, batch_size = seed.N_SAMPLES, seed.BATCH_SIZE
     result = _seed_audit(world_size, backend)
 
-    distributed, single = (_batch_weighted_mean_f1(n, world_size, batch_size),
-                           _batch_weighted_mean_f1(n, 1, batch_size))
+    distributed, single = (
+        _batch_weighted_mean_f1(n, world_size, batch_size),
+        _batch_weighted_mean_f1(n, 1, batch_size),
+    )
     oracle.assert_distinct(mean_of_batch_f1_at_w=distributed, mean_of_batch_f1_at_1=single, f1_of_set=_f1(range(n)))
     row = result.row("val_f1_batch")
     assert row.per_rank == pytest.approx([distributed] * world_size, abs=1e-6), (
-        oracle.side_by_side("val_f1_batch", row.per_rank) + f"  expected {distributed}")
+        oracle.side_by_side("val_f1_batch", row.per_rank) + f"  expected {distributed}"
+    )
     assert row.single == pytest.approx(single, abs=1e-6)
     assert row.verdict == ddp_audit.SYNCED_DIFFERS and row.sync_dist and row.problem
     assert "non-decomposable" in row.cause and "sampler padding" not in row.cause, row.cause
-    assert result.loaders["val"] == {"dataset_size": n, "per_rank": n // world_size, "padding_duplicates": 0,
-                                     "sampler": "DistributedSampler"}
+    assert result.loaders["val"] == {
+        "dataset_size": n,
+        "per_rank": n // world_size,
+        "padding_duplicates": 0,
+        "sampler": "DistributedSampler",
+    }
     assert result.counts["val"]["samples"] == [n // world_size] * world_size and result.counts["val"]["duplicates"] == 0
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_seed_module_prints_once_per_rank_and_its_experiment_writes_reach_the_logger_from_rank_0_only(
-        backend, world_size):
+    backend, world_size
+):
     """The seed's ``print`` in ``on_validation_epoch_end`` writes one stdout line on every rank (one
     epoch); its ``self.logger.experiment.add_scalar`` is recorded once, with rank 0's shard F1, because
     every other rank's experiment is a no-op; Lightning's logger also gets rank 0's ``val_f1``."""
@@ -186,8 +200,7 @@ def test_seed_module_defines_validation_step_end_which_is_listed_as_silently_ign
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_corrected_module_with_metric_objects_passes_every_rank_holding_the_f1_of_the_whole_set(
-        backend, world_size):
+def test_corrected_module_with_metric_objects_passes_every_rank_holding_the_f1_of_the_whole_set(backend, world_size):
     """torchmetrics ``BinaryF1Score``/``BinaryPrecision``/``BinaryRecall`` passed to ``self.log``:
     every key is "synced, equals single-process" with scikit-learn's value on the N=12 samples, no
     problem (exit code 0), and ``self.print`` writes on rank 0 only."""
@@ -195,15 +208,18 @@ def test_corrected_module_with_metric_objects_passes_every_rank_holding_the_f1_o
     result = _corrected_audit(world_size, backend)
 
     ids = range(n)
-    expected = {"val_f1": _f1(ids),
-                "val_precision": precision_score(oracle.targets(ids), oracle.preds(ids), zero_division=0),
-                "val_recall": recall_score(oracle.targets(ids), oracle.preds(ids), zero_division=0)}
+    expected = {
+        "val_f1": _f1(ids),
+        "val_precision": precision_score(oracle.targets(ids), oracle.preds(ids), zero_division=0),
+        "val_recall": recall_score(oracle.targets(ids), oracle.preds(ids), zero_division=0),
+    }
     oracle.assert_distinct(**expected)
     assert [row.key for row in result.rows] == list(expected)
     for row in result.rows:
         assert row.verdict == ddp_audit.SYNCED_EQUAL and row.metric_object, row
         assert [row.single, *row.per_rank] == pytest.approx([expected[row.key]] * (world_size + 1), abs=1e-6), (
-            oracle.side_by_side(row.key, row.per_rank) + f"  W=1 {row.single}  expected {expected[row.key]}")
+            oracle.side_by_side(row.key, row.per_rank) + f"  W=1 {row.single}  expected {expected[row.key]}"
+        )
     assert result.exit_code == 0 and result.problems == []
     assert result.stdout_lines == {"single": [1], "world": [1] + [0] * (world_size - 1)}
     assert result.removed_hooks == [] and result.experiment_calls == []
@@ -224,11 +240,13 @@ def test_corrected_module_on_a_set_that_does_not_divide_by_w_is_flagged_for_samp
         oracle.assert_distinct(**{f"{key}_padded": padded, f"{key}_single_process": single})
         row = result.row(key)
         assert row.per_rank == pytest.approx([padded] * world_size, abs=1e-6), (
-            oracle.side_by_side(key, row.per_rank) + f"  expected padded {padded}, single-process {single}")
+            oracle.side_by_side(key, row.per_rank) + f"  expected padded {padded}, single-process {single}"
+        )
         assert row.single == pytest.approx(single, abs=1e-6)
         assert row.verdict == ddp_audit.SYNCED_DIFFERS and row.problem
-        assert row.cause.startswith(f"repeated samples: the ranks ran {n + duplicates} samples, {duplicates} of them "
-                                    "repeats"), row.cause
+        assert row.cause.startswith(
+            f"repeated samples: the ranks ran {n + duplicates} samples, {duplicates} of them repeats"
+        ), row.cause
         assert "non-decomposable" not in row.cause and "DistributedSampler pads" in row.cause, row.cause
     assert result.loaders["val"]["padding_duplicates"] == duplicates
     assert result.counts["val"]["duplicated"] == {str(i): c + 1 for i, c in oracle.duplicates(n, world_size).items()}
@@ -272,8 +290,11 @@ def test_bad_input_is_reported_before_or_instead_of_running_with_the_bad_value_n
         audit("examples.missing:make_model", "examples.seed_f1_module:make_data")
     with pytest.raises(AuditInputError, match=r"cannot be imported by name.*top level"):
         audit(lambda: None, "examples.seed_f1_module:make_data")
-    with pytest.raises(AuditInputError, match=r"returned torch\.nn\.modules\.linear\.Linear.*not a "
-                                              r"LightningModule"):
+    with pytest.raises(
+        AuditInputError,
+        match=r"returned torch\.nn\.modules\.linear\.Linear.*not a "
+        r"LightningModule",
+    ):
         audit(make_not_a_module, "examples.seed_f1_module:make_data")  # gloo: runs on any machine
 
 
@@ -292,8 +313,14 @@ def _main(capsys, *args):
 
 def _cli(*args):
     env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    return subprocess.run([sys.executable, "-m", "ddpprobe", "audit", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "ddpprobe", "audit", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.mark.integration
@@ -301,8 +328,17 @@ def test_cli_exits_1_on_the_seed_module_and_its_json_holds_the_verdicts(backend,
     """``ddpprobe audit examples.seed_f1_module:make_model --data ... --json`` exits 1 and its JSON lists
     val_f1 as rank-divergent and val_f1_batch as differing from single-process."""
     skip_unless_runnable(backend, 2)
-    code, out, err = _main(capsys, "examples.seed_f1_module:make_model", "--data", "examples.seed_f1_module:make_data",
-                           "--world-size", "2", "--backend", backend, "--json")
+    code, out, err = _main(
+        capsys,
+        "examples.seed_f1_module:make_model",
+        "--data",
+        "examples.seed_f1_module:make_data",
+        "--world-size",
+        "2",
+        "--backend",
+        backend,
+        "--json",
+    )
 
     assert code == 1, err
     report = json.loads(out)
@@ -315,8 +351,14 @@ def test_cli_exits_1_on_the_seed_module_and_its_json_holds_the_verdicts(backend,
 def test_cli_exits_0_on_the_corrected_module(backend, capsys):
     """The corrected module (N=12, W=2): exit code 0 and the table says so."""
     skip_unless_runnable(backend, 2)
-    code, out, err = _main(capsys, "examples.corrected_f1_module:make_model", "--data",
-                           "examples.corrected_f1_module:make_data", "--backend", backend)
+    code, out, err = _main(
+        capsys,
+        "examples.corrected_f1_module:make_model",
+        "--data",
+        "examples.corrected_f1_module:make_data",
+        "--backend",
+        backend,
+    )
 
     assert code == 0, out + err
     assert "synced, equals single-process" in out and "no problems found, exit code 0" in out

@@ -17,16 +17,19 @@ pytestmark = pytest.mark.not_a_fact("tests the audit's and the launcher's input 
 MISSING = "examples.missing:make_model"
 
 
-@pytest.mark.parametrize("options, named", [
-    (dict(world_size=1000), r"world_size=1000 \(--world-size\).*2 <= world_size <= 64"),
-    (dict(stage="fit", max_epochs=-1), r"max_epochs=-1 \(--max-epochs\) must be an int of 1 or more"),
-    (dict(max_epochs=0), r"max_epochs=0 "),
-    (dict(seed=-1), r"seed=-1 \(--seed\) must be an int from 0 to 4294967295"),
-    (dict(seed=2**32), r"seed=4294967296 "),
-    (dict(timeout=float("nan")), r"timeout=nan \(timeout= / --timeout\)"),
-    (dict(timeout=-1.0), r"timeout=-1\.0 "),
-    (dict(backend="mpi"), r"backend='mpi' \(backend= / --backend\).*gloo, nccl"),
-])
+@pytest.mark.parametrize(
+    "options, named",
+    [
+        (dict(world_size=1000), r"world_size=1000 \(--world-size\).*2 <= world_size <= 64"),
+        (dict(stage="fit", max_epochs=-1), r"max_epochs=-1 \(--max-epochs\) must be an int of 1 or more"),
+        (dict(max_epochs=0), r"max_epochs=0 "),
+        (dict(seed=-1), r"seed=-1 \(--seed\) must be an int from 0 to 4294967295"),
+        (dict(seed=2**32), r"seed=4294967296 "),
+        (dict(timeout=float("nan")), r"timeout=nan \(timeout= / --timeout\)"),
+        (dict(timeout=-1.0), r"timeout=-1\.0 "),
+        (dict(backend="mpi"), r"backend='mpi' \(backend= / --backend\).*gloo, nccl"),
+    ],
+)
 def test_a_bad_option_is_refused_naming_it_before_any_factory_runs(options, named):
     """Each bad option raises ``AuditInputError`` naming the value and the range, in well under a second:
     before the factories are imported (an unimportable factory would be reported otherwise) and before
@@ -62,11 +65,14 @@ def make_loader():
     return DataLoader(TensorDataset(torch.zeros(4, 1)), batch_size=2)
 
 
-@pytest.mark.parametrize("stage, named", [
-    ("test", r"without test_step, which Trainer\.test needs.*--stage validate"),
-    ("predict", r"without predict_step \(or forward\), which Trainer\.predict needs"),
-    ("fit", r"without training_step, which Trainer\.fit needs"),
-])
+@pytest.mark.parametrize(
+    "stage, named",
+    [
+        ("test", r"without test_step, which Trainer\.test needs.*--stage validate"),
+        ("predict", r"without predict_step \(or forward\), which Trainer\.predict needs"),
+        ("fit", r"without training_step, which Trainer\.fit needs"),
+    ],
+)
 def test_a_module_without_the_stages_step_is_refused_naming_it_before_any_world_starts(stage, named):
     """``--stage test`` on a module without ``test_step`` (and likewise predict, fit) is bad input: the
     audit names the missing method and the stages the module has, in this process, instead of running
@@ -97,8 +103,17 @@ def test_a_factory_calling_sys_exit_is_bad_input_naming_it_instead_of_ending_the
 
 
 def _record(callback_metrics: dict) -> dict:
-    call = {"name": "v", "hook": "validation_step", "on_step": False, "on_epoch": True, "sync_dist": True,
-            "reduce_fx": "mean", "rank_zero_only": False, "metric_object": False, "calls": 2}
+    call = {
+        "name": "v",
+        "hook": "validation_step",
+        "on_step": False,
+        "on_epoch": True,
+        "sync_dist": True,
+        "reduce_fx": "mean",
+        "rank_zero_only": False,
+        "metric_object": False,
+        "calls": 2,
+    }
     return {"log_calls": [call], "callback_metrics": callback_metrics}
 
 
@@ -117,12 +132,25 @@ def test_a_key_no_run_stored_is_a_problem_naming_the_dataloader_keys_not_equal_t
 def test_json_output_is_standard_json_with_non_finite_values_as_strings():
     """A logged NaN or infinity is written as ``"nan"`` / ``"inf"`` / ``"-inf"``: ``--json`` stays
     parseable by strict JSON readers (RFC 8259 has no NaN), and the value is still readable."""
-    (row,) = _verdict.rows(_record({"v": float("nan")}), [_record({"v": float("inf")}),
-                                                         _record({"v": float("-inf")})], 2, "validate")
-    result = AuditResult(model="m:f", data="d:f", stage="validate", world_size=2, backend="gloo", rows=[row],
-                         stdout_lines={}, stdout_samples=[], removed_hooks=[], loaders={},
-                         raised={"single": None, "world": [None, None]}, experiment_calls=[], logger_metrics=[],
-                         sync_dist_warnings=[])
+    (row,) = _verdict.rows(
+        _record({"v": float("nan")}), [_record({"v": float("inf")}), _record({"v": float("-inf")})], 2, "validate"
+    )
+    result = AuditResult(
+        model="m:f",
+        data="d:f",
+        stage="validate",
+        world_size=2,
+        backend="gloo",
+        rows=[row],
+        stdout_lines={},
+        stdout_samples=[],
+        removed_hooks=[],
+        loaders={},
+        raised={"single": None, "world": [None, None]},
+        experiment_calls=[],
+        logger_metrics=[],
+        sync_dist_warnings=[],
+    )
 
     def refuse(constant):
         raise ValueError(f"non-standard JSON constant {constant}")
@@ -132,10 +160,13 @@ def test_json_output_is_standard_json_with_non_finite_values_as_strings():
     assert math.isnan(row.single)  # the result itself keeps floats
 
 
-@pytest.mark.parametrize("params, named", [
-    ("notjson", r"--params 'notjson' is not JSON"),
-    ("[1]", r"--params '\[1\]' is a JSON list, not an object"),
-])
+@pytest.mark.parametrize(
+    "params, named",
+    [
+        ("notjson", r"--params 'notjson' is not JSON"),
+        ("[1]", r"--params '\[1\]' is a JSON list, not an object"),
+    ],
+)
 def test_launch_command_line_refuses_params_that_are_not_a_json_object_naming_them(params, named, capsys):
     """``python -m ddpprobe.launch SCENARIO --params ...`` exits 2 with a usage error naming the text,
     checked before it looks for the external world, instead of a JSONDecodeError traceback on every rank."""
@@ -147,12 +178,20 @@ def test_launch_command_line_refuses_params_that_are_not_a_json_object_naming_th
     assert re.search(named, capsys.readouterr().err)
 
 
-TORCHRUN_RANK_1_OF_2 = {"TORCHELASTIC_RUN_ID": "x", "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1",
-                        "GROUP_RANK": "0", "LOCAL_WORLD_SIZE": "2"}
+TORCHRUN_RANK_1_OF_2 = {
+    "TORCHELASTIC_RUN_ID": "x",
+    "RANK": "1",
+    "WORLD_SIZE": "2",
+    "LOCAL_RANK": "1",
+    "GROUP_RANK": "0",
+    "LOCAL_WORLD_SIZE": "2",
+}
 
 
-@pytest.mark.parametrize("value, detected", [("1", False), ("YES", False), ("true", False), ("0", True),
-                                             ("false", True), ("no", True), ("", True)])
+@pytest.mark.parametrize(
+    "value, detected",
+    [("1", False), ("YES", False), ("true", False), ("0", True), ("false", True), ("no", True), ("", True)],
+)
 def test_no_external_world_switch_reads_0_and_false_as_off_not_as_set(value, detected):
     """``DDPPROBE_NO_EXTERNAL_WORLD=0`` (or ``false``, ``no``) leaves the detection of a torchrun/srun world
     on, as the name promises; only 1/true/yes turn it off (a non-empty ``0`` used to turn it off)."""
@@ -194,8 +233,15 @@ def test_nccl_with_fewer_cuda_devices_than_ranks_is_refused_naming_the_world_siz
         audit(MISSING, MISSING, backend="nccl")
 
 
-@pytest.mark.parametrize("env", [{"GLOO_SOCKET_IFNAME": "eth0"}, {"MASTER_ADDR": "0.0.0.0"}, {"RANK": "0"},
-                                 {"WORLD_SIZE": "3", "OMP_NUM_THREADS": "2"}])
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"GLOO_SOCKET_IFNAME": "eth0"},
+        {"MASTER_ADDR": "0.0.0.0"},
+        {"RANK": "0"},
+        {"WORLD_SIZE": "3", "OMP_NUM_THREADS": "2"},
+    ],
+)
 def test_run_world_env_cannot_replace_the_launchers_own_variables(env):
     """``run_world(env=...)`` that sets a variable the launcher sets to describe the world (rank, world size,
     the loopback rendezvous, gloo's interface) is refused before any rank starts, naming it: otherwise two

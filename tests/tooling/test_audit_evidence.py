@@ -34,8 +34,9 @@ HANG_TIMEOUT = 12.0
 @functools.lru_cache(maxsize=None)
 def _audit(model: str, data: str, world_size: int, backend: str, stage: str = "validate", timeout: float = TIMEOUT):
     skip_unless_runnable(backend, world_size)
-    return audit(f"{CASES}:{model}", f"{CASES}:{data}", world_size=world_size, backend=backend, stage=stage,
-                 timeout=timeout)
+    return audit(
+        f"{CASES}:{model}", f"{CASES}:{data}", world_size=world_size, backend=backend, stage=stage, timeout=timeout
+    )
 
 
 def _synced_means(per_rank_batches: list, world_size: int) -> tuple:
@@ -63,7 +64,8 @@ def test_a_sampler_that_does_not_pad_is_named_by_the_counts_and_the_floored_coun
     oracle.assert_distinct(correct=correct, floored_count=floored, padded_mean=padded)
     row = result.row("val_loss")
     assert row.per_rank == pytest.approx([floored] * world_size, rel=1e-6), (
-        oracle.side_by_side("val_loss", row.per_rank) + f"  expected floored {floored}, correct {correct}")
+        oracle.side_by_side("val_loss", row.per_rank) + f"  expected floored {floored}, correct {correct}"
+    )
     assert row.single == pytest.approx(correct, rel=1e-6)
     assert row.verdict == ddp_audit.SYNCED_DIFFERS and row.problem
     assert ddp_audit.FLOORED_COUNT_ISSUE in row.cause, row.cause
@@ -193,8 +195,9 @@ def test_uneven_user_shards_in_fit_the_trace_shows_gradient_sync_against_the_epo
     while rank 1, done, syncs ``train_loss``. The key without a value is not called "synced"; the
     trace gives the first divergence."""
     world_size = 2
-    result = _audit("make_train_loss_model", "make_sharded_iterable_5_fit", world_size, backend, "fit",
-                    timeout=HANG_TIMEOUT)
+    result = _audit(
+        "make_train_loss_model", "make_sharded_iterable_5_fit", world_size, backend, "fit", timeout=HANG_TIMEOUT
+    )
 
     row = result.row("train_loss")
     assert row.verdict not in (ddp_audit.SYNCED_DIFFERS, ddp_audit.SYNCED_EQUAL), row
@@ -278,7 +281,10 @@ def test_the_same_all_reduce_under_different_keys_is_found_although_the_run_fini
     oracle.assert_distinct(synced=whole, rank0_own=own[0], rank1_own=own[1])
     assert result.row("loss_rank0").per_rank[0] == pytest.approx(whole)
     assert result.row("loss_rank1").per_rank[1] == pytest.approx(whole)
-    assert result.row("loss_rank0").fixes == ["same_keys"] and "averaged with another key's" in result.row("loss_rank0").cause
+    assert (
+        result.row("loss_rank0").fixes == ["same_keys"]
+        and "averaged with another key's" in result.row("loss_rank0").cause
+    )
     assert result.exit_code == 1
 
 
@@ -345,7 +351,10 @@ def test_bad_input_is_reported_before_any_world_starts(monkeypatch):
     data = f"{CASES}:make_ids_12"
     with pytest.raises(AuditInputError, match=r"cannot import the model factory 'examples\.missing:make'"):
         audit("examples.missing:make", data)
-    with pytest.raises(AuditInputError, match=r"model factory 'tests\.tooling\.test_audit_evidence:raising_factory' raised ZeroDivisionError"):
+    with pytest.raises(
+        AuditInputError,
+        match=r"model factory 'tests\.tooling\.test_audit_evidence:raising_factory' raised ZeroDivisionError",
+    ):
         audit(raising_factory, data)
     with pytest.raises(AuditInputError, match=r"returned builtins\.dict .*not a LightningModule"):
         audit(dict, data)
@@ -366,11 +375,20 @@ def test_cli_reports_bad_input_in_seconds_with_exit_code_2():
     env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
     for args, message in (
         ([f"{CASES}:make_synced_mean_model", "--data", f"{CASES}:make_ids_12", "--world-size", "1"], "compare nothing"),
-        (["tests.tooling.test_audit_evidence:raising_factory", "--data", f"{CASES}:make_ids_12"], "raised ZeroDivisionError"),
+        (
+            ["tests.tooling.test_audit_evidence:raising_factory", "--data", f"{CASES}:make_ids_12"],
+            "raised ZeroDivisionError",
+        ),
     ):
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        proc = subprocess.run([sys.executable, "-m", "ddpprobe", "audit", *args], cwd=REPO, env=env,
-                              capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(
+            [sys.executable, "-m", "ddpprobe", "audit", *args],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
         assert proc.returncode == 2 and message in proc.stderr and proc.stdout == "", proc.stderr

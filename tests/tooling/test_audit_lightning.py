@@ -16,8 +16,10 @@ from ddpprobe import audit as ddp_audit
 
 pytestmark = [
     pytest.mark.not_a_fact("tests the audit command, not a fact about DDP"),
-    pytest.mark.skipif(importlib.util.find_spec("lightning") is None,
-                       reason="the lightning package is not installed (pip install -e '.[lightning]')"),
+    pytest.mark.skipif(
+        importlib.util.find_spec("lightning") is None,
+        reason="the lightning package is not installed (pip install -e '.[lightning]')",
+    ),
 ]
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -26,9 +28,24 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def _cli_json(module: str, *extra) -> tuple:
     env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
     env.pop("DDPPROBE_LIGHTNING", None)
-    proc = subprocess.run([sys.executable, "-m", "ddpprobe", "audit", f"{module}:make_model", "--data",
-                           f"{module}:make_data", "--json", *extra], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=400)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ddpprobe",
+            "audit",
+            f"{module}:make_model",
+            "--data",
+            f"{module}:make_data",
+            "--json",
+            *extra,
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     return proc.returncode, proc.stdout, proc.stderr
 
 
@@ -51,7 +68,9 @@ def test_the_lightning_version_of_the_seed_module_gets_the_same_verdicts_and_val
 
     assert rows(lightning) == rows(classic)
     assert {r["key"]: r["verdict"] for r in lightning["rows"]} == {
-        "val_f1_batch": ddp_audit.SYNCED_DIFFERS, "val_f1": ddp_audit.RANK_DIVERGENT}
+        "val_f1_batch": ddp_audit.SYNCED_DIFFERS,
+        "val_f1": ddp_audit.RANK_DIVERGENT,
+    }
     assert lightning["experiment_calls"] == classic["experiment_calls"]
     assert lightning["removed_hooks"] == classic["removed_hooks"]
 

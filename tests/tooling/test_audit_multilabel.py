@@ -47,12 +47,15 @@ def test_the_original_multilabel_module_is_flagged_each_rank_writing_its_own_sha
 
     shards = [_metrics(oracle.shard(n, world_size, r)) for r in range(world_size)]
     whole = _metrics(range(n))
-    oracle.assert_distinct(rank0_f1_0=shards[0]["val_f1_0"], rank1_f1_0=shards[1]["val_f1_0"], whole_f1_0=whole["val_f1_0"])
+    oracle.assert_distinct(
+        rank0_f1_0=shards[0]["val_f1_0"], rank1_f1_0=shards[1]["val_f1_0"], whole_f1_0=whole["val_f1_0"]
+    )
     rows = {row["tag"]: row for row in result.experiment_rows}
     assert sorted(rows) == sorted(whole)
     for tag, row in rows.items():
         assert row["per_rank"] == pytest.approx([s[tag] for s in shards], abs=1e-6), (
-            oracle.side_by_side(tag, row["per_rank"]) + f"  expected {[s[tag] for s in shards]}")
+            oracle.side_by_side(tag, row["per_rank"]) + f"  expected {[s[tag] for s in shards]}"
+        )
         assert row["single"] == pytest.approx(whole[tag], abs=1e-6)
         assert row["hook"] == "on_validation_epoch_end" and row["problem"]
         assert row["verdict"] in (ddp_audit.EXPERIMENT_DIVERGENT, ddp_audit.EXPERIMENT_LOCAL), row

@@ -13,8 +13,19 @@ pytestmark = pytest.mark.not_a_fact("tests the audit's rules, not a fact about D
 def _rank(collectives=(), batches=(), stage="end"):
     events = []
     for seq, (op, shape, key, status) in enumerate(collectives):
-        events.append({"event": "collective", "seq": seq, "op": op, "dtype": "float32", "shape": shape, "key": key,
-                       "source": "self.log" if key else "library", "hook": "validation_step", "call_site": None})
+        events.append(
+            {
+                "event": "collective",
+                "seq": seq,
+                "op": op,
+                "dtype": "float32",
+                "shape": shape,
+                "key": key,
+                "source": "self.log" if key else "library",
+                "hook": "validation_step",
+                "call_site": None,
+            }
+        )
         if status != "pending":
             events.append({"event": status, "seq": seq})
     for i, ids in enumerate(batches):
@@ -24,8 +35,10 @@ def _rank(collectives=(), batches=(), stage="end"):
 
 
 def test_a_collective_one_rank_never_enters_is_the_first_divergence_naming_who_waits():
-    ranks = [_rank([("all_reduce", [], "a", "done"), ("all_reduce", [], "a", "pending")], stage=None),
-             _rank([("all_reduce", [], "a", "done")])]
+    ranks = [
+        _rank([("all_reduce", [], "a", "done"), ("all_reduce", [], "a", "pending")], stage=None),
+        _rank([("all_reduce", [], "a", "done")]),
+    ]
     found = _evidence.first_divergence([_evidence.sequence(r, False) for r in ranks], [r["stage"] for r in ranks])
     assert (found["kind"], found["index"], found["ranks"], found["absent"]) == ("missing", 1, [0], [1])
     assert "rank(s) [0] waited there" in found["message"] and "its stage finished" in found["message"]
@@ -54,12 +67,17 @@ def test_counts_name_repeats_only_when_a_sample_ran_twice_and_unsharded_when_eve
 def test_the_floored_count_bug_is_named_only_when_the_recomputed_floored_mean_is_the_measured_value():
     """Batch means 1, 3 (sizes 2, 2) on rank 0 and 5 (size 1) on rank 1: the correct synced mean is
     (2 + 6 + 5) / 5 = 2.6; with the count floored, (13 / 2) / floor(5 / 2) = 3.25."""
-    logs = [[{"key": "v", "on_epoch": True, "on_step": False, "value": 1.0, "batch_size": 2},
-             {"key": "v", "on_epoch": True, "on_step": False, "value": 3.0, "batch_size": 2}],
-            [{"key": "v", "on_epoch": True, "on_step": False, "value": 5.0, "batch_size": 1}]]
+    logs = [
+        [
+            {"key": "v", "on_epoch": True, "on_step": False, "value": 1.0, "batch_size": 2},
+            {"key": "v", "on_epoch": True, "on_step": False, "value": 3.0, "batch_size": 2},
+        ],
+        [{"key": "v", "on_epoch": True, "on_step": False, "value": 5.0, "batch_size": 1}],
+    ]
     calls = [{"hook": "validation_step", "reduce_fx": "mean", "sync_dist": True, "metric_object": False}]
-    counts = _evidence.counts([_rank(batches=[[0, 1], [2, 3]]), _rank(batches=[[4]])],
-                              _rank(batches=[[0, 1, 2, 3, 4]]), "val")
+    counts = _evidence.counts(
+        [_rank(batches=[[0, 1], [2, 3]]), _rank(batches=[[4]])], _rank(batches=[[0, 1, 2, 3, 4]]), "val"
+    )
     cause, fixes, _ = _verdict.differs_cause("v", calls, 3.25, 2.6, logs, [], counts, 2, "validate", None, 1e-5, 1e-6)
     assert FLOORED_COUNT_ISSUE in cause and fixes == ["mean_metric"], cause
     cause, _, _ = _verdict.differs_cause("v", calls, 3.0, 2.6, logs, [], counts, 2, "validate", None, 1e-5, 1e-6)

@@ -78,8 +78,10 @@ def test_the_card_opens_with_the_seed_question_answered_only_by_facts_that_held_
     assert "samples in rank 0's epoch-end list 3 vs all ranks together 6" in parts["1"]
     assert "(#test_epoch_end_outputs)" in parts["1"]
     assert "**Not established by this run**" in parts["4"] and summary.SEED_QUESTIONS[3].answer not in markdown
-    assert ("`test_with_sync_dist_every_rank_gets_the_mean_over_the_padded_set_not_the_dataset`: 0 of 1 cases hold"
-            in parts["4"])
+    assert (
+        "`test_with_sync_dist_every_rank_gets_the_mean_over_the_padded_set_not_the_dataset`: 0 of 1 cases hold"
+        in parts["4"]
+    )
     assert "not in this run" in parts["2"] and "not in this run" in parts["3"] and "not in this run" in parts["5"]
     answers = summary.seed_answers(card)
     assert [a["answer"] is not None for a in answers] == [True, False, False, False, False]
@@ -125,7 +127,10 @@ def test_with_sync_dist_the_f1_is_not_the_mean_of_batch_f1():
     fact = card["topics"][0]["facts"][0]
     expected = "With `sync_dist` the F1 is not the mean of batch F1."
     assert fact["fact"] == expected == fact_sentence(fact["function"], fact["doc"])
-    assert fact["explanation"] == "The docs say F1 is averaged. That claim is wrong: with `sync_dist` Lightning averages batch F1."
+    assert (
+        fact["explanation"]
+        == "The docs say F1 is averaged. That claim is wrong: with `sync_dist` Lightning averages batch F1."
+    )
     row = next(line for line in markdown.splitlines() if line.startswith("| With"))
     assert row.split(" | ")[0] == f"| {expected}"
     assert "The docs say" not in row
@@ -149,6 +154,10 @@ def test_the_header_names_the_lightning_package_the_facts_ran_and_its_version(py
     markdown, card = _run(pytester, {"test_fake": "def test_one():\n    pass\n"}, subprocess=True)
 
     env = card["environment"]
-    assert (env["lightning_package"], env["lightning_distribution"], env["lightning"]) == (package, distribution, installed)
+    assert (env["lightning_package"], env["lightning_distribution"], env["lightning"]) == (
+        package,
+        distribution,
+        installed,
+    )
     assert f"| Lightning | `{package}` ({distribution} {installed}) |" in markdown
     assert f"on `{package}` {installed}." in markdown.split("\n\n")[1]

@@ -12,8 +12,14 @@ from ddpprobe.card.schema import OUTCOMES, SCHEMA, SCHEMA_DOCUMENT, card_problem
 
 
 def _fact(function: str, outcome: str, case=None, detail=None) -> dict:
-    meta = {"nodeid": f"tests/facts/test_x.py::{function}" + (f"[{case}]" if case else ""), "function": function,
-            "case": case, "params": {}, "world_size": None, "doc": ""}
+    meta = {
+        "nodeid": f"tests/facts/test_x.py::{function}" + (f"[{case}]" if case else ""),
+        "function": function,
+        "case": case,
+        "params": {},
+        "world_size": None,
+        "doc": "",
+    }
     row = fact_row(meta, {}, [])
     row.update(outcome=outcome, detail=detail, verdict=verdict_words(outcome, detail))
     return row
@@ -23,13 +29,26 @@ def _card(distribution: str, version: str, facts: list) -> dict:
     """A valid card of ``distribution==version`` holding ``facts`` in one topic."""
     package = {"pytorch-lightning": "pytorch_lightning", "lightning": "lightning"}[distribution]
     card = {
-        "schema": SCHEMA, "generated": "2026-01-01T00:00:00+00:00", "command": ["-q"],
-        "environment": {"python": "3.11.7", "torch": "2.13.0", "lightning_package": package,
-                        "lightning_distribution": distribution, "lightning": version, "torchmetrics": "1.9.0",
-                        "platform": "Linux", "cpu_count": 2, "gpu_count": 0},
-        "backend": "gloo", "world_sizes": [], "summary": {code: sum(f["outcome"] == code for f in facts) for code in OUTCOMES},
+        "schema": SCHEMA,
+        "generated": "2026-01-01T00:00:00+00:00",
+        "command": ["-q"],
+        "environment": {
+            "python": "3.11.7",
+            "torch": "2.13.0",
+            "lightning_package": package,
+            "lightning_distribution": distribution,
+            "lightning": version,
+            "torchmetrics": "1.9.0",
+            "platform": "Linux",
+            "cpu_count": 2,
+            "gpu_count": 0,
+        },
+        "backend": "gloo",
+        "world_sizes": [],
+        "summary": {code: sum(f["outcome"] == code for f in facts) for code in OUTCOMES},
         "topics": [{"module": "test_x", "path": "tests/facts/test_x.py", "topic": "X.", "facts": facts}],
-        "left_out": [], "sharding": None,
+        "left_out": [],
+        "sharding": None,
     }
     validate_card(card)
     return card
@@ -64,8 +83,17 @@ def test_the_validator_names_each_place_a_card_breaks_the_schema():
         validate_card(wrong_verdict)
 
     no_picture = copy.deepcopy(card)
-    no_picture["sharding"] = {"n": 10, "world_size": 4, "batch_size": 2, "backend": "gloo", "seen": None,
-                              "duplicates": [], "padding": [], "svg": None, "error": None}
+    no_picture["sharding"] = {
+        "n": 10,
+        "world_size": 4,
+        "batch_size": 2,
+        "backend": "gloo",
+        "seen": None,
+        "duplicates": [],
+        "padding": [],
+        "svg": None,
+        "error": None,
+    }
     with pytest.raises(ValueError, match=r"card.sharding: "):
         validate_card(no_picture)
 
@@ -73,14 +101,27 @@ def test_the_validator_names_each_place_a_card_breaks_the_schema():
 def test_the_matrix_releases_are_the_last_1x_and_the_last_patch_of_every_2x_minor_of_the_index_list():
     """From an index list the rule picks 1.9.5 (the last 1.x), 2.0.9.post0 (a post-release is its release's
     latest), 2.5.6 (not 2.5.1) and skips release candidates; ``lightning`` gets only the newest."""
-    listed = ["2.6.1rc1", "2.6.0", "2.5.6", "2.5.1.post0", "2.5.1", "2.0.9.post0", "2.0.9", "1.9.5", "1.9.4", "1.8.6",
-              "0.10.0", "not-a-version"]
+    listed = [
+        "2.6.1rc1",
+        "2.6.0",
+        "2.5.6",
+        "2.5.1.post0",
+        "2.5.1",
+        "2.0.9.post0",
+        "2.0.9",
+        "1.9.5",
+        "1.9.4",
+        "1.8.6",
+        "0.10.0",
+        "not-a-version",
+    ]
     assert releases.matrix_releases(listed) == ["1.9.5", "2.0.9.post0", "2.5.6", "2.6.0"]
     assert releases.releases("lightning", newest_only=True, versions=listed) == ["2.6.0"]
 
 
 def test_without_the_index_the_matrix_uses_the_pinned_releases_and_says_so(monkeypatch, capsys):
     """When ``pip index versions`` cannot answer, :data:`releases.PINNED` is used and stderr says why."""
+
     def offline(distribution, timeout=60.0):
         raise RuntimeError("pip index versions pytorch-lightning exited 1: no network")
 
@@ -98,8 +139,15 @@ def test_a_fact_that_differs_between_the_two_packages_at_one_release_is_listed_a
     counted as not compared). The CLI merges the JSON files and refuses a broken one."""
     cards = [
         _card("pytorch-lightning", "2.6.6", [_fact("test_a", "holds"), _fact("test_b", "holds")]),
-        _card("lightning", "2.6.6", [_fact("test_a", "holds"), _fact("test_b", "does_not_hold", detail="rank 1 differs"),
-                                     _fact("test_c", "holds")]),
+        _card(
+            "lightning",
+            "2.6.6",
+            [
+                _fact("test_a", "holds"),
+                _fact("test_b", "does_not_hold", detail="rank 1 differs"),
+                _fact("test_c", "holds"),
+            ],
+        ),
         _card("pytorch-lightning", "2.5.6", [_fact("test_a", "holds"), _fact("test_b", "holds")]),
     ]
     built = matrix.build_matrix(cards)

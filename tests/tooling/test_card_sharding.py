@@ -22,14 +22,19 @@ def test_only_the_later_copy_of_each_padded_sample_is_marked(n, world_size, batc
     a repeated sample stays unmarked, so the marked cells number ``ceil(N/W)*W - N``, one per extra
     evaluation, not two per repeated sample."""
     seen = _seen(n, world_size, batch_size)
-    expected = sorted([r, s] for r in range(world_size) for s in range(len(sum(seen[r], [])))
-                      if s * world_size + r >= n)
+    expected = sorted(
+        [r, s] for r in range(world_size) for s in range(len(sum(seen[r], []))) if s * world_size + r >= n
+    )
 
     assert sorted(padding_cells(seen)) == expected
-    cells = [el for el in ET.fromstring(sharding_svg(seen, n=n)).iter("{http://www.w3.org/2000/svg}rect")
-             if el.get("class", "").split()[:1] == ["cell"]]
-    marked = sorted([int(c.get("data-rank")), int(c.get("data-slot"))] for c in cells
-                    if "duplicate" in c.get("class").split())
+    cells = [
+        el
+        for el in ET.fromstring(sharding_svg(seen, n=n)).iter("{http://www.w3.org/2000/svg}rect")
+        if el.get("class", "").split()[:1] == ["cell"]
+    ]
+    marked = sorted(
+        [int(c.get("data-rank")), int(c.get("data-slot"))] for c in cells if "duplicate" in c.get("class").split()
+    )
     assert marked == expected
     assert len(marked) == sum(oracle.duplicates(n, world_size).values())
     originals = [c for c in cells if int(c.get("data-count")) > 1 and "duplicate" not in c.get("class").split()]

@@ -14,12 +14,22 @@ from ddpprobe.launch import external_world
 pytestmark = pytest.mark.not_a_fact("tests how the launcher joins external worlds, not a fact about DDP")
 
 TORCHRUN_RANK_3_OF_4 = {
-    "TORCHELASTIC_RUN_ID": "job", "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "GROUP_RANK": "1",
-    "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
+    "TORCHELASTIC_RUN_ID": "job",
+    "RANK": "3",
+    "WORLD_SIZE": "4",
+    "LOCAL_RANK": "1",
+    "GROUP_RANK": "1",
+    "LOCAL_WORLD_SIZE": "2",
+    "MASTER_ADDR": "127.0.0.1",
+    "MASTER_PORT": "29500",
 }
 SRUN_TASK_5_OF_8 = {
-    "SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_STEP_NUM_TASKS": "8", "SLURM_LOCALID": "1",
-    "SLURM_NODEID": "1", "SLURM_STEP_TASKS_PER_NODE": "4(x2)",
+    "SLURM_PROCID": "5",
+    "SLURM_NTASKS": "8",
+    "SLURM_STEP_NUM_TASKS": "8",
+    "SLURM_LOCALID": "1",
+    "SLURM_NODEID": "1",
+    "SLURM_STEP_TASKS_PER_NODE": "4(x2)",
 }
 #: What an ``sbatch --ntasks=2`` batch script itself sees: its own step has one task.
 SBATCH_SCRIPT = {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_STEP_NUM_TASKS": "1"}
@@ -39,8 +49,11 @@ SBATCH_SCRIPT = {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_STEP_NUM_TASKS
 )
 def test_an_external_world_is_recognised_from_the_launchers_environment(environ, expected):
     world = external_world(environ)
-    got = None if world is None else (
-        world.launcher, world.rank, world.world_size, world.local_rank, world.node_rank, world.local_world_size)
+    got = (
+        None
+        if world is None
+        else (world.launcher, world.rank, world.world_size, world.local_rank, world.node_rank, world.local_world_size)
+    )
     assert got == expected
 
 
@@ -58,11 +71,29 @@ def test_pytest_under_torchrun_runs_facts_in_lockstep_and_skips_other_world_size
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     logs = tmp_path / "logs"
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-         f"--log-dir={logs}", "--redirects=3",
-         "-m", "pytest", "-p", "no:xdist", "-p", "no:cacheprovider", "-q", "-rs",
-         "tests/facts/test_sharding.py::test_each_rank_sees_a_disjoint_strided_shard_when_n_divides_by_world_size"],
-        cwd=root, env=env, capture_output=True, text=True, timeout=240,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node=2",
+            f"--log-dir={logs}",
+            "--redirects=3",
+            "-m",
+            "pytest",
+            "-p",
+            "no:xdist",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "-rs",
+            "tests/facts/test_sharding.py::test_each_rank_sees_a_disjoint_strided_shard_when_n_divides_by_world_size",
+        ],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
     )
     outputs = [open(path).read() for path in sorted(glob.glob(str(logs / "*" / "attempt_0" / "*" / "stdout.log")))]
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + "".join(o[-2000:] for o in outputs)
@@ -88,9 +119,16 @@ def test_in_a_one_rank_torchrun_world_records_and_failures_come_back_as_from_a_l
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    for name, value in {"TORCHELASTIC_RUN_ID": "job", "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
-                        "GROUP_RANK": "0", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-                        "MASTER_PORT": str(port)}.items():
+    for name, value in {
+        "TORCHELASTIC_RUN_ID": "job",
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_RANK": "0",
+        "GROUP_RANK": "0",
+        "LOCAL_WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }.items():
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("DDPPROBE_NO_EXTERNAL_WORLD", raising=False)
     try:
@@ -102,8 +140,9 @@ def test_in_a_one_rank_torchrun_world_records_and_failures_come_back_as_from_a_l
 
     assert world.records == [{"LOCAL_WORLD_SIZE": "1"}] and world[0].pid == os.getpid()
     assert failure.value.rank_errors == {0: "ValueError: deliberate failure on rank 0 of 1"}
-    assert str(failure.value).startswith("external world of 1 rank(s) running "
-                                         "tests.tooling.test_external_world:raise_here (backend=gloo): rank(s) [0]")
+    assert str(failure.value).startswith(
+        "external world of 1 rank(s) running tests.tooling.test_external_world:raise_here (backend=gloo): rank(s) [0]"
+    )
 
 
 def environment_of(info, names):

@@ -114,8 +114,12 @@ def _across_worlds(label: str, values: list) -> str:
 
 def _parsed(files: dict) -> dict:
     """``files`` with every ``.csv`` text replaced by its rows as sorted ``(column, value)`` tuples."""
-    return {path: [tuple(sorted(row.items())) for row in csv.DictReader(io.StringIO(text))]
-            if path.endswith(".csv") else text for path, text in files.items()}
+    return {
+        path: [tuple(sorted(row.items())) for row in csv.DictReader(io.StringIO(text))]
+        if path.endswith(".csv")
+        else text
+        for path, text in files.items()
+    }
 
 
 def _count(messages, needle) -> int:

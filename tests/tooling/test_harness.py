@@ -176,8 +176,10 @@ def test_a_death_that_arrives_just_after_a_peers_exception_is_still_reported_as_
     err = failure.value
     assert err.exitcodes == {1: 3}
     assert "rank 0 raised ValueError: rank 0 fails first" in str(err)
-    assert err.rank_errors == {0: "ValueError: rank 0 fails first",
-                               1: "ended with exit code 3 without reporting a result"}
+    assert err.rank_errors == {
+        0: "ValueError: rank 0 fails first",
+        1: "ended with exit code 3 without reporting a result",
+    }
     assert _gone(err.pids)
 
 
@@ -260,8 +262,12 @@ def test_odd_files_left_in_a_rank_folder_are_listed_by_kind_not_opened(run_world
     link are listed by what they are; the regular file's text comes back."""
     world = run_world(scenarios.odd_files, 1)
 
-    assert world[0].files == {"dangling": "<symlink -> /nonexistent>", "fifo": "<fifo>", "plain.txt": "text",
-                              "zero": "<symlink -> /dev/zero>"}
+    assert world[0].files == {
+        "dangling": "<symlink -> /nonexistent>",
+        "fifo": "<fifo>",
+        "plain.txt": "text",
+        "zero": "<symlink -> /dev/zero>",
+    }
 
 
 def test_a_rank_can_start_dataloader_worker_processes(run_world):
@@ -305,8 +311,14 @@ def test_more_bad_arguments_are_refused_before_any_process_starts(kwargs, error,
         api_run_world(scenarios.identity, 2, **kwargs)
 
 
-@pytest.mark.parametrize("bad, kind", [(scenarios.time.sleep, "a builtin"), (ValueError, "a class"),
-                                       (functools.partial(scenarios.identity, tag="p"), "a partial")])
+@pytest.mark.parametrize(
+    "bad, kind",
+    [
+        (scenarios.time.sleep, "a builtin"),
+        (ValueError, "a class"),
+        (functools.partial(scenarios.identity, tag="p"), "a partial"),
+    ],
+)
 def test_a_scenario_that_is_not_a_plain_function_is_refused_naming_what_it_is(bad, kind):
     with pytest.raises(TypeError, match=f"got {kind}"):
         api_run_world(bad, 2)

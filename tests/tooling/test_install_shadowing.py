@@ -38,8 +38,9 @@ def _layout(tmp_path) -> pathlib.Path:
 def _run(args, cwd, **env):
     import os
 
-    return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, **env})
+    return subprocess.run(
+        [sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=120, env={**os.environ, **env}
+    )
 
 
 def test_the_readme_explains_the_shadowing_message():
@@ -64,8 +65,13 @@ def test_a_script_beside_a_folder_named_ddpprobe_imports_that_folder_unless_the_
 
 @pytest.mark.parametrize(
     "fix",
-    ["the script in another folder", "a regular install (the package's folder on sys.path)",
-     pytest.param("python -P", marks=pytest.mark.skipif(sys.version_info < (3, 11), reason="-P is new in Python 3.11"))],
+    [
+        "the script in another folder",
+        "a regular install (the package's folder on sys.path)",
+        pytest.param(
+            "python -P", marks=pytest.mark.skipif(sys.version_info < (3, 11), reason="-P is new in Python 3.11")
+        ),
+    ],
 )
 def test_each_fix_the_readme_gives_imports_the_package(tmp_path, fix):
     folder = _layout(tmp_path)

@@ -112,8 +112,14 @@ def test_messages_of_every_rank_become_a_world_result_ordered_by_rank():
 
 
 def test_a_death_is_reported_as_the_cause_even_when_a_peers_error_arrived_first():
-    error = RankMessage(rank=0, status="error", pid=100, exc_type="RuntimeError",
-                        error="Connection closed by peer", traceback="Traceback ...")
+    error = RankMessage(
+        rank=0,
+        status="error",
+        pid=100,
+        exc_type="RuntimeError",
+        error="Connection closed by peer",
+        traceback="Traceback ...",
+    )
     died = RankMessage(rank=1, status="died", pid=101, exitcode=-9)
 
     with pytest.raises(RankDied) as failure:
@@ -121,8 +127,10 @@ def test_a_death_is_reported_as_the_cause_even_when_a_peers_error_arrived_first(
 
     err = failure.value
     assert err.ranks == [1] and err.exitcodes == {1: -9}
-    assert err.rank_errors == {0: "RuntimeError: Connection closed by peer",
-                               1: "ended with signal SIGKILL (exit code -9) without reporting a result"}
+    assert err.rank_errors == {
+        0: "RuntimeError: Connection closed by peer",
+        1: "ended with signal SIGKILL (exit code -9) without reporting a result",
+    }
     assert str(err).startswith(f"{WORLD}: rank(s) [1] died\nrank 0 raised RuntimeError: Connection closed by peer")
 
 
@@ -146,4 +154,3 @@ def test_a_record_json_cannot_hold_is_a_type_error_naming_the_rank():
 def test_an_unknown_status_is_refused():
     with pytest.raises(ValueError, match=r"status='fine'"):
         RankMessage(rank=0, status="fine")
-

@@ -33,7 +33,7 @@ def _address(hex_address: str) -> tuple:
     The kernel prints the address as 32-bit words in host byte order (little-endian here)."""
     ip_hex, port_hex = hex_address.split(":")
     raw = bytes.fromhex(ip_hex)
-    network_order = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    network_order = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
     return str(ipaddress.ip_address(network_order)), int(port_hex, 16)
 
 
@@ -49,7 +49,7 @@ def listening_sockets(pids) -> list:
             except OSError:  # closed meanwhile
                 continue
             if link.startswith("socket:["):
-                inodes.add(link[len("socket:["):-1])
+                inodes.add(link[len("socket:[") : -1])
         for table in ("tcp", "tcp6"):
             with open(f"/proc/{pid}/net/{table}") as fh:
                 next(fh)  # header
@@ -92,8 +92,9 @@ def folder_modes(info):
     """The permission bits of the world folder and of every entry this rank has in it (its folder
     ``rank<r>`` and its captured output ``rank<r>.stdout``, ``.stderr``, ``.stack``), as octal text."""
     mine = [name for name in os.listdir(info.world_dir) if name.split(".")[0] == f"rank{info.rank}"]
-    return {name: oct(stat.S_IMODE(os.stat(os.path.join(info.world_dir, name)).st_mode))
-            for name in [".", *sorted(mine)]}
+    return {
+        name: oct(stat.S_IMODE(os.stat(os.path.join(info.world_dir, name)).st_mode)) for name in [".", *sorted(mine)]
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -120,6 +121,14 @@ def test_the_world_folder_and_the_ranks_files_are_readable_by_this_user_only(run
     files ``0o600``: another user on a shared machine reads neither outputs nor records."""
     world = run_world(folder_modes, 2)
 
-    expected = [{".": "0o700", f"rank{r}": "0o700", f"rank{r}.stack": "0o600", f"rank{r}.stderr": "0o600",
-                 f"rank{r}.stdout": "0o600"} for r in range(2)]
+    expected = [
+        {
+            ".": "0o700",
+            f"rank{r}": "0o700",
+            f"rank{r}.stack": "0o600",
+            f"rank{r}.stderr": "0o600",
+            f"rank{r}.stdout": "0o600",
+        }
+        for r in range(2)
+    ]
     assert world.records == expected, world.records

@@ -42,8 +42,14 @@ def layout(info):
     return {
         "env": env,
         "info": [info.rank, info.local_rank, info.node_rank, info.num_nodes, info.devices],
-        "trainer": [trainer.global_rank, trainer.local_rank, trainer.node_rank, trainer.num_nodes,
-                    trainer.world_size, trainer.is_global_zero],
+        "trainer": [
+            trainer.global_rank,
+            trainer.local_rank,
+            trainer.node_rank,
+            trainer.num_nodes,
+            trainer.world_size,
+            trainer.is_global_zero,
+        ],
         "prepare_data_calls": model.prepare_data_calls,
     }
 
@@ -55,17 +61,27 @@ def test_a_forked_world_of_several_nodes_looks_like_several_nodes_to_lightning(r
     world = run_world(layout, world_size, num_nodes=num_nodes)
     per_node = world_size // num_nodes
 
-    expected_env = [{"RANK": str(r), "WORLD_SIZE": str(world_size), "NODE_RANK": str(r // per_node),
-                     "GROUP_RANK": str(r // per_node), "LOCAL_RANK": str(r % per_node),
-                     "LOCAL_WORLD_SIZE": str(per_node)} for r in range(world_size)]
+    expected_env = [
+        {
+            "RANK": str(r),
+            "WORLD_SIZE": str(world_size),
+            "NODE_RANK": str(r // per_node),
+            "GROUP_RANK": str(r // per_node),
+            "LOCAL_RANK": str(r % per_node),
+            "LOCAL_WORLD_SIZE": str(per_node),
+        }
+        for r in range(world_size)
+    ]
     got_env = [rec["env"] for rec in world.records]
     assert got_env == expected_env, oracle.side_by_side("env", got_env)
     infos = [rec["info"] for rec in world.records]
-    assert infos == [[r, r % per_node, r // per_node, num_nodes, per_node] for r in range(world_size)], \
+    assert infos == [[r, r % per_node, r // per_node, num_nodes, per_node] for r in range(world_size)], (
         oracle.side_by_side("RankInfo rank, local, node, nodes, devices", infos)
+    )
     trainers = [rec["trainer"] for rec in world.records]
-    assert trainers == [[r, r % per_node, r // per_node, num_nodes, world_size, r == 0] for r in range(world_size)], \
+    assert trainers == [[r, r % per_node, r // per_node, num_nodes, world_size, r == 0] for r in range(world_size)], (
         oracle.side_by_side("Trainer global, local, node, nodes, world size, global zero", trainers)
+    )
     calls = [rec["prepare_data_calls"] for rec in world.records]
     assert calls == [int(r % per_node == 0) for r in range(world_size)], oracle.side_by_side("prepare_data", calls)
 
@@ -87,8 +103,14 @@ def test_a_node_count_that_does_not_divide_the_world_is_refused_before_any_proce
 def test_inside_a_torchrun_world_a_node_count_other_than_its_own_is_refused(monkeypatch):
     """Under torchrun the launcher has laid out the nodes; a scenario asking for another layout is
     refused before joining the world (one 4-rank node here, 2 nodes asked)."""
-    for name, value in {"TORCHELASTIC_RUN_ID": "job", "RANK": "0", "WORLD_SIZE": "4", "LOCAL_RANK": "0",
-                        "GROUP_RANK": "0", "LOCAL_WORLD_SIZE": "4"}.items():
+    for name, value in {
+        "TORCHELASTIC_RUN_ID": "job",
+        "RANK": "0",
+        "WORLD_SIZE": "4",
+        "LOCAL_RANK": "0",
+        "GROUP_RANK": "0",
+        "LOCAL_WORLD_SIZE": "4",
+    }.items():
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("DDPPROBE_NO_EXTERNAL_WORLD", raising=False)
 

@@ -24,7 +24,11 @@ pytestmark = pytest.mark.not_a_fact("tests how the launcher reads its settings, 
         ({}, {"DDPPROBE_BACKEND": "nccl"}, Settings("nccl", 120.0, 60.0, "spawn")),
         ({"backend": "gloo"}, {"DDPPROBE_BACKEND": "nccl"}, Settings("gloo", 120.0, 60.0, "forkserver")),
         ({}, {"DDPPROBE_START_METHOD": "spawn"}, Settings("gloo", 120.0, 60.0, "spawn")),
-        ({"start_method": "forkserver"}, {"DDPPROBE_START_METHOD": "spawn"}, Settings("gloo", 120.0, 60.0, "forkserver")),
+        (
+            {"start_method": "forkserver"},
+            {"DDPPROBE_START_METHOD": "spawn"},
+            Settings("gloo", 120.0, 60.0, "forkserver"),
+        ),
         ({}, {"DDPPROBE_TIMEOUT": "", "DDPPROBE_BACKEND": ""}, Settings("gloo", 120.0, 60.0, "forkserver")),
     ],
 )
@@ -41,8 +45,11 @@ def test_each_setting_comes_from_the_argument_else_the_environment_else_the_defa
         ({}, {"DDPPROBE_TIMEOUT": "-5"}, ["timeout='-5'", "DDPPROBE_TIMEOUT", "from 0.01 to 604800"]),
         ({}, {"DDPPROBE_PG_TIMEOUT": "nan"}, ["pg_timeout='nan'", "DDPPROBE_PG_TIMEOUT"]),
         ({"timeout": 0}, {}, ["timeout=0", "argument timeout", "from 0.01"]),
-        ({"timeout": 10}, {"DDPPROBE_PG_TIMEOUT": "10"}, ["pg_timeout=10s", "DDPPROBE_PG_TIMEOUT", "argument timeout",
-                                                          "lower pg_timeout or raise timeout"]),
+        (
+            {"timeout": 10},
+            {"DDPPROBE_PG_TIMEOUT": "10"},
+            ["pg_timeout=10s", "DDPPROBE_PG_TIMEOUT", "argument timeout", "lower pg_timeout or raise timeout"],
+        ),
         ({}, {"DDPPROBE_START_METHOD": "fork"}, ["start_method='fork'", "DDPPROBE_START_METHOD", "forkserver, spawn"]),
     ],
 )

@@ -46,16 +46,29 @@ class _Items:
 
 def collect_arguments() -> list:
     """The default run's collection: the README's ``pytest`` from the repository root, collect-only, gloo."""
-    return ["--collect-only", "-q", "-p", "no:cacheprovider", "--backend", "gloo", "--rootdir", str(ROOT),
-            "-c", str(ROOT / "pyproject.toml"), str(ROOT / "tests")]
+    return [
+        "--collect-only",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "--backend",
+        "gloo",
+        "--rootdir",
+        str(ROOT),
+        "-c",
+        str(ROOT / "pyproject.toml"),
+        str(ROOT / "tests"),
+    ]
 
 
 def _static_skip(item, added_by_run_if: Optional[str]) -> bool:
     """An unconditional ``skip``, or a ``skipif(True)`` the test declares itself (not the plugin's)."""
     if item.get_closest_marker("skip") is not None:
         return True
-    return any(mark.args[:1] == (True,) and mark.kwargs.get("reason") != added_by_run_if
-               for mark in item.iter_markers("skipif"))
+    return any(
+        mark.args[:1] == (True,) and mark.kwargs.get("reason") != added_by_run_if
+        for mark in item.iter_markers("skipif")
+    )
 
 
 def counts(items, distribution: str, version: str) -> dict:
@@ -66,10 +79,12 @@ def counts(items, distribution: str, version: str) -> dict:
         ``{"tests", "facts", "tooling", "skipped", "skipped_gpu", "skipped_release", "skipped_other",
         "xfailed", "passed"}`` (counts of test cases).
     """
-    reference = runif.RunEnvironment(backend="gloo", cuda_devices=0, lightning_distribution=distribution,
-                                     lightning_version=version)
-    result = dict.fromkeys(("tests", "facts", "tooling", "skipped", "skipped_gpu", "skipped_release",
-                            "skipped_other", "xfailed"), 0)
+    reference = runif.RunEnvironment(
+        backend="gloo", cuda_devices=0, lightning_distribution=distribution, lightning_version=version
+    )
+    result = dict.fromkeys(
+        ("tests", "facts", "tooling", "skipped", "skipped_gpu", "skipped_release", "skipped_other", "xfailed"), 0
+    )
     for item in items:
         result["tests"] += 1
         result["facts" if item.nodeid.startswith("tests/facts/") else "tooling"] += 1
@@ -128,16 +143,22 @@ def test_the_readme_states_the_numbers_of_the_default_run(pytester, monkeypatch)
     pytester.inline_run(*collect_arguments(), plugins=[capture])
 
     assert capture.items, "the collection of the default run selected no tests"
-    expected = sentence(counts(capture.items, named["distribution"], named["version"]),
-                        named["distribution"], named["version"])
+    expected = sentence(
+        counts(capture.items, named["distribution"], named["version"]), named["distribution"], named["version"]
+    )
     if stated != expected:
-        pytest.fail(f"README.md states:\n  {stated}\nthe suite gives:\n  {expected}\n"
-                    "update it with: python -m tests.tooling.test_readme_numbers --write", pytrace=False)
+        pytest.fail(
+            f"README.md states:\n  {stated}\nthe suite gives:\n  {expected}\n"
+            "update it with: python -m tests.tooling.test_readme_numbers --write",
+            pytrace=False,
+        )
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.tooling.test_readme_numbers",
-                                     description="Print (or --write into README.md) the README's counts sentence.")
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.tooling.test_readme_numbers",
+        description="Print (or --write into README.md) the README's counts sentence.",
+    )
     parser.add_argument("--write", action="store_true", help="replace the <!-- counts --> block of README.md")
     args = parser.parse_args(argv)
     import torch
@@ -154,8 +175,9 @@ def main(argv=None) -> int:
     if args.write:
         readme = README.read_text(encoding="utf-8")
         readme_sentence(readme)
-        README.write_text(BLOCK.sub(lambda _: f"<!-- counts -->\n{text}\n<!-- /counts -->", readme, count=1),
-                          encoding="utf-8")
+        README.write_text(
+            BLOCK.sub(lambda _: f"<!-- counts -->\n{text}\n<!-- /counts -->", readme, count=1), encoding="utf-8"
+        )
     return 0
 
 

@@ -79,7 +79,7 @@ EXPECTED_VERDICTS = {
 TOOLING = "test_fake_facts.py::test_the_tooling_works"
 
 #: An inner conftest that logs which process (xdist worker id or "controller") writes a card.
-WRITER_LOG = '''
+WRITER_LOG = """
 import os
 import ddpprobe.card.plugin
 
@@ -93,7 +93,7 @@ def _logged_write_card(card, path):
 
 
 ddpprobe.card.plugin.write_card = _logged_write_card
-'''
+"""
 
 PLUGINS = ["-p", "ddpprobe.pytest_plugin", "-p", "ddpprobe.card.plugin", "-p", "no:cacheprovider", "--strict-markers"]
 
@@ -171,8 +171,11 @@ def test_a_strict_xfail_that_fails_is_reported_as_known_upstream_bug_still_prese
     _, markdown, card = _make_card(pytester, "--semantics-no-picture")
 
     facts, rows = _facts(card), _rows(markdown)
-    for nodeid in ("test_fake_facts.py::test_an_upstream_bug", "test_fake_facts.py::test_a_fixed_bug",
-                   "test_fake_facts.py::test_needs_more_gpus"):
+    for nodeid in (
+        "test_fake_facts.py::test_an_upstream_bug",
+        "test_fake_facts.py::test_a_fixed_bug",
+        "test_fake_facts.py::test_needs_more_gpus",
+    ):
         assert facts[nodeid]["verdict"] == EXPECTED_VERDICTS[nodeid], facts[nodeid]
         assert EXPECTED_VERDICTS[nodeid] in rows[nodeid][2], rows[nodeid]
     assert "example.org/issue/1" in facts["test_fake_facts.py::test_an_upstream_bug"]["detail"]
@@ -244,8 +247,11 @@ def test_the_sharding_picture_has_one_cell_per_rank_and_slot_from_a_real_world(p
     duplicated = set(oracle.duplicates(n, world_size))
     assert card["sharding"]["duplicates"] == sorted(duplicated)
 
-    cells = [el for el in ET.parse(svg).getroot().iter("{http://www.w3.org/2000/svg}rect")
-             if el.get("class", "").split()[:1] == ["cell"]]
+    cells = [
+        el
+        for el in ET.parse(svg).getroot().iter("{http://www.w3.org/2000/svg}rect")
+        if el.get("class", "").split()[:1] == ["cell"]
+    ]
     slots = math.ceil(n / world_size)
     by_position = {(int(c.get("data-rank")), int(c.get("data-slot"))): c for c in cells}
     assert len(cells) == len(by_position) == world_size * slots

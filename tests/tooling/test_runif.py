@@ -33,19 +33,37 @@ def _fake_cuda(monkeypatch, count: int) -> None:
         (Requirements(), RunEnvironment(), None),
         (Requirements(min_gpus=2), RunEnvironment(cuda_devices=0), "needs >= 2 CUDA devices (found 0)"),
         (Requirements(min_gpus=2), RunEnvironment(cuda_devices=2), None),
-        (Requirements(backend="nccl"), RunEnvironment(backend="gloo", cuda_devices=8),
-         "needs --backend nccl (this run: gloo)"),
-        (Requirements(backend="gloo"), RunEnvironment(backend="nccl", cuda_devices=8),
-         "needs --backend gloo (this run: nccl)"),
-        (Requirements(lightning="<2.0"), RunEnvironment(lightning_version="2.6.6"),
-         "applies to pytorch-lightning <2.0; installed 2.6.6"),
+        (
+            Requirements(backend="nccl"),
+            RunEnvironment(backend="gloo", cuda_devices=8),
+            "needs --backend nccl (this run: gloo)",
+        ),
+        (
+            Requirements(backend="gloo"),
+            RunEnvironment(backend="nccl", cuda_devices=8),
+            "needs --backend gloo (this run: nccl)",
+        ),
+        (
+            Requirements(lightning="<2.0"),
+            RunEnvironment(lightning_version="2.6.6"),
+            "applies to pytorch-lightning <2.0; installed 2.6.6",
+        ),
         (Requirements(lightning=">=2.0"), RunEnvironment(lightning_version="2.0.9.post0"), None),
-        (Requirements(lightning=">=2.6"), RunEnvironment(lightning_distribution="lightning", lightning_version="2.5.6"),
-         "applies to lightning >=2.6; installed 2.5.6"),
-        (Requirements(lightning=">=2.0"), RunEnvironment(lightning_version=None),
-         "applies to pytorch-lightning >=2.0; installed none"),
-        (Requirements(min_gpus=2, backend="nccl"), RunEnvironment(backend="gloo", cuda_devices=1),
-         "needs >= 2 CUDA devices (found 1); needs --backend nccl (this run: gloo)"),
+        (
+            Requirements(lightning=">=2.6"),
+            RunEnvironment(lightning_distribution="lightning", lightning_version="2.5.6"),
+            "applies to lightning >=2.6; installed 2.5.6",
+        ),
+        (
+            Requirements(lightning=">=2.0"),
+            RunEnvironment(lightning_version=None),
+            "applies to pytorch-lightning >=2.0; installed none",
+        ),
+        (
+            Requirements(min_gpus=2, backend="nccl"),
+            RunEnvironment(backend="gloo", cuda_devices=1),
+            "needs >= 2 CUDA devices (found 1); needs --backend nccl (this run: gloo)",
+        ),
     ],
 )
 def test_the_skip_reason_names_every_unmet_need_and_what_this_run_has(needs, here, expected):
@@ -71,8 +89,12 @@ def test_a_world_under_nccl_needs_one_cuda_device_per_rank(backend, world_size, 
 
 @pytest.mark.parametrize(
     "kwargs, named",
-    [({"min_gpus": -1}, "min_gpus=-1"), ({"min_gpus": True}, "min_gpus=True"), ({"backend": "mpi"}, "'mpi'"),
-     ({"lightning": "2.x"}, "'2.x'")],
+    [
+        ({"min_gpus": -1}, "min_gpus=-1"),
+        ({"min_gpus": True}, "min_gpus=True"),
+        ({"backend": "mpi"}, "'mpi'"),
+        ({"lightning": "2.x"}, "'2.x'"),
+    ],
 )
 def test_a_malformed_need_is_refused_naming_the_value(kwargs, named):
     with pytest.raises(ValueError, match=re.escape(named)):
@@ -81,8 +103,11 @@ def test_a_malformed_need_is_refused_naming_the_value(kwargs, named):
 
 def test_needs_from_the_module_class_and_function_merge_into_one():
     """The most GPUs, the backend, and every version range (intersected) of all ``run_if`` markers."""
-    marks = [run_if(min_gpus=1, lightning=">=2.0").mark, run_if(min_gpus=2, backend="nccl").mark,
-             run_if(lightning="<3").mark]
+    marks = [
+        run_if(min_gpus=1, lightning=">=2.0").mark,
+        run_if(min_gpus=2, backend="nccl").mark,
+        run_if(lightning="<3").mark,
+    ]
     item = types.SimpleNamespace(nodeid="t.py::test", iter_markers=lambda name: iter(marks))
     assert runif.requirements_of(item) == Requirements(min_gpus=2, backend="nccl", lightning=">=2.0,<3")
 
@@ -138,11 +163,13 @@ def test_skips_are_reported_at_the_skipped_test_not_at_the_plugin(pytester, monk
     result.assert_outcomes(passed=3, skipped=3)
     lines = _skip_lines(result)
     assert len(lines) == 3 and all("test_facts.py:" in line and "pytest_plugin" not in line for line in lines), lines
-    result.stdout.fnmatch_lines_random([
-        "*needs >= 2 CUDA devices (found 0); needs --backend nccl (this run: gloo)*",
-        "*applies to pytorch-lightning <1.0; installed *",
-        "*backend nccl with world size 2 needs 2 CUDA devices, found 0*",
-    ])
+    result.stdout.fnmatch_lines_random(
+        [
+            "*needs >= 2 CUDA devices (found 0); needs --backend nccl (this run: gloo)*",
+            "*applies to pytorch-lightning <1.0; installed *",
+            "*backend nccl with world size 2 needs 2 CUDA devices, found 0*",
+        ]
+    )
 
 
 def test_a_world_asking_for_nccl_in_a_gloo_run_counts_the_devices_present(pytester, monkeypatch):
@@ -179,10 +206,12 @@ def test_backend_nccl_with_too_few_devices_for_some_facts_is_refused_naming_them
     result = pytester.runpytest(*PLUGIN, "--backend", "nccl")
 
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines([
-        "*--backend nccl: 1 selected test(s) need more CUDA devices than the 2 found here:*",
-        "*test_world[[]3[]]: backend nccl with world size 3 needs 3 CUDA devices, found 2*",
-    ])
+    result.stderr.fnmatch_lines(
+        [
+            "*--backend nccl: 1 selected test(s) need more CUDA devices than the 2 found here:*",
+            "*test_world[[]3[]]: backend nccl with world size 3 needs 3 CUDA devices, found 2*",
+        ]
+    )
 
 
 @pytest.mark.parametrize("opt_in", ["--skip-unavailable", "DDPPROBE_SKIP_UNAVAILABLE=1"])
@@ -223,8 +252,9 @@ def test_a_world_size_no_test_is_parametrised_with_is_refused(pytester):
     result = pytester.runpytest(*PLUGIN, "--world-size", "5")
 
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*--world-size 5: no collected test is parametrised with world size 5 "
-                                 "(world sizes present: 1, 2, 3)*"])
+    result.stderr.fnmatch_lines(
+        ["*--world-size 5: no collected test is parametrised with world size 5 (world sizes present: 1, 2, 3)*"]
+    )
 
 
 @pytest.mark.integration
@@ -258,8 +288,12 @@ def test_an_unknown_lightning_package_is_refused_naming_the_value(pytester):
     result = pytester.runpytest(*PLUGIN, "--lightning", "lightning_fabric")
 
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*--lightning / DDPPROBE_LIGHTNING: Lightning package 'lightning_fabric'*"
-                                 "is not one of pytorch_lightning, lightning*"])
+    result.stderr.fnmatch_lines(
+        [
+            "*--lightning / DDPPROBE_LIGHTNING: Lightning package 'lightning_fabric'*"
+            "is not one of pytorch_lightning, lightning*"
+        ]
+    )
 
 
 # --- launch settings: one resolver, refused as usage errors ----------------------------------------
@@ -268,15 +302,20 @@ def test_an_unknown_lightning_package_is_refused_naming_the_value(pytester):
 @pytest.mark.parametrize(
     "args, environ, message",
     [
-        (["--world-timeout", "5", "--pg-timeout", "10"], {}, "*pg_timeout=10s (--pg-timeout) must be shorter than timeout=5s (--world-timeout)*"),
+        (
+            ["--world-timeout", "5", "--pg-timeout", "10"],
+            {},
+            "*pg_timeout=10s (--pg-timeout) must be shorter than timeout=5s (--world-timeout)*",
+        ),
         (["--backend", "mpi"], {}, "*backend='mpi' (--backend) is not supported; use one of gloo, nccl*"),
         ([], {"DDPPROBE_BACKEND": "mpi"}, "*backend='mpi' (environment variable DDPPROBE_BACKEND)*"),
         ([], {"DDPPROBE_TIMEOUT": "soon"}, "*timeout='soon' (environment variable DDPPROBE_TIMEOUT) is not a number*"),
         (["--start-method", "fork"], {}, "*start_method='fork' (--start-method) is not supported*"),
     ],
 )
-def test_a_bad_launch_setting_is_a_usage_error_naming_the_option_or_variable(pytester, monkeypatch, args, environ,
-                                                                            message):
+def test_a_bad_launch_setting_is_a_usage_error_naming_the_option_or_variable(
+    pytester, monkeypatch, args, environ, message
+):
     """The plugin resolves the settings with ``ddpprobe.launch.resolve_settings`` before collection and
     turns its ``SettingsError`` into pytest's usage error (exit code 4), message unchanged."""
     for name, value in environ.items():
