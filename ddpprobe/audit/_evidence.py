@@ -8,6 +8,8 @@ import collections
 import dataclasses
 from typing import Optional
 
+from ddpprobe.probes.trace import describe_collective
+
 #: The loop (``batch`` event ``stage``) whose samples a stage's keys are computed from.
 STAGE_LOOP = {"validate": "val", "test": "test", "predict": "predict", "fit": "train"}
 
@@ -208,32 +210,6 @@ def sequence(rank: dict, use_flight_recorder: bool) -> list:
     return out
 
 
-def describe(entry: dict) -> str:
-    """One collective in words: ``all_reduce float32 [] of key 'val_loss' (self.log sync, logged in
-    validation_step at module.py:12 in validation_step)``."""
-    shape = "" if entry.get("shape") is None else f" {list(entry['shape'])}"
-    text = f"{entry['op']}{(' ' + entry['dtype']) if entry.get('dtype') else ''}{shape}"
-    source = entry.get("source")
-    if source == "torchmetrics":
-        text += f" ({entry.get('metric')} state sync at compute()"
-        if entry.get("key"):
-            text += f", logged as {entry['key']!r}"
-        text += ")"
-    elif source == "self.log":
-        text += f" (self.log sync of {entry.get('key')!r}, logged in {entry.get('hook')})"
-    elif source == "internal":
-        text += " (not called from Python: e.g. DDP's gradient all_reduce in backward)"
-    elif source == "library":
-        text += f" (called by {entry.get('origin') or 'Lightning or torch'}" + (
-            f", in {entry['hook']})" if entry.get("hook") else ")"
-        )
-    else:
-        text += " (your code)"
-    if entry.get("call_site"):
-        text += f" at {entry['call_site']}"
-    return text
-
-
 def _signature(entry: dict) -> tuple:
     return (entry["op"], entry.get("dtype"), tuple(entry["shape"]) if entry.get("shape") is not None else None)
 
@@ -261,7 +237,7 @@ def first_divergence(sequences: list, ended: list) -> Optional[dict]:
             first = entries[present[0]]
             why = []
             for r in absent:
-                last = describe(sequences[r][-1]) if sequences[r] else "none"
+                last = describe_collective(sequences[r][-1]) if sequences[r] else "none"
                 state = {
                     "end": "its stage finished",
                     "raised": "its stage raised",
@@ -270,7 +246,7 @@ def first_divergence(sequences: list, ended: list) -> Optional[dict]:
                 why.append(f"rank {r} never entered it ({state}; its last collective: {last})")
             waiting = [r for r in present if entries[r].get("status") != "done"]
             message = (
-                f"collective #{i} of the run: rank(s) {present} entered {describe(first)}; "
+                f"collective #{i} of the run: rank(s) {present} entered {describe_collective(first)}; "
                 + "; ".join(why)
                 + (f"; rank(s) {waiting} waited there" if waiting else "")
             )
@@ -284,7 +260,7 @@ def first_divergence(sequences: list, ended: list) -> Optional[dict]:
             }
         signatures = {_signature(e) for e in entries}
         if len(signatures) > 1:
-            parts = [f"rank {r}: {describe(e)}" for r, e in enumerate(entries)]
+            parts = [f"rank {r}: {describe_collective(e)}" for r, e in enumerate(entries)]
             return {
                 "kind": "mismatch",
                 "index": i,
@@ -299,7 +275,7 @@ def first_divergence(sequences: list, ended: list) -> Optional[dict]:
             and entries[0]["op"] != "barrier"
             and any(e.get("source") in ("self.log", "torchmetrics") for e in entries)
         ):
-            parts = [f"rank {r}: {describe(e)}" for r, e in enumerate(entries)]
+            parts = [f"rank {r}: {describe_collective(e)}" for r, e in enumerate(entries)]
             return {
                 "kind": "keys",
                 "index": i,

@@ -105,8 +105,8 @@ ID_FIELDS = ("id", "ids", "idx", "index", "indices", "sample_id")
 
 
 def _library_dirs() -> tuple:
-    import torchmetrics
     import lightning_utilities
+    import torchmetrics
 
     dirs = {os.path.dirname(m.__file__) for m in (torch, torchmetrics, lightning_utilities, pl, fabric)}
     dirs.add(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # ddpprobe itself
@@ -497,6 +497,33 @@ def _sampler_name(trainer, stage: str, dataloader_idx: int) -> Optional[str]:
         return type(sampler).__name__ if sampler is not None else None
     except Exception:  # noqa: BLE001
         return None
+
+
+def describe_collective(entry: dict) -> str:
+    """One collective (a ``collective`` event of this trace, or an entry of the audit's sequences) in words, as
+    the audit's divergence report and the guard's errors print it: ``all_reduce float32 [] (self.log sync of
+    'val_loss', logged in validation_step) at module.py:12 in validation_step``."""
+    shape = "" if entry.get("shape") is None else f" {list(entry['shape'])}"
+    text = f"{entry['op']}{(' ' + entry['dtype']) if entry.get('dtype') else ''}{shape}"
+    source = entry.get("source")
+    if source == "torchmetrics":
+        text += f" ({entry.get('metric')} state sync at compute()"
+        if entry.get("key"):
+            text += f", logged as {entry['key']!r}"
+        text += ")"
+    elif source == "self.log":
+        text += f" (self.log sync of {entry.get('key')!r}, logged in {entry.get('hook')})"
+    elif source == "internal":
+        text += " (not called from Python: e.g. DDP's gradient all_reduce in backward)"
+    elif source == "library":
+        text += f" (called by {entry.get('origin') or 'Lightning or torch'}" + (
+            f", in {entry['hook']})" if entry.get("hook") else ")"
+        )
+    else:
+        text += " (your code)"
+    if entry.get("call_site"):
+        text += f" at {entry['call_site']}"
+    return text
 
 
 def read_trace(path: str) -> list:
