@@ -28,7 +28,7 @@ import pytest
 from ddpprobe import RankFailed
 from ddpprobe.probes import hazards
 from ddpprobe.runif import run_if
-from tests.support import oracle
+from tests.support import gloo, oracle
 
 #: What each callback's error says on a rank without the key (Lightning's own text).
 MISSING_KEY = {
@@ -121,6 +121,7 @@ def test_rank_0_left_in_reduce_boolean_decision_raises_at_the_process_group_time
     traceback = err.tracebacks[0]
     hook = "model_checkpoint.py" if callback == "checkpoint" else "early_stopping.py"
     assert hook in traceback and "reduce_boolean_decision" in traceback and "barrier" in traceback, traceback
+    assert gloo.error_kind(err.rank_errors[0]) == gloo.TIMED_OUT, err.rank_errors[0]
     assert f"Timed out waiting {PG_TIMEOUT_S * 1000}ms" in err.rank_errors[0], err.rank_errors[0]
     assert elapsed >= PG_TIMEOUT_S, f"reported after {elapsed:.1f}s"
 

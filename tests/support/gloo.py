@@ -1,17 +1,54 @@
-"""gloo's own words for what went wrong in a collective, shared by the facts that provoke it.
+"""The backends' own words for what went wrong in a collective, shared by the facts that provoke it:
+:func:`error_kind` says which of three failures a rank's error text reports.
 
 gloo reports a partner that left (its socket closed) with different words depending on when the read or
 write noticed: "Connection closed by peer", "Connection reset by peer" or a "Read error". A late partner
 ends in "Timed out waiting ...ms" or, on the pair it was reading from, "Application timeout caused pair
-closure". Source: gloo/transport/tcp/pair.cc (``Pair::read``, ``Pair::waitUntilConnected``, ``signalException``).
+closure". A message larger than the buffer posted for it ends in "Received data size doesn't match
+expected size" (``gloo::EnforceNotMet``, thrown in a background thread, so the rank aborts). Source:
+gloo/transport/tcp/pair.cc (``Pair::read``, ``Pair::waitUntilConnected``, ``signalException``) and
+unbound_buffer.cc (``waitRecv``).
+
+NCCL has no connection to lose: a collective without partners waits until the process-group timeout,
+then ``WorkNCCL::checkTimeout`` records "Watchdog caught collective operation timeout: WorkNCCL(...) ran
+for N milliseconds before timing out" (raised as a ``DistBackendError`` by the rank waiting under
+``TORCH_NCCL_BLOCKING_WAIT=1``, or, without it, aborting the process from the watchdog), and the blocking
+wait logs "Work ... timed out in blocking wait". Source: torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp
+(``WorkNCCL::checkTimeout``, ``WorkNCCL::wait``).
 """
 
-#: A collective whose partner is gone.
-PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Read error")
-#: A collective whose partner did not come within the process-group timeout.
-TIMEOUTS = ("Timed out waiting", "Application timeout caused pair closure")
+from typing import Optional
+
+#: The kinds :func:`error_kind` tells apart.
+PEER_GONE, TIMED_OUT, SIZE_MISMATCH = "peer gone", "timed out", "size mismatch"
+
+#: A collective whose partner is gone (gloo).
+PEER_GONE_WORDS = ("Connection closed by peer", "Connection reset by peer", "Read error")
+#: A collective whose partner did not come within the process-group timeout (gloo, then NCCL).
+TIMEOUT_WORDS = (
+    "Timed out waiting",
+    "Application timeout caused pair closure",
+    "Watchdog caught collective operation timeout",
+    "timed out in blocking wait",
+)
+#: A received message larger than the buffer posted for it (gloo).
+SIZE_MISMATCH_WORDS = ("Received data size doesn't match expected size",)
+
+#: Each kind's words, in the order :func:`error_kind` looks for them.
+_WORDS = ((TIMED_OUT, TIMEOUT_WORDS), (SIZE_MISMATCH, SIZE_MISMATCH_WORDS), (PEER_GONE, PEER_GONE_WORDS))
 
 
-def says_peer_gone(text: str) -> bool:
-    """Whether ``text`` (a rank's error) is gloo's report of a partner that left the collective."""
-    return any(words in text for words in PEER_GONE)
+def error_kind(text: str) -> Optional[str]:
+    """Which failure ``text`` (a rank's error, ``WorldError.rank_errors[r]``) reports.
+
+    Returns:
+        ``TIMED_OUT`` ("timed out") when it holds any timeout words, else ``SIZE_MISMATCH`` ("size
+        mismatch") for a received size that did not match, else ``PEER_GONE`` ("peer gone") for a
+        partner that left; None when it holds none of these (e.g. a Python exception of the user's,
+        or ``"did not finish"``). The order makes "peer gone" and "size mismatch" mean also "no
+        timeout": a rank said to have lost its partner did not wait for the process-group timeout.
+    """
+    for kind, words in _WORDS:
+        if any(w in text for w in words):
+            return kind
+    return None
