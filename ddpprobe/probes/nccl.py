@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import datetime
+import time
 
 import torch
 import torch.distributed as dist
@@ -54,13 +55,15 @@ def average_an_integer_tensor(info: RankInfo) -> dict:
 
 
 def all_reduce_on_rank_0_only(info: RankInfo) -> dict:
-    """Scenario: only rank 0 enters an all_reduce (the ``if rank == 0`` mismatch); the others go on
-    waiting in a barrier of their own, which never matches it either."""
+    """Scenario: only rank 0 enters an all_reduce (the ``if rank == 0`` mismatch); the others stay in
+    the world without entering any collective (they sleep ``3 * pg_timeout`` seconds), so nothing pairs
+    with it. A ``dist.barrier()`` on the others would: NCCL's barrier is an all_reduce of one float32
+    (torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp ``ProcessGroupNCCL::barrier``), the same shape as
+    rank 0's, and NCCL pairs collectives by order alone."""
     device = _init_nccl(info)
     if info.rank == 0:
         dist.all_reduce(torch.ones(1, device=device))
+        torch.cuda.synchronize()
     else:
-        dist.barrier()
-        dist.barrier()
-    torch.cuda.synchronize()
+        time.sleep(3 * info.pg_timeout)
     return {}

@@ -7,12 +7,14 @@ Under gloo, a rank left alone in an all_reduce or barrier fails at once with "Co
 peer" when its peers finish and close their TCP connections (tests/facts/test_collective_hazards_keys.py,
 ..._torchmetrics.py). NCCL has no such connection to lose: the lonely collective is queued on the GPU
 and never completes, so the rank waits until the process-group timeout; with
-``TORCH_NCCL_BLOCKING_WAIT=1`` (set by the launcher for NCCL worlds) it then raises (a
-``DistBackendError`` naming the timeout), and otherwise NCCL's watchdog aborts the process. Either way
-ddpprobe reports the ranks left alone, within the world's timeout. The wrong-value hazards (keys named
-after the rank, keys in a different order) and their fixes do not depend on the backend: those facts
-run under ``--backend nccl`` as they are.
-Sources: torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp (blocking wait, watchdog);
+``TORCH_NCCL_BLOCKING_WAIT=1`` (set by the launcher for NCCL worlds) it then raises NCCL's own error, a
+``DistBackendError`` "Watchdog caught collective operation timeout: WorkNCCL(...) ran for N milliseconds
+before timing out" (without blocking wait, NCCL's watchdog would abort the process instead). ddpprobe
+reports ``RankFailed`` naming the ranks left alone, each with that timeout, after the process-group
+timeout and before the world's timeout: the ranks' own errors, not the launcher ending a hung world.
+The wrong-value hazards (keys named after the rank, keys in a different order) and their fixes do not
+depend on the backend: those facts run under ``--backend nccl`` as they are.
+Sources: torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp (``WorkNCCL::checkTimeout``, ``WorkNCCL::wait``);
 lightning_fabric/utilities/distributed.py ``_sync_ddp``.
 """
 
@@ -20,11 +22,11 @@ import time
 
 import pytest
 
-from ddpprobe import RankDied, RankFailed, WorldTimeout
+from ddpprobe import RankFailed
 from ddpprobe.probes import hazards
 from ddpprobe.runif import run_if
 from tests.facts import test_collective_hazards_keys as keys
-from tests.support import oracle
+from tests.support import gloo, oracle
 
 pytestmark = run_if(min_gpus=2, backend="nccl")
 
@@ -39,22 +41,27 @@ def test_nccl_a_key_only_some_ranks_log_leaves_those_ranks_waiting_until_the_pro
     """As under gloo, every rank but the last logs ``extra`` then ``shared`` with ``sync_dist=True`` and
     the last rank only ``shared``: the last rank finishes with ``shared`` holding the mean of the others'
     ``extra`` and its own ``shared``. The other ranks sync ``shared`` alone; under NCCL they wait until
-    the process-group timeout (not a crash at once) and ddpprobe reports exactly those ranks, before the
-    world's timeout."""
+    the process-group timeout (not a crash at once) and raise NCCL's timeout error, and ddpprobe reports
+    exactly those ranks, before the world's timeout."""
     last = world_size - 1
     plan = [
         ([["extra", keys._value(r, 0)]] if r != last else []) + [["shared", keys._value(r, 1)]]
         for r in range(world_size)
     ]
     start = time.monotonic()
-    with pytest.raises((RankFailed, RankDied, WorldTimeout)) as failure:
+    with pytest.raises(RankFailed) as failure:
         keys._run(run_world, world_size, hook, plan, timeout=WORLD_TIMEOUT_S, pg_timeout=PG_TIMEOUT_S)
     elapsed = time.monotonic() - start
 
     err = failure.value
     expected, left_alone = oracle.paired_sync_dist_means(keys._synced(world_size, hook, plan))
     assert sorted(err.ranks) == left_alone, f"{err.ranks}\n{err}"
-    assert elapsed >= PG_TIMEOUT_S, f"reported after {elapsed:.1f}s: a crash, not a wait"
+    for rank in left_alone:
+        assert gloo.error_kind(err.rank_errors[rank]) == gloo.TIMED_OUT, err.rank_errors[rank]
+    assert PG_TIMEOUT_S <= elapsed < WORLD_TIMEOUT_S, (
+        f"reported after {elapsed:.1f}s; expected at the {PG_TIMEOUT_S}s process-group timeout (a wait, "
+        f"not a crash at once), before the {WORLD_TIMEOUT_S}s world timeout (not the launcher ending a hang)"
+    )
     survivor = hazards.read_announced(err.outputs[last][0])
     assert survivor is not None and keys._same([survivor["callback_metrics"]], [expected[last]]), survivor
 
@@ -64,9 +71,10 @@ def test_nccl_metric_compute_under_if_global_rank_0_leaves_rank_0_waiting_until_
     run_world, world_size
 ):
     """``if self.global_rank == 0: self.mean.compute()``: rank 0's state all_gather has no peers; under
-    NCCL it waits until the process-group timeout, and ddpprobe reports rank 0 alone."""
+    NCCL it waits until the process-group timeout and raises NCCL's timeout error, and ddpprobe reports
+    rank 0 alone, before the world's timeout."""
     start = time.monotonic()
-    with pytest.raises((RankFailed, RankDied, WorldTimeout)) as failure:
+    with pytest.raises(RankFailed) as failure:
         run_world(
             hazards.metric_compute,
             world_size,
@@ -80,4 +88,8 @@ def test_nccl_metric_compute_under_if_global_rank_0_leaves_rank_0_waiting_until_
 
     err = failure.value
     assert err.ranks == [0], f"{err.ranks}\n{err}"
-    assert elapsed >= PG_TIMEOUT_S, f"reported after {elapsed:.1f}s: a crash, not a wait"
+    assert gloo.error_kind(err.rank_errors[0]) == gloo.TIMED_OUT, err.rank_errors[0]
+    assert PG_TIMEOUT_S <= elapsed < WORLD_TIMEOUT_S, (
+        f"reported after {elapsed:.1f}s; expected at the {PG_TIMEOUT_S}s process-group timeout (a wait, "
+        f"not a crash at once), before the {WORLD_TIMEOUT_S}s world timeout (not the launcher ending a hang)"
+    )

@@ -14,10 +14,10 @@ import time
 
 import pytest
 
-from ddpprobe import RankFailed, WorldTimeout
+from ddpprobe import RankFailed
 from ddpprobe.probes import nccl
 from ddpprobe.runif import run_if
-from tests.support import oracle
+from tests.support import gloo, oracle
 
 pytestmark = run_if(min_gpus=2, backend="nccl")
 
@@ -44,14 +44,25 @@ def test_nccl_average_of_an_integer_tensor_is_the_integer_division_of_the_sum(ru
     assert {rec["dtype"] for rec in world.records} == {"torch.int64"}
 
 
-def test_a_collective_only_rank_0_enters_is_reported_not_hung(run_world, semantics):
-    """Rank 0 all-reduces while rank 1 waits in barriers: the world ends within its timeout with an
-    error naming rank 0 (the process group's timeout, or the launcher's), not a hang."""
+def test_a_collective_only_rank_0_enters_raises_nccl_s_timeout_on_rank_0_before_the_world_timeout(run_world, semantics):
+    """Rank 0 all-reduces while rank 1 stays in the world outside any collective
+    (``nccl.all_reduce_on_rank_0_only``). NCCL has no connection to lose, so rank 0 waits until the
+    process-group timeout; with ``TORCH_NCCL_BLOCKING_WAIT=1`` it then raises NCCL's own error, a
+    ``DistBackendError`` "Watchdog caught collective operation timeout: WorkNCCL(...) ran for N
+    milliseconds before timing out" (ProcessGroupNCCL.cpp ``WorkNCCL::checkTimeout``). ddpprobe reports
+    ``RankFailed`` naming rank 0 alone, with that timeout, after the process-group timeout and before
+    the world's timeout: the rank's own error, not the launcher ending a hung world."""
     timeout, pg_timeout = 30, 10
     start = time.monotonic()
-    with pytest.raises((RankFailed, WorldTimeout)) as failure:
+    with pytest.raises(RankFailed) as failure:
         run_world(nccl.all_reduce_on_rank_0_only, 2, timeout=timeout, pg_timeout=pg_timeout)
-    semantics.number("seconds until reported", round(time.monotonic() - start, 1), vs=("world timeout", timeout))
+    elapsed = time.monotonic() - start
+    semantics.number("seconds until reported", round(elapsed, 1), vs=("world timeout", timeout))
 
-    assert time.monotonic() - start < timeout + 15
-    assert 0 in failure.value.ranks, str(failure.value)
+    err = failure.value
+    assert err.ranks == [0], f"{err.ranks}\n{err}"
+    assert gloo.error_kind(err.rank_errors[0]) == gloo.TIMED_OUT, err.rank_errors[0]
+    assert pg_timeout <= elapsed < timeout, (
+        f"reported after {elapsed:.1f}s; rank 0 should raise at the {pg_timeout}s process-group timeout, "
+        f"before the {timeout}s world timeout"
+    )
