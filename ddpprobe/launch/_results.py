@@ -86,22 +86,34 @@ class WorldError(RuntimeError):
             own text intact, e.g. gloo's "Connection closed by peer"), ``"ended with signal SIGABRT
             (exit code -6) without reporting a result"`` plus the key lines of its stderr for a rank
             that died, ``"did not finish"`` for a rank still running when the world was ended.
+        stacks: ``{rank: text}``, the Python stack (faulthandler's format) each rank still running when
+            the world was ended was in when it was asked, whatever ended it (a peer's failure or the
+            timeout); empty when every rank had ended.
     """
 
-    def __init__(self, message: str, ranks: list, pids: list, outputs: dict, rank_errors: Optional[dict] = None):
+    def __init__(
+        self,
+        message: str,
+        ranks: list,
+        pids: list,
+        outputs: dict,
+        rank_errors: Optional[dict] = None,
+        stacks: Optional[dict] = None,
+    ):
         super().__init__(message)
         self.ranks = ranks
         self.pids = pids
         self.outputs = outputs
         self.rank_errors = dict(rank_errors or {})
+        self.stacks = dict(stacks or {})
 
 
 class RankFailed(WorldError):
     """A rank's scenario raised. ``exc_types[r]`` is the exception's class name on rank ``r``,
     ``tracebacks[r]`` its formatted traceback."""
 
-    def __init__(self, message, ranks, pids, outputs, exc_types, tracebacks, rank_errors=None):
-        super().__init__(message, ranks, pids, outputs, rank_errors)
+    def __init__(self, message, ranks, pids, outputs, exc_types, tracebacks, rank_errors=None, stacks=None):
+        super().__init__(message, ranks, pids, outputs, rank_errors, stacks)
         self.exc_types = exc_types
         self.tracebacks = tracebacks
 
@@ -110,8 +122,8 @@ class RankDied(WorldError):
     """A rank ended without reporting (killed by a signal, ``os._exit``, a crash in C code).
     ``exitcodes[r]`` is the exit code, negative for a signal (``-9`` is SIGKILL)."""
 
-    def __init__(self, message, ranks, pids, outputs, exitcodes, rank_errors=None):
-        super().__init__(message, ranks, pids, outputs, rank_errors)
+    def __init__(self, message, ranks, pids, outputs, exitcodes, rank_errors=None, stacks=None):
+        super().__init__(message, ranks, pids, outputs, rank_errors, stacks)
         self.exitcodes = exitcodes
 
 
@@ -120,8 +132,7 @@ class WorldTimeout(WorldError):
     rank ``r`` was in when it was asked (faulthandler's format), for each rank that had not finished."""
 
     def __init__(self, message, ranks, pids, outputs, stacks, rank_errors=None):
-        super().__init__(message, ranks, pids, outputs, rank_errors)
-        self.stacks = stacks
+        super().__init__(message, ranks, pids, outputs, rank_errors, stacks)
 
 
 def build_result(
@@ -151,6 +162,7 @@ def build_result(
     outputs = {r: (by_rank[r].stdout, by_rank[r].stderr) for r in ranks}
     pids = [by_rank[r].pid for r in ranks]
     rank_errors = {r: _rank_error(by_rank[r]) for r in failed + stuck}
+    stacks = {r: by_rank[r].stack for r in stuck}
 
     lines = [_failure_line(by_rank[r]) for r in failed]
     if stuck:
@@ -173,6 +185,7 @@ def build_result(
             outputs,
             exitcodes={r: by_rank[r].exitcode for r in died},
             rank_errors=rank_errors,
+            stacks=stacks,
         )
     if raised:
         raise RankFailed(
@@ -183,6 +196,7 @@ def build_result(
             exc_types={r: by_rank[r].exc_type for r in raised},
             tracebacks={r: by_rank[r].traceback for r in raised},
             rank_errors=rank_errors,
+            stacks=stacks,
         )
     if unserialisable:
         raise TypeError(message("returned a record JSON cannot hold", unserialisable, with_stderr=False))
@@ -193,7 +207,7 @@ def build_result(
             stuck,
             pids,
             outputs,
-            stacks={r: by_rank[r].stack for r in stuck},
+            stacks=stacks,
             rank_errors=rank_errors,
         )
     return WorldResult(

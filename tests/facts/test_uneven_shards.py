@@ -247,7 +247,9 @@ def test_uneven_fit_with_a_synced_epoch_log_hangs_every_rank_until_the_process_g
     until the process-group timeout, then gloo raises ("Timed out waiting ... for recv", "Application
     timeout caused pair closure", or "Connection closed by peer" once a timed-out peer leaves). No rank
     finishes. ddpprobe reports ``RankFailed`` (not ``WorldTimeout``, since ``pg_timeout`` is below the world
-    timeout) with every rank's traceback or stack."""
+    timeout) with every rank's traceback, or, for a rank still waiting when the world was ended, its
+    stack (``WorldError.stacks``): the ranks with fewer batches wait in ``_sync_ddp``, the others in
+    DDP's backward or forward sync."""
     long, short = _long_and_short(world_size)
     started = time.monotonic()
     with pytest.raises(WorldError) as failure:
@@ -274,14 +276,15 @@ def test_uneven_fit_with_a_synced_epoch_log_hangs_every_rank_until_the_process_g
     for r in range(world_size):
         text = err.rank_errors[r]
         assert text == "did not finish" or gloo.error_kind(text) in (gloo.PEER_GONE, gloo.TIMED_OUT), _errors(err)
-        assert r in err.tracebacks or f"rank {r} was still running; its Python stack" in str(err), str(err)
+    # Where each rank waited: its traceback if it raised, else the stack it was in when the world was ended.
+    where = {r: err.tracebacks.get(r) or err.stacks.get(r) for r in range(world_size)}
+    assert all(where.values()), f"a rank without a traceback or a stack:\n{err}"
     for r in short:
-        if r in err.tracebacks:
-            assert "_sync_ddp" in err.tracebacks[r], err.tracebacks[r]
+        assert "_sync_ddp" in where[r], f"rank {r} (fewer batches) waited here:\n{where[r]}"
     for r in long:
-        if r in err.tracebacks:
-            traceback = err.tracebacks[r]
-            assert "backward" in traceback or "parallel/distributed.py" in traceback, traceback
+        assert "backward" in where[r] or "parallel/distributed.py" in where[r], (
+            f"rank {r} (more batches) waited here:\n{where[r]}"
+        )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -144,6 +144,23 @@ def test_a_rank_still_running_makes_a_timeout_with_its_stack():
     assert failure.value.rank_errors == {1: "did not finish"}
 
 
+def test_a_rank_still_running_when_a_peer_raised_leaves_its_stack_on_the_rank_failure():
+    """The world ended on a peer's exception, not the timeout: the rank still running has no traceback,
+    and ``stacks`` carries where it was, as ``WorldTimeout`` does."""
+    error = RankMessage(
+        rank=0, status="error", pid=100, exc_type="RuntimeError", error="Timed out waiting", traceback="Traceback ..."
+    )
+    stuck = RankMessage(rank=1, status="stuck", pid=101, stack='File "x.py", line 3 in hang')
+
+    with pytest.raises(RankFailed) as failure:
+        build_result([error, stuck], WORLD)
+
+    err = failure.value
+    assert err.ranks == [0] and list(err.tracebacks) == [0]
+    assert err.stacks == {1: 'File "x.py", line 3 in hang'}
+    assert err.rank_errors[1] == "did not finish"
+
+
 def test_a_record_json_cannot_hold_is_a_type_error_naming_the_rank():
     bad = RankMessage(rank=1, status="unserialisable", pid=101, error="record['x'] is a Tensor")
 
