@@ -260,8 +260,10 @@ def test_the_synced_epoch_mean_is_the_batch_size_weighted_mean_even_when_the_cou
     ``_sync_ddp`` on gloo sums it, then ``result.copy_(result / world_size)`` truncates back into the
     integer tensor (NCCL's AVG on integers also floors). When the ranks' batch-size totals sum to a
     number not divisible by W the denominator is floored and every rank gets
-    ``(sum(v*b) / W) / floor(sum(b) / W)``, too large. Source: result.py ``_ResultMetric.__init__``
-    (``torch.tensor(0)``) and ``compute``; lightning_fabric/utilities/distributed.py ``_sync_ddp``."""
+    ``(sum(v*b) / W) / floor(sum(b) / W)``, too large (see
+    ``test_the_synced_epoch_mean_divides_by_the_floored_mean_of_the_integer_batch_size_counts``). Source:
+    result.py ``_ResultMetric.__init__`` (``torch.tensor(0)``) and ``compute``;
+    lightning_fabric/utilities/distributed.py ``_sync_ddp``."""
     n, batch_size, weights = 3 * world_size, 2, FLOOR_WEIGHTS[world_size]
     world = run_world(
         reductions.validate_plan,
@@ -280,6 +282,43 @@ def test_the_synced_epoch_mean_is_the_batch_size_weighted_mean_even_when_the_cou
     semantics.number("synced mean", got[0], vs=("correct weighted mean", correct))
     assert got == pytest.approx([correct] * world_size, rel=1e-6), (
         oracle.side_by_side("v", got) + f"  correct weighted mean {correct}, with floored count {floored}"
+    )
+
+
+@upstream.FLOORED_COUNT_TODAY
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_the_synced_epoch_mean_divides_by_the_floored_mean_of_the_integer_batch_size_counts(
+    run_world, semantics, world_size
+):
+    """What Lightning gives today for the same log: the ranks pass ``batch_size=`` totals that add up to
+    7, which W = 2 and W = 3 do not divide, and every rank gets ``(sum(v*b) / W) / floor(sum(b) / W)``,
+    the weighted sums' mean over the floored mean of the int64 counts: 15.67 instead of 13.43 at W = 2,
+    40.08 instead of 34.36 at W = 3. Upstream issue
+    https://github.com/Lightning-AI/pytorch-lightning/issues/21859. Source: result.py
+    ``_ResultMetric.compute``; lightning_fabric/utilities/distributed.py ``_sync_ddp``."""
+    n, batch_size, weights = 3 * world_size, 2, FLOOR_WEIGHTS[world_size]
+    world = run_world(
+        reductions.validate_plan,
+        world_size,
+        n=n,
+        batch_size=batch_size,
+        weights=weights,
+        plan=[log_spec("v", sync_dist=True)],
+    )
+
+    reported = [rec["reported_batch_sizes"] for rec in world.records]
+    assert reported == weights, oracle.side_by_side("batch_size=", reported) + f"  expected {weights}"
+    assert sum(map(sum, weights)) % world_size != 0, "the counts' total must not divide by W for the floor to bite"
+    logged = _logged_batch_means(n, world_size, batch_size, weights)
+    floored = oracle.floored_sync_mean(logged)
+    correct = oracle.sync_reduce("mean", logged)
+    mean_of_rank_means = oracle.mean(oracle.log_reduce("mean", rank) for rank in logged)
+    oracle.assert_distinct(floored_count=floored, correct=correct, mean_of_rank_means=mean_of_rank_means)
+    got = _got(world, "v")
+    semantics.number("synced mean", got[0], vs=("correct weighted mean", correct))
+    assert got == pytest.approx([floored] * world_size, rel=1e-6), (
+        oracle.side_by_side("v", got) + f"  expected (floored count) {floored}; correct weighted mean {correct}; "
+        f"mean of rank means {mean_of_rank_means}"
     )
 
 

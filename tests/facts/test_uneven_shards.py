@@ -86,6 +86,7 @@ def test_uneven_shards_give_the_true_mean_with_an_epoch_level_synced_log(run_wor
     )
 
 
+@upstream.FLOORED_COUNT_TODAY
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_uneven_shards_floor_the_synced_count_so_the_epoch_level_synced_mean_is_inflated(
     run_world, semantics, world_size

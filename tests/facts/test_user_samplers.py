@@ -122,8 +122,9 @@ def test_with_a_user_unrepeated_sampler_the_synced_mean_is_the_dataset_mean(run_
     """With an unrepeated sampler every sample is evaluated exactly once, so a synced
     ``reduce_fx="mean"`` should be the dataset's mean. But the ranks' sample counts sum to N, which does
     not divide by W, and Lightning averages the integer counts across ranks with a floor: the synced
-    mean comes out as ``(sum / W) / floor(N / W)`` (7.5 instead of 6.0 for N=5, W=2), the bug of the
-    floored-count fact in test_log_reductions.py met through a sampler that does not pad.
+    mean comes out as ``(sum / W) / floor(N / W)`` (7.5 instead of 6.0 for N=5, W=2; see
+    ``test_with_a_user_unrepeated_sampler_the_synced_mean_is_inflated_by_the_floored_count``), the bug of
+    the floored-count fact in test_log_reductions.py met through a sampler that does not pad.
     Source: result.py ``_ResultMetric.compute``; lightning_fabric/utilities/distributed.py ``_sync_ddp``."""
     world = run_world(samplers.evaluate_with_sampler, world_size, n=n, batch_size=1, sampler="unrepeated", logs=SYNCED)
 
@@ -136,6 +137,36 @@ def test_with_a_user_unrepeated_sampler_the_synced_mean_is_the_dataset_mean(run_
     semantics.number("synced mean", got[0], vs=("dataset mean", dataset_mean))
     assert got == pytest.approx([dataset_mean] * world_size), (
         oracle.side_by_side("v", got) + f"  expected dataset mean {dataset_mean}; floored-count mean is {floored}"
+    )
+
+
+@upstream.FLOORED_COUNT_TODAY
+@pytest.mark.parametrize("world_size, n", [(2, 5), (3, 7)])
+def test_with_a_user_unrepeated_sampler_the_synced_mean_is_inflated_by_the_floored_count(
+    run_world, semantics, world_size, n
+):
+    """What Lightning gives today for the same log: each rank saw its unrepeated shard once, with
+    ``batch_size=1``, so the ranks' int64 batch-size counts add up to N; ``_ResultMetric.compute``
+    mean-syncs them in integer arithmetic, and every rank gets ``(sum(v) / W) / floor(N / W)``: 7.5
+    instead of 6.0 for N=5, W=2, and 15.17 instead of 13.0 for N=7, W=3. Upstream issue
+    https://github.com/Lightning-AI/pytorch-lightning/issues/21859. Source: result.py
+    ``_ResultMetric.compute``; lightning_fabric/utilities/distributed.py ``_sync_ddp``."""
+    world = run_world(samplers.evaluate_with_sampler, world_size, n=n, batch_size=1, sampler="unrepeated", logs=SYNCED)
+
+    shards = [oracle.unrepeated_shard(n, world_size, r) for r in range(world_size)]
+    seen = [_flat(rec["seen_ids"]) for rec in world.records]
+    assert seen == shards, oracle.side_by_side("saw", seen) + f"  expected {shards}"
+    assert n % world_size != 0, "the counts add up to N, which must not divide by W for the floor to bite"
+    logged = [[(v, 1) for v in oracle.values(shard)] for shard in shards]
+    floored = oracle.floored_sync_mean(logged)
+    dataset_mean = oracle.mean(oracle.values(range(n)))
+    mean_of_rank_means = oracle.mean(oracle.log_reduce("mean", rank) for rank in logged)
+    oracle.assert_distinct(floored_count=floored, dataset=dataset_mean, mean_of_rank_means=mean_of_rank_means)
+    got = [rec["callback_metrics"]["v"] for rec in world.records]
+    semantics.number("synced mean", got[0], vs=("dataset mean", dataset_mean))
+    assert got == pytest.approx([floored] * world_size, rel=1e-6), (
+        oracle.side_by_side("v", got) + f"  expected (floored count) {floored}; dataset mean {dataset_mean}; "
+        f"mean of rank means {mean_of_rank_means}"
     )
 
 
