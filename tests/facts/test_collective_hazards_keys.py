@@ -140,8 +140,8 @@ def test_a_key_only_some_ranks_log_crashes_those_ranks_and_leaves_a_wrong_value_
     finishes ``trainer.validate`` without an error holding, under ``shared``, the mean of the other
     ranks' ``extra`` values and its own ``shared`` value. The other ranks then sync ``shared`` alone:
     once the last rank has finished and closed its connections, gloo fails their barrier with
-    "Connection closed by peer" (or "reset by peer": tests/support/gloo.py). ddpprobe reports ``RankFailed`` naming exactly those ranks, each
-    with gloo's own message, well within the process-group timeout."""
+    "Connection closed by peer" (or "reset by peer": tests/support/gloo.py). ddpprobe reports ``RankFailed``
+    naming exactly those ranks, each with gloo's own message, well within the process-group timeout."""
     last = world_size - 1
     plan = [([["extra", _value(r, 0)]] if r != last else []) + [["shared", _value(r, 1)]] for r in range(world_size)]
     with pytest.raises(RankFailed) as failure:

@@ -44,8 +44,8 @@ def test_metric_compute_under_if_global_rank_0_leaves_rank_0_alone_in_the_metric
     """``if self.global_rank == 0: value = self.mean.compute()`` in ``on_validation_epoch_end``: the
     other ranks skip the call, finish ``trainer.validate`` and close their connections, while rank 0's
     ``compute()`` all_gathers the metric's states (``Metric._sync_dist``) with peers that never come.
-    gloo fails rank 0 with "Connection closed by peer" (or "reset by peer"); ddpprobe reports ``RankFailed`` naming rank 0
-    only, with gloo's message and a traceback through torchmetrics' sync, well within the timeouts.
+    gloo fails rank 0 with "Connection closed by peer" (or "reset by peer"); ddpprobe reports ``RankFailed``
+    naming rank 0 only, with gloo's message and a traceback through torchmetrics' sync, well within the timeouts.
     Every other rank finished, without a value."""
     with pytest.raises(RankFailed) as failure:
         run_world(
