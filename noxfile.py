@@ -6,7 +6,7 @@ release of one Lightning distribution (``pytorch-lightning``, or the unified ``l
 JSON as ``.nox-out/semantics-<distribution>-<version>.json``. The ``matrix`` session merges those files
 into ``docs/matrix.md`` (``python -m ddpprobe.card.matrix``): one row per fact, one column per release
 and package, each cell *holds*, *does not hold*, *bug present*, *bug absent* or *n/a* (the fact skipped
-there, e.g. ``requires_lightning(">=2.0")`` on 1.9.5); facts that differ between the two packages at the
+there, e.g. ``run_if(lightning=">=2.0")`` on 1.9.5); facts that differ between the two packages at the
 same release are listed first.
 
 The releases (``ddpprobe/card/releases.py``): the last 1.x and the last patch of every 2.x minor of

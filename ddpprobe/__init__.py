@@ -1,10 +1,24 @@
 """ddpprobe: executable answers to "what does PyTorch Lightning DDP synchronize, and what does it log?".
 
-Three rooms:
+The rooms, each a package or module with its own docstring:
 
-- :mod:`ddpprobe.launch` starts a world of rank processes and returns what each rank recorded;
+- :mod:`ddpprobe.launch` starts a world of rank processes (forked, spawned, or the ranks of a torchrun
+  or srun world) and returns what each rank recorded, or raises ``RankFailed``/``RankDied``/``WorldTimeout``;
 - :mod:`ddpprobe.probes` holds the LightningModules and scenarios that record what a rank saw;
-- ``tests/`` holds the facts: pytest cases that assert on those records.
+- ``tests/facts/`` holds the facts: pytest cases that assert on those records;
+- :mod:`ddpprobe.audit` runs a user's LightningModule at W=1 and W=N and reports which logged values are
+  rank-local, wrong or unsafe under DDP (``python -m ddpprobe audit``; docs/audit.md);
+- :mod:`ddpprobe.guard`: ``CollectiveGuard``, turns a collective hazard into a clear error at its first
+  step (docs/guard.md);
+- :mod:`ddpprobe.card` writes the semantics card (what one run of the facts established) and merges
+  cards of several Lightning releases into the version matrix;
+- :mod:`ddpprobe.runif`: the one skip vocabulary (``run_if``: CUDA devices, backend, Lightning release);
+- :mod:`ddpprobe.pytest_plugin`: the pytest options, the ``run_world`` fixture and ``run_if`` turned into
+  skips at collection (the card's own plugin is :mod:`ddpprobe.card.plugin`).
+
+The Lightning package every room imports (``pytorch_lightning`` or ``lightning.pytorch``) is chosen once,
+in ``ddpprobe/_lightning.py``. Here: the launcher's public names users need (``run_world`` and its results
+and errors).
 """
 
 from ddpprobe.launch import (

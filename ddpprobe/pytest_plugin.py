@@ -48,7 +48,6 @@ from ddpprobe.launch import (
     run_world as _run_world,
 )
 
-
 #: How each launch setting is named in a usage error: the option (its variable is named by the resolver).
 _OPTIONS = {
     "backend": "--backend",
@@ -208,11 +207,14 @@ def pytest_collection_modifyitems(config, items) -> None:
         present = {_world_size_of(item) for item in items} - {None}
         missing = sorted(sizes - present)
         if missing:
+            given = ",".join(map(str, sorted(sizes)))
+            absent = ", ".join(map(str, missing))
+            found = ", ".join(map(str, sorted(present))) or "none"
             _refuse(
                 config,
                 items,
-                f"--world-size {','.join(map(str, sorted(sizes)))}: no collected test is parametrised with world "
-                f"size {', '.join(map(str, missing))} (world sizes present: {', '.join(map(str, sorted(present))) or 'none'})",
+                f"--world-size {given}: no collected test is parametrised with world size {absent} "
+                f"(world sizes present: {found})",
             )
             return
         keep, drop = [], []

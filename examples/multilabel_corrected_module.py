@@ -11,7 +11,7 @@ A torchmetrics ``MultilabelPrecisionRecallCurve(thresholds=None)`` gives the sam
 (recipe ``d``), which differs when N does not divide by W; ``thresholds=<grid>`` keeps memory constant but can
 only choose grid points (recipe ``g``).
 
-``python -m ddpprobe audit examples.multilabel_corrected_module:make_model --data examples.multilabel_corrected_module:make_data``
+``M=examples.multilabel_corrected_module; python -m ddpprobe audit $M:make_model --data $M:make_data``
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ The "model" is the data: sample ``i`` carries fixed scores and labels (ddpprobe/
 tests/facts/test_multilabel_best_threshold_f1.py; the corrected version is
 examples/multilabel_corrected_module.py.
 
-``python -m ddpprobe audit examples.multilabel_original_module:make_model --data examples.multilabel_original_module:make_data``
+``M=examples.multilabel_original_module; python -m ddpprobe audit $M:make_model --data $M:make_data``
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 
 Run any of them, e.g.::
 
-    python -m ddpprobe audit examples.reported_cases:make_unpadded_mean_model --data examples.reported_cases:make_unpadded_11
+    M=examples.reported_cases; python -m ddpprobe audit $M:make_unpadded_mean_model --data $M:make_unpadded_11
 
 The data carry their sample ``id`` and ``value`` (``id * id``, ddpprobe/probes/data.py), so a rank's
 samples, and the numbers every reduction should give, can be computed without Lightning.

@@ -1,7 +1,7 @@
 """The seed question's F1 module (``examples/seed_f1_module.py``) written with the unified ``lightning``
 package: ``import lightning as L`` and ``L.LightningModule``, as the Lightning docs write it.
 
-``python -m ddpprobe audit examples.seed_f1_module_lightning:make_model --data examples.seed_f1_module_lightning:make_data``
+``M=examples.seed_f1_module_lightning; python -m ddpprobe audit $M:make_model --data $M:make_data``
 reads the package from the module's base class and runs ``lightning.pytorch``'s Trainer; its verdicts
 are those of the ``pytorch_lightning`` version (tests/tooling/test_audit_lightning.py checks that).
 Needs ``pip install lightning`` (the ``lightning`` extra of this project).

@@ -9,10 +9,10 @@ order with the hook, the logged key, op, dtype, shape and the user's line; every
 its value and batch size; every batch's sample ids (or content hashes). Each rank also records the
 final ``trainer.callback_metrics``, what it printed, the removed Lightning 1.x hooks the module
 defines, and what reached the logger. The result has one row per logged key, e.g. for
-``examples/seed_f1_module.py`` at W=2::
+``examples/seed_f1_module.py`` at W=2 (the step, epoch, sync_dist and reduce_fx columns left out)::
 
-    key     hook                     step  epoch  sync_dist  reduce_fx  W=1  rank 0    rank 1  verdict
-    val_f1  on_validation_epoch_end  no    yes    no         mean       0.8  0.857143  0.75    ! rank-divergent (not synced)
+    key     hook                     ...  W=1  rank 0    rank 1  verdict
+    val_f1  on_validation_epoch_end  ...  0.8  0.857143  0.75    ! rank-divergent (not synced)
 
 with one of these verdicts (``ddpprobe.audit.SYNCED_EQUAL`` etc.):
 

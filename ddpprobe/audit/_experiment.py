@@ -69,8 +69,9 @@ def experiment_rows(
                 [c for c in rank if c.get("hook") == hook and c.get("source") in ("user", "torchmetrics")]
                 for rank in collectives_per_rank
             ]
+            written = ", ".join(format(v, ".6g") for v in values if v is not None)
             cause = (
-                f"each rank computed {tag!r} in {hook} and wrote its own value ({', '.join(format(v, '.6g') for v in values if v is not None)}); "
+                f"each rank computed {tag!r} in {hook} and wrote its own value ({written}); "
                 "logger.experiment is a no-op on every rank but 0, so the logger has rank 0's value only"
             )
             if hook and not any(in_hook):

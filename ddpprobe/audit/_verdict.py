@@ -20,8 +20,9 @@ NOT_IN_WORLD = "not logged in the distributed run"
 NO_VALUE = "no value on any rank (the stage did not complete)"
 NOT_STORED = "no value under this key, at W=1 or on any rank (nothing to compare)"
 
-#: The upstream issue of the floored batch-size count in the synced epoch mean (the suite's strict xfail
-#: tests/facts/test_log_reductions.py::test_the_synced_epoch_mean_is_the_batch_size_weighted_mean_even_when_the_count_does_not_divide_by_world_size).
+#: The upstream issue of the floored batch-size count in the synced epoch mean (the suite's strict xfail in
+#: tests/facts/test_log_reductions.py:
+#: test_the_synced_epoch_mean_is_the_batch_size_weighted_mean_even_when_the_count_does_not_divide_by_world_size).
 FLOORED_COUNT_ISSUE = "https://github.com/Lightning-AI/pytorch-lightning/issues/21859"
 
 #: Verdicts that make the audit fail when the key is epoch-level.
@@ -373,7 +374,10 @@ def rows(
                     )
                     fixes = ["same_keys"]
                 elif sync_dist and not metric_object:
-                    cause += "; its sync_dist all_reduce waits for ranks that never join it (a hang, or a mismatch with their next collective)"
+                    cause += (
+                        "; its sync_dist all_reduce waits for ranks that never join it (a hang, or a mismatch with "
+                        "their next collective)"
+                    )
                 elif metric_object:
                     cause += "; the Metric's compute() syncs its state with ranks that never join it"
                 else:
@@ -491,12 +495,16 @@ def rows(
                     differing = next(
                         (i for i in range(n) if not all(close(s[i], steps[0][i], rtol, atol) for s in steps)), n
                     )
+                    at_step = [s[differing] if differing < len(s) else None for s in steps]
                     cause = (
-                        f"at step {differing} the ranks logged {[s[differing] if differing < len(s) else None for s in steps]}: "
+                        f"at step {differing} the ranks logged {at_step}: "
                         "each rank's step value is its own batch's, and Lightning's logger writes rank 0's"
                     )
                     if metric_object:
-                        cause += " (a Metric object's step value is its forward() on the rank's batch; sync_dist does not apply)"
+                        cause += (
+                            " (a Metric object's step value is its forward() on the rank's batch; sync_dist does "
+                            "not apply)"
+                        )
                     fixes = ["metric_step_sync"] if metric_object else ["step_sync"]
                 out.append(
                     KeyRow(

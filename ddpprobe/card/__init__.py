@@ -10,7 +10,7 @@ One module per job:
 - ``schema.json`` + ``schema.py``: the card's JSON Schema, its outcome codes and their words, and the
   validator; the writer, the validator and the matrix all read them from there;
 - ``environment.py``: Python, torch, the Lightning package and version, torchmetrics, the machine;
-- ``summary.py``: the seed question answered with the run's numbers, and the README's order of sections;
+- ``summary.py``: the seed question answered with the run's numbers, and the order of sections (``TOPIC_ORDER``);
 - ``markdown.py``: the card rendered as Markdown;
 - ``sharding.py``: the picture of a real world's ``DistributedSampler`` shards, padding copies marked;
 - ``releases.py``: which Lightning releases the matrix covers, from the package index;

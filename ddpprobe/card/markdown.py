@@ -3,10 +3,10 @@
 Top to bottom: the seed question answered with this run's numbers (:mod:`ddpprobe.card.summary`), the run
 (date, Python, torch, the Lightning package and its version, torchmetrics, backend, world sizes, machine,
 command), the count of verdicts and their meaning, the sharding picture, then one section per test module
-in the README's order: the module's topic, one table row per test case (the fact, i.e. the test's name as
-a sentence; its parameters; its verdict; the numbers it recorded; its id), and under the table the
-docstrings that explain each fact. The first row of a function carries the fact; its further cases show
-``″``.
+in the order of :data:`~ddpprobe.card.summary.TOPIC_ORDER`: the module's topic, one table row per test
+case (the fact, i.e. the test's name as a sentence; its parameters; its verdict; the numbers it recorded;
+its id), and under the table the docstrings that explain each fact. The first row of a function carries
+the fact; its further cases show ``″``.
 """
 
 from __future__ import annotations

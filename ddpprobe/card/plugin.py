@@ -202,7 +202,7 @@ class CardCollector:
             "backend": self.config.getoption("backend", None),
             "world_sizes": sorted({f["world_size"] for f in facts if f["world_size"] is not None}),
             "summary": {code: sum(f["outcome"] == code for f in facts) for code in OUTCOMES},
-            "topics": order_topics(list(topics.values()), Path(self.config.rootpath) / "README.md"),
+            "topics": order_topics(list(topics.values())),
             "left_out": left_out,
             "sharding": None if self.config.getoption("semantics_no_picture", False) else self._sharding(),
         }

@@ -7,15 +7,15 @@ each answered by facts of the suite. :func:`seed_answers` reads a card: a part's
 when every case of its facts holds in this run, and with the numbers those facts recorded with
 ``semantics.number``; otherwise it says which verdicts the run got instead.
 
-Sections follow the README's map of the tests (the rows of its "What the tests answer" table,
-:func:`readme_order`); test modules not in the table come after, alphabetically.
+Sections follow :data:`TOPIC_ORDER`, the fact modules from the seed question outwards (the README's
+"What the tests answer" table lists them in the same order, which tests/tooling/test_card_layout.py
+checks); test modules not in it come after, alphabetically by path (:func:`order_topics`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
-from pathlib import Path
 from typing import Optional
 
 SEED_QUESTION = (
@@ -158,25 +158,42 @@ def seed_answers(card: dict, questions=SEED_QUESTIONS) -> list:
     return answers
 
 
-def readme_order(readme_text: str) -> list:
-    """Test file paths in the order of the README's "What the tests answer" table (its first column).
+#: The card's sections, in order: fact modules by path relative to the rootdir, from the seed question
+#: (sharding, what the epoch end sees, sync_dist, printing, the whole-set F1) outwards. A fact module not
+#: listed still gets its section, after these, alphabetically by path; to give it its place, add its path
+#: here and its row at the same place in the "What the tests answer" tables of README.md and docs/tests.md
+#: (tests/tooling/test_card_layout.py checks that both list exactly these, in this order).
+TOPIC_ORDER = (
+    "tests/facts/test_sharding.py",
+    "tests/facts/test_epoch_end_outputs.py",
+    "tests/facts/test_logging_sync_dist.py",
+    "tests/facts/test_printing_and_loggers.py",
+    "tests/facts/test_f1_over_whole_set.py",
+    "tests/facts/test_multilabel_best_threshold_f1.py",
+    "tests/facts/test_removed_hooks.py",
+    "tests/facts/test_lightning_1x_hooks.py",
+    "tests/facts/test_log_reductions.py",
+    "tests/facts/test_where_values_land.py",
+    "tests/facts/test_collectives.py",
+    "tests/facts/test_collective_hazards_keys.py",
+    "tests/facts/test_collective_hazards_torchmetrics.py",
+    "tests/facts/test_collective_hazards_callbacks.py",
+    "tests/facts/test_collective_hazards_nccl.py",
+    "tests/facts/test_training_loop.py",
+    "tests/facts/test_callbacks.py",
+    "tests/facts/test_nccl.py",
+    "tests/facts/test_multinode.py",
+    "tests/facts/test_predict.py",
+    "tests/facts/test_iterable_datasets.py",
+    "tests/facts/test_uneven_shards.py",
+    "tests/facts/test_user_samplers.py",
+    "tests/facts/test_several_dataloaders.py",
+)
 
-    Returns ``[]`` when the README has no such section.
-    """
-    match = re.search(r"^## What the tests answer\s*$(.*?)(?=^## |\Z)", readme_text, flags=re.M | re.S)
-    if not match:
-        return []
-    paths = []
-    for line in match.group(1).splitlines():
-        if line.startswith("|"):
-            first_cell = line.strip("|").split("|")[0]
-            paths += [p for p in re.findall(r"`([^`]+\.py)`", first_cell) if p not in paths]
-    return paths
 
-
-def order_topics(topics: list, readme: Optional[Path]) -> list:
-    """``topics`` (card topics, with ``path`` relative to the rootdir) in the README's order, the rest after,
-    alphabetically by path. Without a README (``None`` or no such file) all alphabetically."""
-    text = readme.read_text(encoding="utf-8") if readme is not None and readme.is_file() else ""
-    order = {path: i for i, path in enumerate(readme_order(text))}
-    return sorted(topics, key=lambda t: (order.get(t["path"], len(order)), t["path"]))
+def order_topics(topics: list, order: Optional[tuple] = None) -> list:
+    """``topics`` (card topics, each a dict with ``path`` relative to the rootdir) sorted by ``order``
+    (default :data:`TOPIC_ORDER`, read at call time); paths not in it come after, alphabetically by path.
+    Returns a new list; ``topics`` is not changed."""
+    index = {path: i for i, path in enumerate(TOPIC_ORDER if order is None else order)}
+    return sorted(topics, key=lambda t: (index.get(t["path"], len(index)), t["path"]))

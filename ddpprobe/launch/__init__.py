@@ -16,7 +16,14 @@ Settings (backend, timeout, process-group timeout, start method) are resolved in
 :func:`resolve_settings` (argument > ``DDPPROBE_*`` environment variable > default), which raises
 :class:`SettingsError` naming the bad value, its source and the fix.
 
-Layout (everything prefixed with ``_`` is private; other modules import only the names below):
+Public names (``__all__``): what users and the other rooms import. Users: ``run_world``, its results
+(``WorldResult``, ``RankResult``) and errors (``WorldError``, ``RankFailed``, ``RankDied``, ``WorldTimeout``),
+``RankInfo`` (what a scenario receives). The probes, the audit, the card, ``runif`` and the pytest plugin:
+``resolve_settings``, ``Settings``, ``SettingsError``, ``BACKENDS``, ``START_METHODS``, ``DEFAULT_TIMEOUT_S``,
+``MAX_WORLD_SIZE``, ``cuda_device_count``, ``external_world``, ``leave_external_world``. The launcher's own
+tests: ``RankMessage``, ``build_result``, ``STDERR_TAIL_LINES``.
+
+Layout (everything prefixed with ``_`` is private; other modules import only the names above):
 
 - ``_world.py``: ``run_world`` and the supervision of one launched world (start, wait, kill, reap);
 - ``_arguments.py``: checks of the scenario, its parameters, world size, nodes, env, devices;
@@ -31,7 +38,7 @@ Layout (everything prefixed with ``_`` is private; other modules import only the
 """
 
 from ddpprobe.launch._arguments import cuda_device_count
-from ddpprobe.launch._external import ExternalWorld, external_world, shutdown as leave_external_world
+from ddpprobe.launch._external import external_world, shutdown as leave_external_world
 from ddpprobe.launch._message import RankMessage
 from ddpprobe.launch._results import (
     STDERR_TAIL_LINES,
@@ -46,10 +53,6 @@ from ddpprobe.launch._results import (
 from ddpprobe.launch._settings import (
     BACKENDS,
     DEFAULT_TIMEOUT_S,
-    ENVIRONMENT,
-    MAX_SECONDS,
-    MIN_SECONDS,
-    PG_TIMEOUT_SHARE,
     START_METHODS,
     Settings,
     SettingsError,
@@ -61,12 +64,7 @@ from ddpprobe.launch._world import run_world
 __all__ = [
     "BACKENDS",
     "DEFAULT_TIMEOUT_S",
-    "ENVIRONMENT",
-    "ExternalWorld",
-    "MAX_SECONDS",
     "MAX_WORLD_SIZE",
-    "MIN_SECONDS",
-    "PG_TIMEOUT_SHARE",
     "START_METHODS",
     "STDERR_TAIL_LINES",
     "RankDied",

@@ -127,9 +127,10 @@ def check_num_nodes(num_nodes, world_size: int, backend: str) -> int:
     if isinstance(num_nodes, bool) or not isinstance(num_nodes, int):
         raise TypeError(f"num_nodes must be an int, got {type(num_nodes).__name__} {num_nodes!r}")
     if num_nodes < 1 or world_size % num_nodes:
+        divisors = ", ".join(str(d) for d in range(1, world_size + 1) if world_size % d == 0)
         raise ValueError(
             f"num_nodes={num_nodes} does not divide world_size={world_size} into equal nodes; give a "
-            f"num_nodes that divides it (e.g. {', '.join(str(d) for d in range(1, world_size + 1) if world_size % d == 0)})"
+            f"num_nodes that divides it (e.g. {divisors})"
         )
     if num_nodes > 1 and backend == "nccl":
         raise ValueError(

@@ -92,7 +92,7 @@ def test_b_averaging_per_batch_best_threshold_f1_gives_neither_the_whole_set_f1_
 
 
 @pytest.mark.parametrize("world_size, n, batch_size", CASES)
-def test_c_all_gather_and_d_a_synced_curve_metric_choose_the_threshold_on_the_padded_set_and_e_dropping_duplicates_gives_the_single_process_numbers(
+def test_c_all_gather_and_d_a_synced_curve_metric_choose_the_threshold_on_the_padded_set_and_e_dropping_duplicates_gives_the_single_process_numbers(  # noqa: E501 (the name states the fact; the audit and the card cite it)
     run_world, semantics, world_size, n, batch_size
 ):
     """Whole-set recipes: (c) ``self.all_gather`` of scores and labels and (d) torchmetrics

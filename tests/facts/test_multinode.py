@@ -198,14 +198,14 @@ def _run_two_nodes(tmp_path, scenario: str, params: dict, timeout: float = 120) 
             if agent.poll() is None:
                 os.killpg(agent.pid, signal.SIGKILL)
         logs = [agent.communicate()[0] for agent in agents]
-        pytest.fail(f"torchrun agents did not finish within {timeout}s\n" + "\n".join(l[-3000:] for l in logs))
+        pytest.fail(f"torchrun agents did not finish within {timeout}s\n" + "\n".join(log[-3000:] for log in logs))
     finally:
         for agent in agents:
             if agent.poll() is None:
                 os.killpg(agent.pid, signal.SIGKILL)
                 agent.wait()
     codes = [a.returncode for a in agents]
-    assert codes == [0] * NODES and out.exists(), f"agents exited {codes}\n" + "\n".join(l[-3000:] for l in logs)
+    assert codes == [0] * NODES and out.exists(), f"agents exited {codes}\n" + "\n".join(log[-3000:] for log in logs)
     messages = json.loads(out.read_text())
     assert [m["status"] for m in messages] == ["ok"] * WORLD_SIZE, messages
     return messages

@@ -24,8 +24,7 @@ from ddpprobe import audit as ddp_audit
 from ddpprobe._lightning import pl
 from ddpprobe.audit import AuditInputError, audit
 from ddpprobe.probes.data import IdDataset
-from examples import corrected_f1_module as corrected
-from examples import seed_f1_module as seed
+from examples import corrected_f1_module as corrected, seed_f1_module as seed
 from tests.support import oracle
 from tests.support.worlds import skip_unless_runnable
 

@@ -2,14 +2,16 @@
 
 Inner pytest runs over fake fact modules whose outcomes are fixed by construction: the seed question's
 summary opens the card and answers only from facts that held, with their recorded numbers; sections
-follow the README's table; the fact column is the test's name and the docstring its explanation; the
-header names the Lightning package the facts ran and its version.
+follow ``TOPIC_ORDER`` (ddpprobe/card/summary.py), as the README's table of tests does; the fact column
+is the test's name and the docstring its explanation; the header names the Lightning package the facts
+ran and its version.
 """
 
 import importlib.util
 import json
 import re
 from importlib.metadata import version
+from pathlib import Path
 
 import pytest
 
@@ -87,23 +89,22 @@ def test_the_card_opens_with_the_seed_question_answered_only_by_facts_that_held_
     assert [a["answer"] is not None for a in answers] == [True, False, False, False, False]
 
 
-def test_sections_follow_the_readmes_table_of_tests_and_the_rest_come_after_alphabetically(pytester):
-    """The README's "What the tests answer" table lists ``test_zebra.py`` before ``test_apple.py``; the
-    card's sections (JSON ``topics`` and Markdown headings) follow it, and the modules absent from the
-    table (``test_kiwi.py``, ``test_mango.py``; a later section naming kiwi does not count) come after,
-    alphabetically."""
+def test_sections_follow_the_topic_order_in_code_and_the_rest_come_after_alphabetically(pytester, monkeypatch):
+    """With ``TOPIC_ORDER`` listing ``test_zebra.py`` before ``test_apple.py``, the card's sections (JSON
+    ``topics`` and Markdown headings) follow it, and the modules absent from it (``test_kiwi.py``,
+    ``test_mango.py``) come after, alphabetically. A README beside them listing the files in another order
+    changes nothing: the card reads no README."""
+    monkeypatch.setattr(summary, "TOPIC_ORDER", ("test_zebra.py", "test_apple.py"))
     readme = """# x
 
 ## What the tests answer
 
 | file | question |
 | --- | --- |
+| `test_mango.py` | m? |
+| `test_apple.py` | a? |
+| `test_kiwi.py` | k? |
 | `test_zebra.py` | z? |
-| `test_apple.py`, `test_zebra.py` | a? |
-
-## Next section
-
-| `test_kiwi.py` | not the table |
 """
     files = {name: "def test_one():\n    pass\n" for name in ("test_apple", "test_kiwi", "test_mango", "test_zebra")}
     markdown, card = _run(pytester, files, readme=readme)
@@ -111,7 +112,37 @@ def test_sections_follow_the_readmes_table_of_tests_and_the_rest_come_after_alph
     order = ["test_zebra", "test_apple", "test_kiwi", "test_mango"]
     assert [t["module"] for t in card["topics"]] == order
     assert [line[3:] for line in markdown.splitlines() if line[3:] in order] == order
-    assert summary.readme_order(readme) == ["test_zebra.py", "test_apple.py"]
+
+
+def table_paths(markdown: str) -> list:
+    """The ``.py`` paths in the first column of the "What the tests answer" table (under a heading of any
+    level with that title), in order."""
+    match = re.search(r"^#+ What the tests answer\s*$(.*?)(?=^#+ |\Z)", markdown, flags=re.M | re.S)
+    assert match, "no 'What the tests answer' section"
+    paths = []
+    for line in match.group(1).splitlines():
+        if line.startswith("|"):
+            first_cell = line.strip("|").split("|")[0]
+            paths += [p for p in re.findall(r"`([^`]+\.py)`", first_cell) if p not in paths]
+    return paths
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/tests.md"])
+def test_the_tables_of_tests_list_every_topic_of_the_card_in_the_cards_order(page):
+    """The "What the tests answer" tables (the README's, and the full map in docs/tests.md) and the card's
+    sections agree: the fact modules a table names are exactly those of ``TOPIC_ORDER``, in that order,
+    and each exists. (A fact module in neither still gets its section on the card, after these.)"""
+    root = Path(__file__).resolve().parents[2]
+    order = list(summary.TOPIC_ORDER)
+    missing = [path for path in order if not (root / path).is_file()]
+    assert not missing, f"TOPIC_ORDER names files that do not exist: {missing}"
+    table = [p for p in table_paths((root / page).read_text(encoding="utf-8")) if p.startswith("tests/facts/")]
+    assert table == order, (
+        f"{page}'s 'What the tests answer' table and ddpprobe.card.summary.TOPIC_ORDER differ:\n"
+        f"  only in {page}: {[p for p in table if p not in order]}\n"
+        f"  only in TOPIC_ORDER: {[p for p in order if p not in table]}\n"
+        f"  {page} order: {table}\n  TOPIC_ORDER: {order}"
+    )
 
 
 def test_the_fact_column_is_the_tests_name_and_the_docstring_is_its_explanation(pytester):

@@ -32,6 +32,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+
 from ddpprobe._lightning import pl
 from ddpprobe.probes import log_spec, validation
 from ddpprobe.probes.common import ddp_trainer, id_loader, recorded_warnings

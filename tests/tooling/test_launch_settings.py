@@ -5,8 +5,14 @@ value, where it came from and the fix. (ddpprobe/launch/_settings.py ``resolve_s
 
 import pytest
 
-from ddpprobe.launch import DEFAULT_TIMEOUT_S, Settings, SettingsError, WorldTimeout, resolve_settings
-from ddpprobe.launch import run_world as api_run_world
+from ddpprobe.launch import (
+    DEFAULT_TIMEOUT_S,
+    Settings,
+    SettingsError,
+    WorldTimeout,
+    resolve_settings,
+    run_world as api_run_world,
+)
 from ddpprobe.launch._external import main as launch_main
 from tests.support import scenarios
 
