@@ -28,6 +28,7 @@ PROBE_MODULES = (
     "multilabel",
     "multinode",
     "nccl",
+    "outside_log_reductions",
     "predict",
     "reductions",
     "samplers",
