@@ -30,6 +30,7 @@ PROBE_MODULES = (
     "nccl",
     "outside_log_reductions",
     "predict",
+    "rank_state",
     "reductions",
     "samplers",
     "trace",
