@@ -12,11 +12,14 @@ rank 0's parameters and buffers).
 
 from __future__ import annotations
 
+import os
+import time
+
 import torch
 
 from ddpprobe._lightning import pl
 from ddpprobe.launch import RankInfo
-from ddpprobe.probes.common import batch_ids, ddp_trainer, seed_everything
+from ddpprobe.probes.common import batch_ids, ddp_trainer, id_loader, seed_everything
 from ddpprobe.probes.data import IdDataset
 
 #: Numbers drawn per ``training_step`` (``torch.rand(NOISE_SIZE)``) and elements of the dropout mask.
@@ -105,4 +108,108 @@ def seeded_randomness(
         "masks": model.masks,
         "worker_noise": model.worker_noise,
         "ids": model.ids,
+    }
+
+
+#: Seconds a rank waits for rank 0's version folder before it gives up (``TimeoutError``).
+VERSION_FOLDER_WAIT_S = 20.0
+
+
+def _wait_for(path: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not os.path.isdir(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} did not appear within {timeout_s} s")
+        time.sleep(0.05)
+
+
+#: Where ``_LogDirProbe`` reads ``trainer.log_dir`` at the end of the training epoch.
+READ_LOG_DIR = (None, "in_rank_zero_only", "on_every_rank")
+
+
+class _LogDirProbe(pl.LightningModule):
+    """Logs ``"v"`` per step. At the end of the training epoch a ``@rank_zero_only`` function records a log
+    folder, then every rank meets in ``trainer.strategy.barrier()``.
+
+    Args:
+        read_log_dir: None (nothing read), ``"in_rank_zero_only"`` (the function reads ``trainer.log_dir``
+            itself, on rank 0 alone) or ``"on_every_rank"`` (every rank reads ``trainer.log_dir`` and passes
+            it to the function).
+    """
+
+    def __init__(self, read_log_dir=None):
+        super().__init__()
+        if read_log_dir not in READ_LOG_DIR:
+            raise ValueError(f"read_log_dir={read_log_dir!r}: use one of {READ_LOG_DIR}")
+        self.layer = torch.nn.Linear(2, 1)
+        self.read_log_dir = read_log_dir
+        self.read: list = []
+
+    def training_step(self, batch, batch_idx):
+        self.log("v", batch["value"].mean(), on_step=True, on_epoch=False, batch_size=len(batch["id"]))
+        return self.layer(batch["x"]).sum() * 0.0
+
+    def on_train_epoch_end(self):
+        if self.read_log_dir is None:
+            return
+
+        @pl.utilities.rank_zero_only
+        def save_next_to_the_logs(log_dir=None):
+            self.read.append(log_dir if log_dir is not None else self.trainer.log_dir)
+
+        if self.read_log_dir == "on_every_rank":
+            save_next_to_the_logs(self.trainer.log_dir)
+        else:
+            save_next_to_the_logs()
+        self.trainer.strategy.barrier()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.0)
+
+
+def logger_versions(info: RankInfo, rank0_first: bool = True, version=None, read_log_dir=None) -> dict:
+    """Scenario: every rank makes ``CSVLogger(save_dir=<world folder>, version=version)`` (one folder for all
+    ranks) and fits ``_LogDirProbe(read_log_dir)`` for one epoch with it, checkpointing on (``ModelCheckpoint``
+    with no ``dirpath``).
+
+    With ``rank0_first``, rank 0 creates its version folder first (``logger.experiment`` makes
+    ``lightning_logs/version_<v>``) and the other ranks make their logger only once ``version_0`` exists
+    (they wait up to ``VERSION_FOLDER_WAIT_S``): what happens when rank 0 starts earlier than its peers.
+
+    Paths in the record are relative to the world folder. Record keys: ``version_before_fit``
+    (``logger.version`` as the rank first read it), ``version`` and ``logger_log_dir`` (after ``fit``),
+    ``trainer_log_dir`` (``trainer.log_dir``, read on every rank after ``fit``), ``checkpoint_dirpath``,
+    ``version_folders`` (``{folder under lightning_logs: sorted entries}`` after ``fit``), ``read`` (what the
+    ``@rank_zero_only`` function recorded: one path on rank 0, nothing elsewhere).
+    """
+    root = os.path.join(info.world_dir, "lightning_logs")
+    logger = pl.loggers.CSVLogger(save_dir=info.world_dir, version=version)
+    if rank0_first:
+        if info.rank == 0:
+            logger.experiment  # noqa: B018 - creating the experiment makes the version folder
+        else:
+            _wait_for(os.path.join(root, "version_0"), VERSION_FOLDER_WAIT_S)
+    version_before_fit = logger.version
+    model = _LogDirProbe(read_log_dir)
+    trainer = ddp_trainer(
+        info, max_epochs=1, limit_val_batches=0, log_every_n_steps=1, logger=logger, enable_checkpointing=True
+    )
+    trainer.fit(model, train_dataloaders=id_loader(2 * info.world_size, 1))
+    trainer_log_dir = trainer.log_dir
+    trainer.strategy.barrier()
+
+    def rel(path):
+        return os.path.relpath(path, info.world_dir) if path else path
+
+    folders = {}
+    if os.path.isdir(root):
+        folders = {name: sorted(os.listdir(os.path.join(root, name))) for name in sorted(os.listdir(root))}
+    return {
+        "version_before_fit": version_before_fit,
+        "version": logger.version,
+        "logger_log_dir": rel(logger.log_dir),
+        "trainer_log_dir": rel(trainer_log_dir),
+        "checkpoint_dirpath": rel(trainer.checkpoint_callback.dirpath),
+        "version_folders": folders,
+        "read": [rel(p) for p in model.read],
     }
