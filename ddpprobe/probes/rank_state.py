@@ -12,12 +12,13 @@ rank 0's parameters and buffers).
 
 from __future__ import annotations
 
+import importlib
 import os
 import time
 
 import torch
 
-from ddpprobe._lightning import pl
+from ddpprobe._lightning import fabric, pl
 from ddpprobe.launch import RankInfo
 from ddpprobe.probes.common import batch_ids, ddp_trainer, id_loader, seed_everything
 from ddpprobe.probes.data import IdDataset
@@ -213,3 +214,138 @@ def logger_versions(info: RankInfo, rank0_first: bool = True, version=None, read
         "version_folders": folders,
         "read": [rel(p) for p in model.read],
     }
+
+
+#: The variables a launcher sets to say which rank a process is (ddpprobe's launcher sets them all). The
+#: ``rank_zero_only_before_the_trainer`` scenario moves them to ``PROBE_<NAME>``, as a launcher that names
+#: them its own way would, before Lightning's import-time rank lookup runs again.
+RANK_VARIABLES = ("RANK", "LOCAL_RANK", "GROUP_RANK", "NODE_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
+
+
+class ProbeEnvironment(fabric.plugins.environments.ClusterEnvironment):
+    """A custom ``ClusterEnvironment`` for processes started by a launcher of one's own, which tells each
+    process its rank in ``PROBE_RANK``, ``PROBE_LOCAL_RANK``, ``PROBE_NODE_RANK`` and ``PROBE_WORLD_SIZE``
+    (not in ``RANK``/``LOCAL_RANK``); the rendezvous address and port are ``MASTER_ADDR``/``MASTER_PORT``.
+    Source of the interface: lightning_fabric/plugins/environments/cluster_environment.py."""
+
+    def __init__(self):
+        super().__init__()
+        self._global_rank = int(os.environ["PROBE_RANK"])
+        self._world_size = int(os.environ["PROBE_WORLD_SIZE"])
+
+    @property
+    def creates_processes_externally(self) -> bool:
+        return True
+
+    @property
+    def main_address(self) -> str:
+        return os.environ["MASTER_ADDR"]
+
+    @property
+    def main_port(self) -> int:
+        return int(os.environ["MASTER_PORT"])
+
+    @staticmethod
+    def detect() -> bool:
+        return "PROBE_RANK" in os.environ
+
+    def world_size(self) -> int:
+        return self._world_size
+
+    def set_world_size(self, size: int) -> None:
+        self._world_size = size
+
+    def global_rank(self) -> int:
+        return self._global_rank
+
+    def set_global_rank(self, rank: int) -> None:
+        self._global_rank = rank
+
+    def local_rank(self) -> int:
+        return int(os.environ["PROBE_LOCAL_RANK"])
+
+    def node_rank(self) -> int:
+        return int(os.environ["PROBE_NODE_RANK"])
+
+
+def _import_time_rank_lookup() -> None:
+    """Run Lightning's import-time rank lookup again in this process's current environment, as a fresh
+    ``import lightning_fabric`` would: lightning_fabric/utilities/rank_zero.py sets
+    ``rank_zero_only.rank = getattr(rank_zero_only, "rank", _get_rank() or 0)`` (``_get_rank`` reads
+    ``RANK``, ``LOCAL_RANK``, ``SLURM_PROCID``, ``JSM_NAMESPACE_RANK``). ``rank_zero_only`` is one function
+    object shared by lightning_utilities, lightning_fabric and the trainer package."""
+    module = importlib.import_module(f"{fabric.__name__}.utilities.rank_zero")
+    if hasattr(module.rank_zero_only, "rank"):
+        del module.rank_zero_only.rank
+    importlib.reload(module)
+
+
+def rank_zero_only_before_the_trainer(info: RankInfo, set_rank_first: bool = False) -> dict:
+    """Scenario: a process whose launcher says its rank in ``PROBE_*`` variables only (``RANK_VARIABLES``
+    removed, Lightning's import-time rank lookup run again), then, in order: read ``rank_zero_only.rank``,
+    call a ``@rank_zero_only`` function and a ``CSVLogger(save_dir=".")``'s ``log_metrics`` + ``save``
+    (``"x"`` = the global rank, step 0; the rank's own folder), build
+    ``Trainer(strategy="ddp", plugins=[ProbeEnvironment()])``, read ``rank_zero_only.rank`` and call the
+    function again, then ``trainer.validate`` (joins the world: proves the environment works).
+
+    With ``set_rank_first``, the process first sets ``rank_zero_only.rank = int(os.environ["PROBE_RANK"])``
+    itself (the fix).
+
+    Record keys: ``env_rank`` (what ``RANK`` holds after the move: None), ``rank_before``, ``ran_before``
+    (the function ran), ``rank_after``, ``ran_after``, ``global_rank`` (``trainer.global_rank``),
+    ``world_size`` (``trainer.world_size``).
+    """
+    saved_env, rank_zero_only = dict(os.environ), pl.utilities.rank_zero_only
+    saved_rank = rank_zero_only.rank
+    try:
+        for name in RANK_VARIABLES:
+            os.environ[f"PROBE_{name}"] = os.environ.pop(name)
+        _import_time_rank_lookup()
+        return _before_and_after_the_trainer(info, set_rank_first)
+    finally:  # leave the process as it was (a scenario may run inside a torchrun world's own process)
+        os.environ.clear()
+        os.environ.update(saved_env)
+        rank_zero_only.rank = saved_rank
+
+
+def _before_and_after_the_trainer(info: RankInfo, set_rank_first: bool) -> dict:
+    rank_zero_only = pl.utilities.rank_zero_only
+    if set_rank_first:
+        rank_zero_only.rank = int(os.environ["PROBE_RANK"])
+
+    calls: list = []
+
+    @rank_zero_only
+    def note():
+        calls.append(rank_zero_only.rank)
+
+    rank_before = rank_zero_only.rank
+    note()
+    ran_before = bool(calls)
+    logger = pl.loggers.CSVLogger(save_dir=".")
+    logger.log_metrics({"x": float(info.rank)}, step=0)
+    logger.save()
+    trainer = ddp_trainer(info, plugins=[ProbeEnvironment()])
+    rank_after = rank_zero_only.rank
+    calls.clear()
+    note()
+    ran_after = bool(calls)
+    trainer.validate(_ValidateNothing(), dataloaders=id_loader(info.world_size, 1), verbose=False)
+    return {
+        "env_rank": os.environ.get("RANK"),
+        "rank_before": rank_before,
+        "ran_before": ran_before,
+        "rank_after": rank_after,
+        "ran_after": ran_after,
+        "global_rank": trainer.global_rank,
+        "world_size": trainer.world_size,
+    }
+
+
+class _ValidateNothing(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+
+    def validation_step(self, batch, batch_idx):
+        return None
