@@ -13,6 +13,7 @@ from ddpprobe.probes.log_plan import log_spec
 
 #: The probe modules of this package, imported with it (add a new probe module here).
 PROBE_MODULES = (
+    "accumulation",
     "callbacks",
     "collectives",
     "common",
@@ -28,7 +29,9 @@ PROBE_MODULES = (
     "multilabel",
     "multinode",
     "nccl",
+    "outside_log_reductions",
     "predict",
+    "rank_state",
     "reductions",
     "samplers",
     "trace",

@@ -38,13 +38,17 @@ class MonitoredRegressor(pl.LightningModule):
     Args:
         values: ``values[r][e]``, the number rank ``r`` logs in epoch ``e`` (one row per rank, one
             column per epoch at least up to ``max_epochs``).
+        sync_dist: passed to ``self.log``; with True every rank holds the all-rank mean of
+            ``values[.][e]`` instead of its own number.
     """
 
-    def __init__(self, values: list):
+    def __init__(self, values: list, sync_dist: bool = False):
         super().__init__()
         self.layer = torch.nn.Linear(2, 1)
         self.values = values
+        self.sync_dist = sync_dist
         self.epochs_run: list = []
+        self.tested_batches = 0
 
     def on_train_epoch_start(self):
         self.epochs_run.append(self.current_epoch)
@@ -52,8 +56,11 @@ class MonitoredRegressor(pl.LightningModule):
     def training_step(self, batch, batch_idx):
         loss = self.layer(batch["x"] / 100.0).square().mean()
         value = torch.tensor(float(self.values[self.global_rank][self.current_epoch]))
-        self.log(MONITORED, value, on_step=False, on_epoch=True, sync_dist=False, batch_size=len(batch["id"]))
+        self.log(MONITORED, value, on_step=False, on_epoch=True, sync_dist=self.sync_dist, batch_size=len(batch["id"]))
         return loss
+
+    def test_step(self, batch, batch_idx):
+        self.tested_batches += 1
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.01)
@@ -83,8 +90,17 @@ class RecordingCheckpointIO(fabric.plugins.TorchCheckpointIO):
         super().save_checkpoint(checkpoint, path, storage_options=storage_options)
 
 
-def _fit(info: RankInfo, values: list, max_epochs: int, n_per_rank: int, batch_size: int, callbacks: list, **overrides):
-    model = MonitoredRegressor(values)
+def _fit(
+    info: RankInfo,
+    values: list,
+    max_epochs: int,
+    n_per_rank: int,
+    batch_size: int,
+    callbacks: list,
+    sync_dist: bool = False,
+    **overrides,
+):
+    model = MonitoredRegressor(values, sync_dist=sync_dist)
     recorder = _MetricRecorder()
     trainer = ddp_trainer(info, max_epochs=max_epochs, callbacks=[recorder, *callbacks], **overrides)
     trainer.fit(model, train_dataloaders=id_loader(n_per_rank * info.world_size, batch_size))
@@ -136,9 +152,13 @@ def model_checkpoint(
     max_epochs: int = 3,
     n_per_rank: int = 4,
     batch_size: int = 2,
+    filename: str = None,
+    sync_dist: bool = False,
+    test_best: bool = False,
 ) -> dict:
-    """Scenario: fit ``MonitoredRegressor(values)`` with ``ModelCheckpoint(monitor="monitored",
-    save_top_k=1, dirpath=<this rank's folder>/checkpoints)``.
+    """Scenario: fit ``MonitoredRegressor(values, sync_dist)`` with ``ModelCheckpoint(monitor="monitored",
+    save_top_k=1, dirpath=<this rank's folder>/checkpoints, filename=filename)`` (``None``: the default
+    ``"{epoch}-{step}"``); with ``test_best``, then ``trainer.test(ckpt_path="best")`` on the same Trainer.
 
     Each rank passes its *own* folder as ``dirpath``; ``ModelCheckpoint.setup`` replaces it with rank
     0's (``trainer.strategy.broadcast``). Paths in the record are relative to the world folder
@@ -146,10 +166,16 @@ def model_checkpoint(
 
     Record keys: ``seen`` (per epoch, as above), ``dirpath_given``, ``dirpath`` (after ``fit``),
     ``best_model_score`` (float), ``best_model_path``, ``best_k_models`` (path -> score),
-    ``saved`` (paths this rank's ``CheckpointIO`` was asked to write, in order), ``warnings``.
+    ``saved`` (paths this rank's ``CheckpointIO`` was asked to write, in order), ``warnings``,
+    ``best_exists`` (whether this rank sees a file at its ``best_model_path``, after ``fit``), and
+    ``test`` (None without ``test_best``; else ``{"raised", "message", "ckpt_path", "tested_batches"}``:
+    the exception ``trainer.test`` raised on this rank, or None, the checkpoint path the Trainer restored,
+    and the test batches this rank ran).
     """
     given = os.path.join(info.rank_dir, "checkpoints")
-    checkpoint = pl.callbacks.ModelCheckpoint(dirpath=given, monitor=MONITORED, mode=mode, save_top_k=1)
+    checkpoint = pl.callbacks.ModelCheckpoint(
+        dirpath=given, filename=filename, monitor=MONITORED, mode=mode, save_top_k=1
+    )
     checkpoint_io = RecordingCheckpointIO()
     with recorded_warnings() as warnings:
         trainer, model, recorder = _fit(
@@ -159,12 +185,18 @@ def model_checkpoint(
             n_per_rank,
             batch_size,
             [checkpoint],
+            sync_dist=sync_dist,
             enable_checkpointing=True,
             plugins=[checkpoint_io],
         )
+    best_exists = bool(checkpoint.best_model_path) and os.path.exists(checkpoint.best_model_path)
+    test = _test_best(trainer, model, info, n_per_rank, batch_size) if test_best else None
 
     def rel(path):
         return os.path.relpath(path, info.world_dir) if path else path
+
+    if test is not None:
+        test["ckpt_path"] = rel(test["ckpt_path"])
 
     return {
         "seen": recorder.seen,
@@ -175,6 +207,25 @@ def model_checkpoint(
         "best_k_models": {rel(k): float(v) for k, v in checkpoint.best_k_models.items()},
         "saved": [rel(p) for p in checkpoint_io.saved],
         "warnings": warnings,
+        "best_exists": best_exists,
+        "test": test,
+    }
+
+
+def _test_best(trainer, model, info: RankInfo, n_per_rank: int, batch_size: int) -> dict:
+    """``trainer.test(model, ckpt_path="best")``, recording what it raised on this rank instead of raising."""
+    raised = message = None
+    try:
+        trainer.test(
+            model, dataloaders=id_loader(n_per_rank * info.world_size, batch_size), ckpt_path="best", verbose=False
+        )
+    except Exception as exc:  # noqa: BLE001 - what Lightning raises is the record
+        raised, message = type(exc).__name__, str(exc)
+    return {
+        "raised": raised,
+        "message": message,
+        "ckpt_path": trainer.ckpt_path,
+        "tested_batches": model.tested_batches,
     }
 
 
