@@ -15,3 +15,8 @@ TIMEOUTS = ("Timed out waiting", "Application timeout caused pair closure")
 def says_peer_gone(text: str) -> bool:
     """Whether ``text`` (a rank's error) is gloo's report of a partner that left the collective."""
     return any(words in text for words in PEER_GONE)
+
+
+def says_timed_out(text: str) -> bool:
+    """Whether ``text`` (a rank's error) is gloo's report of a partner that did not come in time."""
+    return any(words in text for words in TIMEOUTS)
