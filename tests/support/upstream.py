@@ -13,3 +13,15 @@ FLOORED_COUNT_BUG = pytest.mark.xfail(
     reason="https://github.com/Lightning-AI/pytorch-lightning/issues/21859: the int64 cumulated_batch_size "
     "is mean-synced in integer arithmetic (floored), inflating the epoch mean (fix proposed in PR #21839)",
 )
+
+#: Lightning-AI/pytorch-lightning#19604 and #21264: ``TQDMProgressBar.on_train_epoch_end`` reads
+#: ``trainer.progress_bar_metrics`` on global rank 0 only (``ProgressBar.setup`` disables the bar elsewhere),
+#: which syncs the epoch values there before the module's ``on_train_epoch_end``: a collective in that hook
+#: pairs with the bar's sync on rank 0. Source: pytorch_lightning/callbacks/progress/tqdm_progress.py.
+PROGRESS_BAR_SYNC_BUG = pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="https://github.com/Lightning-AI/pytorch-lightning/issues/19604 and #21264: TQDMProgressBar"
+    ".on_train_epoch_end reads progress_bar_metrics on global rank 0 only, which syncs the epoch values there "
+    "before the module's on_train_epoch_end",
+)
