@@ -245,11 +245,12 @@ ITEM_DTYPES = {"float32": torch.float32, "int64": torch.int64, "int32": torch.in
 
 
 def list_item(rank: int, k: int, dtype: str = "float32") -> torch.Tensor:
-    """The 1-D tensor rank ``rank`` appends at its ``k``-th update (k = 0, 1, ...): ``k + 1`` entries
-    ``100 * (rank + 1) + 10 * k + j`` (``j < k + 1``), so entries differ between updates and ranks and no
-    entry is 0 (a zero padding entry left in a result cannot pass for data)."""
+    """The 1-D tensor rank ``rank`` appends at its ``k``-th update (k = 0, 1, ...): ``k + 2`` entries
+    ``100 * (rank + 1) + 10 * k + j`` (``j < k + 2``), so entries differ between updates and ranks, no
+    entry is 0 (a zero padding entry left in a result cannot pass for data) and no item has one element
+    (``Metric.compute`` squeezes one-element tensors to 0-d)."""
     base = 100 * (rank + 1) + 10 * k
-    return torch.arange(base, base + k + 1).to(ITEM_DTYPES[dtype])
+    return torch.arange(base, base + k + 2).to(ITEM_DTYPES[dtype])
 
 
 class ListStateMetric(Metric):
@@ -287,9 +288,13 @@ class ListStateProbe(pl.LightningModule):
         reduce: ``"cat"`` or ``"none"`` (``ListStateMetric`` only).
         updates: one count per rank.
         dtype: the items' dtype (``ITEM_DTYPES``).
+        fill_empty: a rank with no update calls ``update`` once with empty tensors of the right dtypes
+            (``torch.empty(0, dtype=...)``; for ``binary_auroc`` float32 predictions and int64 targets).
     """
 
-    def __init__(self, metric: str, updates: list, reduce: str = "cat", dtype: str = "float32"):
+    def __init__(
+        self, metric: str, updates: list, reduce: str = "cat", dtype: str = "float32", fill_empty: bool = False
+    ):
         super().__init__()
         if reduce not in LIST_REDUCTIONS:
             raise ValueError(f"ListStateProbe(reduce={reduce!r}): use one of {LIST_REDUCTIONS}")
@@ -304,7 +309,7 @@ class ListStateProbe(pl.LightningModule):
         else:
             raise ValueError(f"ListStateProbe(metric={metric!r}): use list_state, cat_metric or binary_auroc")
         self.layer = torch.nn.Linear(2, 1)
-        self.kind, self.updates, self.dtype_name = metric, updates, dtype
+        self.kind, self.updates, self.dtype_name, self.fill_empty = metric, updates, dtype, fill_empty
         self.computed = None
         self.state_before = None
 
@@ -319,18 +324,27 @@ class ListStateProbe(pl.LightningModule):
                 self.metric.update(item.float() / 1000.0, torch.full_like(item, k % 2, dtype=torch.int64))
             else:
                 self.metric.update(item)
+        if self.fill_empty and self.updates[rank] == 0:
+            empty = torch.empty(0, dtype=ITEM_DTYPES[self.dtype_name])
+            if self.kind == "binary_auroc":
+                self.metric.update(empty.float(), empty.long())
+            else:
+                self.metric.update(empty)
         self.computed = _describe(self.metric.compute())
 
 
-def list_state(info: RankInfo, metric: str, updates: list, reduce: str = "cat", dtype: str = "float32") -> dict:
-    """Scenario: ``trainer.validate`` a ``ListStateProbe`` (one batch per rank, nothing logged).
+def list_state(
+    info: RankInfo, metric: str, updates: list, reduce: str = "cat", dtype: str = "float32", fill_empty: bool = False
+) -> dict:
+    """Scenario: ``trainer.validate`` a ``ListStateProbe`` (one batch per rank, nothing logged); the
+    arguments are ``ListStateProbe``'s.
 
     Record keys (announced): ``computed`` (``{"dtype", "values"}`` for a tensor, ``{"list": [...]}`` for a
     list of tensors), ``warnings``.
     """
     if not isinstance(updates, (list, tuple)) or len(updates) != info.world_size:
         raise ValueError(f"updates must give one count per rank ({info.world_size}), got {updates!r}")
-    model = ListStateProbe(metric, list(updates), reduce=reduce, dtype=dtype)
+    model = ListStateProbe(metric, list(updates), reduce=reduce, dtype=dtype, fill_empty=fill_empty)
     with recorded_warnings() as warnings:
         ddp_trainer(info).validate(model, dataloaders=id_loader(info.world_size, 1), verbose=False)
     return announce({"computed": model.computed, "warnings": warnings})
