@@ -204,7 +204,7 @@ def metrics_read(
 
     Record keys (announced): ``read`` (``{key: float}`` the read returned here, None where this rank did
     not read), ``read_collectives`` (the ``torch.distributed`` calls the read ran: ``[op, ...]``),
-    ``collectives`` (every call of the run: ``[[op, hook], ...]``), ``then_value`` (what the collective
+    ``then_value`` (what the collective
     after the read returned: a float, or a list for ``all_gather``), ``callback_metrics`` (after the run),
     ``seen_ids``.
     """
@@ -227,7 +227,6 @@ def metrics_read(
         {
             "read": model.read,
             "read_collectives": [e["op"] for e in events if low <= e["seq"] < high],
-            "collectives": [[e["op"], e["hook"]] for e in events],
             "then_value": model.then_value,
             "callback_metrics": floats(trainer.callback_metrics),
             "seen_ids": model.seen_ids,

@@ -66,25 +66,31 @@ def _run(run_world, world_size: int, then: str, progress_bar: bool, read_first: 
     )
 
 
+#: Where a rank other than 0 is stuck, by the collective in the module's hook (a file in its traceback).
+STUCK_IN = {"metric_compute": "gather_all_tensors", "all_gather": "core/module.py"}
+
+
 @run_if(backend="gloo")  # the text of gloo's timeout; NCCL reports its own
+@pytest.mark.parametrize("then", sorted(STUCK_IN))
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_with_the_progress_bar_a_metric_compute_in_on_train_epoch_end_leaves_every_rank_stuck_until_the_timeout(
-    run_world, semantics, world_size
+def test_with_the_progress_bar_a_metric_compute_or_all_gather_in_on_train_epoch_end_sticks_until_the_timeout(
+    run_world, semantics, world_size, then
 ):
     """``self.log("value", v, on_epoch=True, sync_dist=True, reduce_fx="sum")`` in ``training_step`` and
-    ``self.ids.compute()`` (a ``SumMetric``) in the module's ``on_train_epoch_end``, with the default
-    progress bar. Rank 0's bar syncs ``value`` (a barrier, an all_reduce); the other ranks' first
-    collective there is the metric's (a barrier, an all_gather). The barriers pair, then no rank moves:
-    rank 0 raises a ``RuntimeError`` at the process-group timeout (here 4 s) from the bar (traceback
-    through ``tqdm_progress.py`` and ``_sync_ddp``), with gloo's timeout text (or "connection closed"
-    if a peer's own timeout ended it a moment before); every other rank that reports raises the same
-    way from torchmetrics' ``gather_all_tensors``."""
+    ``self.ids.compute()`` (a ``SumMetric``) or ``self.all_gather(x)`` in the module's
+    ``on_train_epoch_end``, with the default progress bar. Rank 0's bar syncs ``value`` (a barrier, an
+    all_reduce); the other ranks' first collective there is the metric's (a barrier, an all_gather) or
+    the all_gather. gloo pairs the barriers of the first case, then nothing more: no rank moves. Rank 0
+    raises a ``RuntimeError`` at the process-group timeout (here 4 s) from the bar (traceback through
+    ``tqdm_progress.py`` and ``_sync_ddp``), with gloo's timeout text (or "connection closed" if a
+    peer's own timeout ended it a moment before); every other rank that reports raises the same way
+    from torchmetrics' ``gather_all_tensors`` or ``LightningModule.all_gather``."""
     start = time.monotonic()
     with pytest.raises(RankFailed) as failure:
         _run(
             run_world,
             world_size,
-            "metric_compute",
+            then,
             progress_bar=True,
             timeout=WORLD_TIMEOUT_S,
             pg_timeout=PG_TIMEOUT_S,
@@ -102,7 +108,7 @@ def test_with_the_progress_bar_a_metric_compute_in_on_train_epoch_end_leaves_eve
     assert "tqdm_progress.py" in rank0 and "progress_bar_metrics" in rank0 and "_sync_ddp" in rank0, rank0
     for rank in err.ranks:
         if rank != 0:
-            assert "gather_all_tensors" in err.tracebacks[rank], err.tracebacks[rank]
+            assert STUCK_IN[then] in err.tracebacks[rank], err.tracebacks[rank]
     assert all(err.rank_errors[r] == "did not finish" for r in range(world_size) if r not in err.ranks), err.rank_errors
 
 
