@@ -8,10 +8,10 @@ scenario                   what each rank does
                            (or ``logged_metrics``, ``progress_bar_metrics``) in a hook, on every rank
                            or under ``if trainer.is_global_zero:``, optionally followed by a collective
                            of its own on every rank; with or without the default progress bar
-``list_state``             a torchmetrics ``Metric`` with one list state (``dist_reduce_fx="cat"`` or
-                           ``None``), updated a different number of times per rank, then ``compute()``
-``builtin_list_metric``    ``CatMetric`` of sample ids or ``BinaryAUROC(thresholds=None)``, with some
-                           ranks never updating
+``list_state``             a torchmetrics metric with list states updated a different number of times
+                           per rank (some never), then ``compute()``: a ``Metric`` with one list state
+                           (``dist_reduce_fx="cat"`` or ``None``), a ``CatMetric`` or a
+                           ``BinaryAUROC(thresholds=None)``
 ``all_gather_leaves``      ``self.all_gather`` of a dict holding a tensor, a Python float, an int, a
                            bool, a NumPy array and a list of strings; and ``all_gather_object`` of it
 ``half_precision``         logs a float16 value with ``sync_dist=True`` (step and epoch) and
