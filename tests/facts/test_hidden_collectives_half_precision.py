@@ -18,6 +18,7 @@ Sources: pytorch_lightning/trainer/connectors/logger_connector/result.py ``_Resu
 """
 
 import math
+import re
 
 import pytest
 
@@ -64,3 +65,8 @@ def test_a_plain_all_reduce_of_the_same_float16_tensor_overflows_to_inf_on_every
     assert all(p["dtype"] == "float16" and math.isinf(p["value"]) and p["value"] > 0 for p in got), (
         oracle.side_by_side("all_reduce", got) + f"   the sum {total}"
     )
+    about_it = [
+        [w["message"] for w in rec["warnings"] if re.search(r"float16|half|overflow|\binf\b", w["message"], re.I)]
+        for rec in world.records
+    ]
+    assert about_it == [[]] * world_size, oracle.side_by_side("warnings", about_it)

@@ -197,7 +197,7 @@ def test_a_read_on_global_rank_0_only_then_strategy_reduce_swaps_the_two_sums_wi
     """The same rank-0 read, then ``trainer.strategy.reduce(local_extra(rank), "sum")`` on every rank (a
     barrier and an all_reduce, like the sync). Rank 0's order is [sync of ``value``, reduce]; the other
     ranks' is [reduce, sync of ``value``] (their sync comes after the hook). The i-th all_reduces pair:
-    the run finishes with no error and no warning about it, rank 0's ``value`` = its own shard's sum +
+    the run finishes with no error, rank 0's ``value`` = its own shard's sum +
     the other ranks' extras, the other ranks' ``value`` = rank 0's extra + their shards' sums, and the
     reduce returns the other of the two on each rank. Neither the sum over the shards nor the sum of the
     extras reaches any rank."""

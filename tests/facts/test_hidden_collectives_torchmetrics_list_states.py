@@ -115,8 +115,9 @@ def test_a_list_state_without_dist_reduce_fx_and_different_counts_drops_entries_
 ):
     """``dist_reduce_fx=None`` with ``updates[r]`` entries on rank ``r``: the ranks run one gather per
     entry, so the ranks with the fewest (``k``) finish after ``k`` gathers, with the first ``k`` entries
-    of every rank and no error or warning about the rest (a rank with none runs no collective and gets
-    ``[]``). The ranks with more enter a barrier nobody else enters; when the finished ranks leave, gloo
+    of every rank, no error, and no ``UserWarning`` about the rest (a rank with none runs no collective
+    and gets ``[]``, and, if it is rank 0, only torchmetrics' warning that ``compute`` ran before
+    ``update``). The ranks with more enter a barrier nobody else enters; when the finished ranks leave, gloo
     fails them with ``RuntimeError`` ("Connection closed by peer"), from ``gather_all_tensors``."""
     world_size, fewest = len(updates), min(updates)
     more = [r for r, count in enumerate(updates) if count > fewest]
@@ -144,6 +145,10 @@ def test_a_list_state_without_dist_reduce_fx_and_different_counts_drops_entries_
     assert [rec["computed"] for rec in finished] == [expected] * len(finished), oracle.side_by_side(
         "finished ranks computed", [rec["computed"] for rec in finished]
     )
+    user_warnings = [[w["message"] for w in rec["warnings"] if w["category"] == "UserWarning"] for rec in finished]
+    not_updated = [[NOT_UPDATED in m for m in messages] for messages in user_warnings]
+    expected_warnings = [[True] if r == 0 and updates[0] == 0 else [] for r in range(world_size) if r not in more]
+    assert not_updated == expected_warnings, oracle.side_by_side("UserWarnings on the finished ranks", user_warnings)
 
 
 @run_if(backend="gloo")  # asserts gloo's size check
