@@ -264,9 +264,11 @@ def test_a_read_on_global_rank_0_only_then_a_metric_compute_leaves_every_rank_st
     assert any(gloo.says_timed_out(text) for text in errors.values()), errors
     assert all(gloo.says_timed_out(text) or gloo.says_peer_gone(text) for text in errors.values()), errors
     assert "callback_metrics" in err.tracebacks[0] and "_sync_ddp" in err.tracebacks[0], err.tracebacks[0]
+    assert gloo.collective_in(err.tracebacks[0]) == "all_reduce", err.tracebacks[0]
     for rank in err.ranks:
         if rank != 0:
             assert "gather_all_tensors" in err.tracebacks[rank], err.tracebacks[rank]
+            assert gloo.collective_in(err.tracebacks[rank]) == "all_gather", err.tracebacks[rank]
     assert all(err.rank_errors[r] == "did not finish" for r in range(world_size) if r not in err.ranks), err.rank_errors
 
 

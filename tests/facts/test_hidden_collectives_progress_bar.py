@@ -69,6 +69,10 @@ def _run(run_world, world_size: int, then: str, progress_bar: bool, read_first: 
 #: Where a rank other than 0 is stuck, by the collective in the module's hook (a file in its traceback).
 STUCK_IN = {"metric_compute": "gather_all_tensors", "all_gather": "core/module.py"}
 
+#: The ``torch.distributed`` call rank 0's bar is stuck in: the metric's barrier pairs with the bar's
+#: barrier, so rank 0 waits in the all_reduce; a lone all_gather pairs with nothing, so in the barrier.
+RANK0_STUCK_IN = {"metric_compute": "all_reduce", "all_gather": "barrier"}
+
 
 @run_if(backend="gloo")  # the text of gloo's timeout; NCCL reports its own
 @pytest.mark.parametrize("then", sorted(STUCK_IN))
@@ -82,9 +86,10 @@ def test_with_the_progress_bar_a_metric_compute_or_all_gather_in_on_train_epoch_
     all_reduce); the other ranks' first collective there is the metric's (a barrier, an all_gather) or
     the all_gather. gloo pairs the barriers of the first case, then nothing more: no rank moves. Rank 0
     raises a ``RuntimeError`` at the process-group timeout (here 4 s) from the bar (traceback through
-    ``tqdm_progress.py`` and ``_sync_ddp``), with gloo's timeout text (or "connection closed" if a
+    ``tqdm_progress.py`` and ``_sync_ddp``, ending in the all_reduce, or in the barrier when the others
+    run a lone all_gather), with gloo's timeout text (or "connection closed" if a
     peer's own timeout ended it a moment before); every other rank that reports raises the same way
-    from torchmetrics' ``gather_all_tensors`` or ``LightningModule.all_gather``."""
+    from the all_gather of torchmetrics' ``gather_all_tensors`` or of ``LightningModule.all_gather``."""
     start = time.monotonic()
     with pytest.raises(RankFailed) as failure:
         _run(
@@ -106,9 +111,11 @@ def test_with_the_progress_bar_a_metric_compute_or_all_gather_in_on_train_epoch_
     assert all(gloo.says_timed_out(text) or gloo.says_peer_gone(text) for text in errors.values()), errors
     rank0 = err.tracebacks[0]
     assert "tqdm_progress.py" in rank0 and "progress_bar_metrics" in rank0 and "_sync_ddp" in rank0, rank0
+    assert gloo.collective_in(rank0) == RANK0_STUCK_IN[then], rank0
     for rank in err.ranks:
         if rank != 0:
             assert STUCK_IN[then] in err.tracebacks[rank], err.tracebacks[rank]
+            assert gloo.collective_in(err.tracebacks[rank]) == "all_gather", err.tracebacks[rank]
     assert all(err.rank_errors[r] == "did not finish" for r in range(world_size) if r not in err.ranks), err.rank_errors
 
 
