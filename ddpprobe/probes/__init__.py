@@ -21,6 +21,7 @@ PROBE_MODULES = (
     "dataloaders",
     "f1",
     "hazards",
+    "hidden_collectives",
     "hooks",
     "iterable",
     "legacy_hooks",

@@ -17,6 +17,7 @@ wait logs "Work ... timed out in blocking wait". Source: torch/csrc/distributed/
 (``WorkNCCL::checkTimeout``, ``WorkNCCL::wait``).
 """
 
+import re
 from typing import Optional
 
 #: The kinds :func:`error_kind` tells apart.
@@ -52,3 +53,10 @@ def error_kind(text: str) -> Optional[str]:
         if any(w in text for w in words):
             return kind
     return None
+
+
+def collective_in(traceback: str) -> Optional[str]:
+    """The ``torch.distributed`` function (``"all_reduce"``, ``"all_gather"``, ``"barrier"`` ...) a rank's
+    traceback ends in: the last frame of torch/distributed/distributed_c10d.py, or None."""
+    frames = re.findall(r'distributed_c10d\.py", line \d+, in (\w+)', traceback)
+    return frames[-1] if frames else None

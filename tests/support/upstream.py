@@ -22,3 +22,15 @@ FLOORED_COUNT_BUG = pytest.mark.xfail(
 #: Worn by the companions of the facts wearing ``FLOORED_COUNT_BUG``: they assert today's value,
 #: ``(sum(v*b) / W) / floor(sum(b) / W)`` (``oracle.floored_sync_mean``), computed from the logged values.
 FLOORED_COUNT_TODAY = pytest.mark.upstream_bug_today("https://github.com/Lightning-AI/pytorch-lightning/issues/21859")
+
+#: Lightning-AI/pytorch-lightning#19604 and #21264: ``TQDMProgressBar.on_train_epoch_end`` reads
+#: ``trainer.progress_bar_metrics`` on global rank 0 only (``ProgressBar.setup`` disables the bar elsewhere),
+#: which syncs the epoch values there before the module's ``on_train_epoch_end``: a collective in that hook
+#: pairs with the bar's sync on rank 0. Source: pytorch_lightning/callbacks/progress/tqdm_progress.py.
+PROGRESS_BAR_SYNC_BUG = pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="https://github.com/Lightning-AI/pytorch-lightning/issues/19604 and #21264: TQDMProgressBar"
+    ".on_train_epoch_end reads progress_bar_metrics on global rank 0 only, which syncs the epoch values there "
+    "before the module's on_train_epoch_end",
+)
