@@ -12,7 +12,7 @@ the fact; its further cases show ``″``.
 from __future__ import annotations
 
 from ddpprobe.card.schema import OUTCOMES
-from ddpprobe.card.summary import SEED_QUESTION, anchor, seed_answers
+from ddpprobe.card.summary import SEED_QUESTION, anchor, further_reading, seed_answers
 
 
 def _cell(text) -> str:
@@ -47,6 +47,12 @@ def _summary(card: dict) -> list:
                 f"   - [{fact['fact']}](#{anchor(fact['module'])}): {fact['holds']} of {fact['cases']} "
                 f"case(s) hold{numbers}"
             )
+    beyond = further_reading(card)
+    if beyond:
+        lines += ["", "Beyond the seed question:", ""]
+        for pointer in beyond:
+            sections = ", ".join(f"[{m}](#{anchor(m)})" for m in pointer["modules"])
+            lines.append(f"- **{pointer['title']}** (`{pointer['page']}`): {sections}")
     return lines + [""]
 
 

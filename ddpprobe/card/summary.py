@@ -115,6 +115,62 @@ SEED_QUESTIONS = (
 )
 
 
+#: The card's pointers beyond the seed question: each pattern page of docs/ with the fact modules that prove
+#: it. The summary links the sections of those modules that are in the run (``further_reading``).
+FURTHER_READING = (
+    (
+        "Collective hazards: ranks that do not make the same collective calls",
+        "docs/collective-hazards.md",
+        (
+            "test_collective_hazards_keys",
+            "test_collective_hazards_torchmetrics",
+            "test_collective_hazards_callbacks",
+            "test_collective_hazards_nccl",
+        ),
+    ),
+    (
+        "Collectives you don't see: code that looks local and runs a collective",
+        "docs/collectives-you-dont-see.md",
+        (
+            "test_hidden_collectives_metrics_properties",
+            "test_hidden_collectives_progress_bar",
+            "test_hidden_collectives_torchmetrics_list_states",
+            "test_hidden_collectives_all_gather_leaves",
+            "test_hidden_collectives_half_precision",
+        ),
+    ),
+    (
+        "State that differs between ranks: reductions outside self.log, checkpoint names, seeds, log dirs",
+        "docs/state-between-ranks.md",
+        (
+            "test_reductions_outside_log",
+            "test_rank_state_checkpoint_filename",
+            "test_rank_state_seeds",
+            "test_rank_state_accumulation",
+            "test_rank_state_log_dir",
+            "test_rank_state_rank_zero_only",
+        ),
+    ),
+)
+
+
+def further_reading(card: dict, pointers: Optional[tuple] = None) -> list:
+    """The pointers of ``pointers`` (default :data:`FURTHER_READING`, read at call time) whose fact modules are
+    in the run.
+
+    Returns:
+        ``[{"title", "page", "modules": [the modules of the run, in the pointer's order]}]``; a pointer none
+        of whose modules ran is left out.
+    """
+    ran = {topic["module"] for topic in card["topics"]}
+    out = []
+    for title, page, modules in FURTHER_READING if pointers is None else pointers:
+        present = [m for m in modules if m in ran]
+        if present:
+            out.append({"title": title, "page": page, "modules": present})
+    return out
+
+
 def anchor(module: str) -> str:
     """The Markdown anchor of a section headed ``## <module>`` (GitHub's rule: lower case, spaces to ``-``)."""
     return re.sub(r"[^a-z0-9_\- ]", "", module.lower()).replace(" ", "-")
@@ -179,8 +235,19 @@ TOPIC_ORDER = (
     "tests/facts/test_collective_hazards_torchmetrics.py",
     "tests/facts/test_collective_hazards_callbacks.py",
     "tests/facts/test_collective_hazards_nccl.py",
+    "tests/facts/test_hidden_collectives_metrics_properties.py",
+    "tests/facts/test_hidden_collectives_progress_bar.py",
+    "tests/facts/test_hidden_collectives_torchmetrics_list_states.py",
+    "tests/facts/test_hidden_collectives_all_gather_leaves.py",
+    "tests/facts/test_hidden_collectives_half_precision.py",
     "tests/facts/test_training_loop.py",
     "tests/facts/test_callbacks.py",
+    "tests/facts/test_reductions_outside_log.py",
+    "tests/facts/test_rank_state_checkpoint_filename.py",
+    "tests/facts/test_rank_state_seeds.py",
+    "tests/facts/test_rank_state_accumulation.py",
+    "tests/facts/test_rank_state_log_dir.py",
+    "tests/facts/test_rank_state_rank_zero_only.py",
     "tests/facts/test_nccl.py",
     "tests/facts/test_multinode.py",
     "tests/facts/test_predict.py",

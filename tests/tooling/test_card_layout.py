@@ -89,6 +89,25 @@ def test_the_card_opens_with_the_seed_question_answered_only_by_facts_that_held_
     assert [a["answer"] is not None for a in answers] == [True, False, False, False, False]
 
 
+def test_the_summary_points_beyond_the_seed_question_to_the_sections_of_the_pattern_facts_that_ran(
+    pytester, monkeypatch
+):
+    """After the seed question, the summary points to each pattern page (``FURTHER_READING``) with links to
+    the sections of its fact modules that are in the run: ``test_kiwi`` ran, ``test_absent`` did not, so
+    only the first pointer appears, linking ``#test_kiwi`` alone, before the run's header."""
+    monkeypatch.setattr(
+        summary,
+        "FURTHER_READING",
+        (("Kiwis", "docs/kiwi.md", ("test_absent", "test_kiwi")), ("Absent", "docs/absent.md", ("test_absent",))),
+    )
+    markdown, card = _run(pytester, {"test_kiwi": "def test_one():\n    pass\n"})
+
+    block = markdown.split("## The seed question, answered by this run")[1].split("## This run")[0]
+    assert "- **Kiwis** (`docs/kiwi.md`): [test_kiwi](#test_kiwi)" in block, block
+    assert "Absent" not in markdown and "test_absent" not in markdown
+    assert summary.further_reading(card) == [{"title": "Kiwis", "page": "docs/kiwi.md", "modules": ["test_kiwi"]}]
+
+
 def test_sections_follow_the_topic_order_in_code_and_the_rest_come_after_alphabetically(pytester, monkeypatch):
     """With ``TOPIC_ORDER`` listing ``test_zebra.py`` before ``test_apple.py``, the card's sections (JSON
     ``topics`` and Markdown headings) follow it, and the modules absent from it (``test_kiwi.py``,
