@@ -38,6 +38,18 @@ def _seconds(value) -> Optional[float]:
     return None
 
 
+def _last_batch(trainer) -> Optional[bool]:
+    """Whether the running loop's data fetcher has no batch after the current one (it fetches one batch
+    ahead: pytorch_lightning/loops/fetchers.py ``_PrefetchDataFetcher``); None where it cannot say."""
+    try:
+        fetcher = trainer._active_loop._data_fetcher
+        if fetcher is None or type(fetcher).__name__ == "_DataLoaderIterDataFetcher":
+            return None
+        return bool(fetcher.done)
+    except Exception:  # noqa: BLE001 - another release's loop layout
+        return None
+
+
 class CollectiveGuard(pl.Callback):
     """Check, before each collective a rank makes from Python and at each hook boundary, that every rank
     is about to do the same thing; raise one clear error on every rank at the first difference.
@@ -160,7 +172,8 @@ class CollectiveGuard(pl.Callback):
         if self._exchange is None:
             return
         ex = self._exchange
-        self._check(_entries.boundary(ex.n, ex.rank, hook, trainer.current_epoch, batch_idx, dataloader_idx))
+        last = _last_batch(trainer) if batch_idx is not None else None
+        self._check(_entries.boundary(ex.n, ex.rank, hook, trainer.current_epoch, batch_idx, dataloader_idx, last))
 
     def _install_log(self, model) -> None:
         original, classifier = model.log, self._classifier
@@ -203,7 +216,7 @@ class CollectiveGuard(pl.Callback):
                 "dtype": dtype,
                 "shape": shape,
                 "group_size": guard._exchange.world_size,
-                **guard._classifier.context(sys._getframe(1)),
+                **guard._classifier.context(sys._getframe(1), loops_are_library=True),
             }
             if fields["source"] == "self.log":  # a sync in Lightning's loop: name where the key was logged
                 fields["call_site"] = (

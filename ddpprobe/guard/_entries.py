@@ -43,16 +43,27 @@ def collective(n: int, rank: int, fields: dict) -> dict:
     }
 
 
-def boundary(n: int, rank: int, hook: str, epoch: int, batch_idx: Optional[int] = None, dataloader_idx: int = 0):
-    """The entry of a hook boundary: ``hook`` (``"setup"``, ``"on_train_batch_start"`` ...) in ``epoch``."""
+def boundary(
+    n: int,
+    rank: int,
+    hook: str,
+    epoch: int,
+    batch_idx: Optional[int] = None,
+    dataloader_idx: int = 0,
+    last: Optional[bool] = None,
+) -> dict:
+    """The entry of a hook boundary: ``hook`` (``"setup"``, ``"on_train_batch_start"`` ...) in ``epoch``;
+    ``last``: whether the loop's data fetcher has no batch after this one (None where unknown)."""
     where = [f"epoch {epoch}"]
     if batch_idx is not None:
         where.insert(0, f"batch {batch_idx}" + (f" of dataloader {dataloader_idx}" if dataloader_idx else ""))
+    if last:
+        where.append("this rank's last batch")
     return {
         "kind": "boundary",
         "n": n,
         "rank": rank,
-        "id": ["boundary", hook, epoch, batch_idx, dataloader_idx],
+        "id": ["boundary", hook, epoch, batch_idx, dataloader_idx, last],
         "fields": {"hook": hook, "batch_idx": batch_idx},
         "text": f"is at {hook} ({', '.join(where)})",
     }
@@ -90,21 +101,29 @@ def sides_text(entries: list) -> str:
     groups: dict = {}
     for entry in entries:
         groups.setdefault(entry["text"], []).append(entry["rank"])
-    return "\n".join(f"  {ranks_text(ranks)} {text}" for text, ranks in groups.items())
+    return "\n".join(
+        f"  {ranks_text(ranks)} {_plural(text) if len(ranks) > 1 else text}" for text, ranks in groups.items()
+    )
+
+
+def _plural(text: str) -> str:
+    return "are " + text[3:] if text.startswith("is ") else text
 
 
 def consequence(entries: list, pg_timeout_s: float) -> str:
     """What would happen if the ranks went on, and the fix, for entries whose ``id`` differ."""
     kinds = {e["kind"] for e in entries}
     waiting = f"the process-group timeout ({pg_timeout_s:g} s)"
-    if kinds == {"boundary"}:
+    if any(e["kind"] == "boundary" and e["fields"]["batch_idx"] is not None for e in entries):
         return (
-            "The ranks are at different points of the loop: they ran different numbers of batches, so the next "
-            "collective of the ranks with more batches (DistributedDataParallel's gradient all_reduce in fit, a "
-            "step-level sync_dist) has no partner and fails or blocks until "
-            f"{waiting}. Give every rank the same number of batches (Lightning's DistributedSampler pads a "
-            "map-style dataset; an IterableDataset must yield as many batches on every rank)."
+            "The ranks ran different numbers of batches: the next collective of the ranks with more batches "
+            "(DistributedDataParallel's gradient all_reduce in fit, a step-level sync_dist, a Lightning broadcast) "
+            f"has no partner, or pairs with another step's, and fails or blocks until {waiting}. Give every rank "
+            "the same number of batches (Lightning's DistributedSampler pads a map-style dataset; an "
+            "IterableDataset must yield as many batches on every rank)."
         )
+    if kinds == {"boundary"}:
+        return f"The ranks are at different points of the run: their next collectives would not pair ({waiting})."
     if "boundary" in kinds:
         alone = ranks_text([e["rank"] for e in entries if e["kind"] == "collective"])
         return (

@@ -53,7 +53,8 @@ class Exchange:
         self.stage = stage
         #: The next check's sequence number (the number of checks this rank has posted).
         self.n = 0
-        self.last_text = None
+        #: The guard error this rank raised, raised again at every later check.
+        self.error = None
 
     def _keys(self, n: int) -> list:
         return [f"{n}/{r}" for r in range(self.world_size)]
@@ -64,8 +65,17 @@ class Exchange:
     def check(self, entry: dict) -> None:
         """Post ``entry`` (its ``n`` is this check's number) and return once every rank posted the same
         ``id``; raise ``CollectiveMismatch``, ``PeerFailed`` or ``GuardTimeout`` (on this rank) if not."""
+        if self.error is not None:  # a guard error the caller swallowed (Lightning's broadcasts do): raise it again
+            raise self.error
         n = self.n
         self.n += 1
+        try:
+            self._compare(n, entry)
+        except GuardError as exc:
+            self.error = exc
+            raise
+
+    def _compare(self, n: int, entry: dict) -> None:
         self._post(entry)
         keys = self._keys(n)
         try:
@@ -83,7 +93,6 @@ class Exchange:
         ids = {json.dumps(e["id"]) for e in entries}
         if len(ids) > 1:
             self._differ(n, entries)
-        self.last_text = entry["text"]
 
     def post_raised(self, error: str, hook) -> None:
         """Post a ``raised`` entry under the next check number (from ``on_exception``), without waiting."""

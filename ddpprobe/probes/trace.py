@@ -171,6 +171,10 @@ class CallClassifier:
     def __init__(self, model):
         self.model = model
         self.library = _library_dirs()
+        loops = pl.loops.loop
+        self._loop_types = tuple(
+            t for t in (pl.Trainer, getattr(loops, "_Loop", None), getattr(loops, "Loop", None)) if t
+        )
         #: ``(key, hook) -> call_site`` of the latest ``self.log`` call of each key (:meth:`note_log`).
         self.log_sites: dict = {}
 
@@ -189,18 +193,26 @@ class CallClassifier:
             frame = frame.f_back
         return None
 
-    def context(self, frame) -> dict:
+    def context(self, frame, loops_are_library: bool = False) -> dict:
         """``{"source", "key", "metric", "states", "hook", "call_site", "origin"}`` of the collective
-        called from ``frame`` (the caller of the ``torch.distributed`` function)."""
+        called from ``frame`` (the caller of the ``torch.distributed`` function).
+
+        With ``loops_are_library``, a collective reached from the user's code only through the Trainer or
+        one of its loops (``trainer.fit(...)`` in the user's script, then Lightning's own broadcast) is
+        ``"library"`` with no call site, not ``"user"``."""
         from torchmetrics import Metric
 
         key = hook = metric = states = None
         source = None
+        through_loop = reached_user = False
         f = frame
         while f is not None:
+            reached_user = reached_user or not f.f_code.co_filename.startswith((*self.library, "<"))
             owner = f.f_locals.get("self")
             if owner is not None:
                 kind = type(owner).__name__
+                if not reached_user and isinstance(owner, self._loop_types):
+                    through_loop = True
                 if kind == "_ResultMetric" and key is None:
                     key, hook = owner.meta.name, owner.meta.fx
                     source = source or "self.log"
@@ -215,6 +227,8 @@ class CallClassifier:
         origin = f"{'/'.join(tail)}:{frame.f_lineno} in {code.co_name}"
         if call_site is None and key is not None:  # a logged value synced by the loop: where it was logged
             call_site = self.log_sites.get((key, hook))
+        if source is None and loops_are_library and through_loop:
+            source, call_site = "library", None
         if source is None:
             source = "user" if call_site else "library"
         if hook is None:

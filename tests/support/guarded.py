@@ -171,3 +171,12 @@ def slow_rank(info, slow_rank: int, sleep_s: float, guard_timeout: float, n: int
     trainer = ddp_trainer(info, callbacks=callbacks)
     trainer.validate(SlowRankModule(slow_rank, sleep_s), dataloaders=id_loader(n, batch_size), verbose=False)
     return _record(trainer, callbacks)
+
+
+def validate_keys_boundaries_only(info, n: int, batch_size: int, step_plan: list) -> dict:
+    """Scenario: ``log_keys`` under ``CollectiveGuard(collectives=False)`` (hook boundaries only)."""
+    model = hazards.KeyPlanProbe([[(k, float(v)) for k, v in row] for row in step_plan], [[]] * info.world_size)
+    callbacks = _guard(True, None, collectives=False)
+    trainer = ddp_trainer(info, callbacks=callbacks)
+    trainer.validate(model, dataloaders=id_loader(n, batch_size), verbose=False)
+    return _record(trainer, callbacks, seen_ids=model.seen_ids)
