@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 from ddpprobe._lightning import pl
 from ddpprobe.guard import CollectiveGuard
 from ddpprobe.probes import hazards, iterable
-from ddpprobe.probes.common import ddp_trainer, floats, id_loader
+from ddpprobe.probes.common import ddp_trainer, floats, id_loader, seed_everything
 from ddpprobe.probes.trace import _pg_seq
 
 
@@ -139,8 +139,10 @@ def validate_iterable(info, n: int, shard: str, plan: list, guard=True, collecti
 
 def fit_iterable(info, n: int, shard: str, plan: list = (), guard=True, collectives=True) -> dict:
     """Scenario: ``iterable.fit_iterable`` (one epoch of an ``IterableProbe(plan)`` over ``IdIterable(n,
-    shard)`` in batches of 1, no validation), with the guard. Record keys: ``seen_ids``, ``global_step``,
-    ``weights`` (the layer's parameters after the fit), ``callback_metrics``, ``pg_seq``, ``checks``."""
+    shard)`` in batches of 1, no validation; weights seeded with 0), with the guard. Record keys:
+    ``seen_ids``, ``global_step``, ``weights`` (the layer's parameters after the fit), ``callback_metrics``,
+    ``pg_seq``, ``checks``."""
+    seed_everything(0)
     model = iterable.IterableProbe(plan=plan)
     callbacks = _guard(guard, None, collectives)
     trainer = ddp_trainer(info, max_epochs=1, limit_val_batches=0, callbacks=callbacks)
