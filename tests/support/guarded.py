@@ -182,3 +182,44 @@ def validate_keys_boundaries_only(info, n: int, batch_size: int, step_plan: list
     trainer = ddp_trainer(info, callbacks=callbacks)
     trainer.validate(model, dataloaders=id_loader(n, batch_size), verbose=False)
     return _record(trainer, callbacks, seen_ids=model.seen_ids)
+
+
+class StepSyncModule(pl.LightningModule):
+    """Logs ``v`` (the batch's mean value) with ``on_step=True, on_epoch=False, sync_dist=True`` in every
+    ``validation_step``: two Python-level collectives per batch (``_sync_ddp``'s barrier and all_reduce)."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+
+    def validation_step(self, batch, batch_idx):
+        self.log("v", batch["value"].float().mean(), on_step=True, on_epoch=False, sync_dist=True, batch_size=1)
+
+
+#: What ``timed_validate`` runs, per repeat: no guard, the full guard, the hook boundaries only.
+TIMED_MODES = ("off", "full", "boundaries")
+
+
+def timed_validate(info, batches: int, repeats: int) -> dict:
+    """Scenario for benchmarks/bench_guard.py: ``trainer.validate`` a ``StepSyncModule`` over ``batches``
+    batches of 1 sample, once per mode of ``TIMED_MODES`` in each of ``repeats`` rounds (the order turns
+    every round), after one unguarded warm-up run. Before each run the ranks meet in a barrier.
+
+    Record keys: ``seconds`` (``{mode: [wall seconds of trainer.validate per round]}``), ``checks``
+    (``{mode: checks the guard passed in one run}``), ``pg_seq`` (collectives the backend ran, in all)."""
+    seconds = {mode: [] for mode in TIMED_MODES}
+    checks = {}
+    loader = id_loader(batches * info.world_size, 1)
+    for round_ in range(-1, repeats):
+        modes = TIMED_MODES if round_ % 2 == 0 else TIMED_MODES[::-1]
+        for mode in modes if round_ >= 0 else ("off",):
+            callbacks = [] if mode == "off" else [CollectiveGuard(collectives=mode == "full")]
+            trainer = ddp_trainer(info, callbacks=callbacks)
+            if torch.distributed.is_initialized():
+                torch.distributed.barrier()
+            start = time.perf_counter()
+            trainer.validate(StepSyncModule(), dataloaders=loader, verbose=False)
+            if round_ >= 0:
+                seconds[mode].append(time.perf_counter() - start)
+                checks[mode] = callbacks[0].checks if callbacks else 0
+    return {"seconds": seconds, "checks": checks, "pg_seq": _pg_seq()}
