@@ -3,7 +3,8 @@ tests/facts/test_uneven_shards.py, run with ``CollectiveGuard`` in the Trainer (
 
 They reuse the facts' LightningModules (ddpprobe/probes/hazards.py, ddpprobe/probes/iterable.py), so the
 guarded run is the same run the facts describe. Every record also holds ``pg_seq``, the default process
-group's sequence number after the run (how many collectives the backend ran), and ``checks``, the number
+group's sequence number after the run less the one before it (how many collectives the backend ran
+in the run), and ``checks``, the number
 of checks the guard passed on this rank (None without the guard). They live in the test tree, outside
 the ``ddpprobe`` package, so the ``self.log`` call sites of ``RankKeyModule`` read as a user's code would.
 """
@@ -25,11 +26,11 @@ def _guard(guard: bool, guard_timeout, collectives: bool = True) -> list:
     return [CollectiveGuard(timeout=guard_timeout, collectives=collectives)] if guard else []
 
 
-def _record(trainer, callbacks: list, **fields) -> dict:
+def _record(trainer, callbacks: list, pg_seq_before, **fields) -> dict:
     guard = next((c for c in callbacks if isinstance(c, CollectiveGuard)), None)
     return {
         "callback_metrics": floats(trainer.callback_metrics),
-        "pg_seq": _pg_seq(),
+        "pg_seq": _pg_seq() - (pg_seq_before or 0),
         "checks": None if guard is None else guard.checks,
         **fields,
     }
@@ -46,9 +47,10 @@ def log_keys(
     epoch_end = [[(k, float(v)) for k, v in row] for row in (epoch_end_plan or empty)]
     model = hazards.KeyPlanProbe(step, epoch_end)
     callbacks = _guard(guard, guard_timeout)
+    before = _pg_seq()
     trainer = ddp_trainer(info, callbacks=callbacks)
     trainer.validate(model, dataloaders=id_loader(n, batch_size), verbose=False)
-    return _record(trainer, callbacks, seen_ids=model.seen_ids)
+    return _record(trainer, callbacks, before, seen_ids=model.seen_ids)
 
 
 class RankKeyModule(pl.LightningModule):
@@ -66,9 +68,10 @@ class RankKeyModule(pl.LightningModule):
 def rank_keys(info, n: int = 4, batch_size: int = 2) -> dict:
     """Scenario: ``trainer.validate`` a ``RankKeyModule`` with the guard. Record: ``callback_metrics`` ..."""
     callbacks = _guard(True, None)
+    before = _pg_seq()
     trainer = ddp_trainer(info, callbacks=callbacks)
     trainer.validate(RankKeyModule(), dataloaders=id_loader(n, batch_size), verbose=False)
-    return _record(trainer, callbacks)
+    return _record(trainer, callbacks, before)
 
 
 def metric_compute(info, where: str, n: int, batch_size: int, guard=True) -> dict:
@@ -77,9 +80,10 @@ def metric_compute(info, where: str, n: int, batch_size: int, guard=True) -> dic
     Record keys: ``computed``, ``seen_ids``, ``callback_metrics``, ``pg_seq``, ``checks``."""
     model = hazards.MeanComputeProbe(where)
     callbacks = _guard(guard, None)
+    before = _pg_seq()
     trainer = ddp_trainer(info, callbacks=callbacks)
     trainer.validate(model, dataloaders=id_loader(n, batch_size), verbose=False)
-    return _record(trainer, callbacks, computed=model.computed, seen_ids=model.seen_ids)
+    return _record(trainer, callbacks, before, computed=model.computed, seen_ids=model.seen_ids)
 
 
 def monitor_rank0_key(info, callback: str, values: list, every_rank: bool = False, guard=True) -> dict:
@@ -97,6 +101,7 @@ def monitor_rank0_key(info, callback: str, values: list, every_rank: bool = Fals
         watcher = pl.callbacks.EarlyStopping(monitor=hazards.MONITORED, mode="min", patience=1)
     loader = id_loader(2 * info.world_size, 2)
     callbacks = [watcher] + _guard(guard, None)
+    before = _pg_seq()
     trainer = ddp_trainer(
         info,
         max_epochs=len(values),
@@ -115,6 +120,7 @@ def monitor_rank0_key(info, callback: str, values: list, every_rank: bool = Fals
     return _record(
         trainer,
         callbacks,
+        before,
         epochs_run=model.epochs_run,
         files=files,
         best_model_score=None if score is None else float(score),
@@ -132,9 +138,10 @@ def validate_iterable(info, n: int, shard: str, plan: list, guard=True, collecti
     ``pg_seq``, ``checks``."""
     model = iterable.IterableProbe(plan=plan)
     callbacks = _guard(guard, None, collectives)
+    before = _pg_seq()
     trainer = ddp_trainer(info, callbacks=callbacks)
     trainer.validate(model, dataloaders=_iterable_loader(n, 1, shard), verbose=False)
-    return _record(trainer, callbacks, seen_ids=model.seen_ids, logged_metrics=floats(trainer.logged_metrics))
+    return _record(trainer, callbacks, before, seen_ids=model.seen_ids, logged_metrics=floats(trainer.logged_metrics))
 
 
 def fit_iterable(info, n: int, shard: str, plan: list = (), guard=True, collectives=True) -> dict:
@@ -145,10 +152,13 @@ def fit_iterable(info, n: int, shard: str, plan: list = (), guard=True, collecti
     seed_everything(0)
     model = iterable.IterableProbe(plan=plan)
     callbacks = _guard(guard, None, collectives)
+    before = _pg_seq()
     trainer = ddp_trainer(info, max_epochs=1, limit_val_batches=0, callbacks=callbacks)
     trainer.fit(model, train_dataloaders=_iterable_loader(n, 1, shard))
     weights = [p.detach().flatten().tolist() for p in model.parameters()]
-    return _record(trainer, callbacks, seen_ids=model.seen_ids, global_step=trainer.global_step, weights=weights)
+    return _record(
+        trainer, callbacks, before, seen_ids=model.seen_ids, global_step=trainer.global_step, weights=weights
+    )
 
 
 class SlowRankModule(pl.LightningModule):
@@ -170,18 +180,20 @@ class SlowRankModule(pl.LightningModule):
 def slow_rank(info, slow_rank: int, sleep_s: float, guard_timeout: float, n: int = 4, batch_size: int = 1) -> dict:
     """Scenario: ``trainer.validate`` a ``SlowRankModule`` with ``CollectiveGuard(timeout=guard_timeout)``."""
     callbacks = _guard(True, guard_timeout)
+    before = _pg_seq()
     trainer = ddp_trainer(info, callbacks=callbacks)
     trainer.validate(SlowRankModule(slow_rank, sleep_s), dataloaders=id_loader(n, batch_size), verbose=False)
-    return _record(trainer, callbacks)
+    return _record(trainer, callbacks, before)
 
 
 def validate_keys_boundaries_only(info, n: int, batch_size: int, step_plan: list) -> dict:
     """Scenario: ``log_keys`` under ``CollectiveGuard(collectives=False)`` (hook boundaries only)."""
     model = hazards.KeyPlanProbe([[(k, float(v)) for k, v in row] for row in step_plan], [[]] * info.world_size)
     callbacks = _guard(True, None, collectives=False)
+    before = _pg_seq()
     trainer = ddp_trainer(info, callbacks=callbacks)
     trainer.validate(model, dataloaders=id_loader(n, batch_size), verbose=False)
-    return _record(trainer, callbacks, seen_ids=model.seen_ids)
+    return _record(trainer, callbacks, before, seen_ids=model.seen_ids)
 
 
 class StepSyncModule(pl.LightningModule):

@@ -2,9 +2,9 @@
 test_guard_hazards.py gives the same record with the guard as without it.
 
 "The same" is every value the run produced on every rank (``callback_metrics``, what ``compute()``
-returned, the checkpoint files, the weights after ``fit`` ...) and the default process group's sequence
-number after the run (``pg_seq``: how many collectives the backend ran), so the guard added no collective
-of its own and removed none. ``checks`` (the guard's count of passed checks) is the one field that
+returned, the checkpoint files, the weights after ``fit`` ...) and how far the default process group's
+sequence number moved in the run (``pg_seq``: how many collectives the backend ran), so the guard added
+no collective of its own and removed none. ``checks`` (the guard's count of passed checks) is the one field that
 differs: a number above 0 with the guard, None without. Scenarios: tests/support/guarded.py.
 """
 
