@@ -218,10 +218,6 @@ class CollectiveGuard(pl.Callback):
                 "group_size": guard._exchange.world_size,
                 **guard._classifier.context(sys._getframe(1), loops_are_library=True),
             }
-            if fields["source"] == "self.log":  # a sync in Lightning's loop: name where the key was logged
-                fields["call_site"] = (
-                    guard._classifier.log_sites.get((fields["key"], fields["hook"])) or fields["call_site"]
-                )
             ex = guard._exchange
             guard._check(_entries.collective(ex.n, ex.rank, fields))
             guard._local.inside = True

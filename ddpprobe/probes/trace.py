@@ -198,8 +198,10 @@ class CallClassifier:
         called from ``frame`` (the caller of the ``torch.distributed`` function).
 
         With ``loops_are_library``, a collective reached from the user's code only through the Trainer or
-        one of its loops (``trainer.fit(...)`` in the user's script, then Lightning's own broadcast) is
-        ``"library"`` with no call site, not ``"user"``."""
+        one of its loops (``trainer.fit(...)`` in the user's script, then Lightning's own broadcast or a
+        sync at the epoch end) has no call site of its own (a synced key gets the line that logged it),
+        so it is ``"library"`` where no key or metric names it, not ``"user"``; the walk up the stack
+        stops at that loop."""
         from torchmetrics import Metric
 
         key = hook = metric = states = None
@@ -211,8 +213,9 @@ class CallClassifier:
             owner = f.f_locals.get("self")
             if owner is not None:
                 kind = type(owner).__name__
-                if not reached_user and isinstance(owner, self._loop_types):
+                if loops_are_library and not reached_user and isinstance(owner, self._loop_types):
                     through_loop = True
+                    break
                 if kind == "_ResultMetric" and key is None:
                     key, hook = owner.meta.name, owner.meta.fx
                     source = source or "self.log"
@@ -220,15 +223,13 @@ class CallClassifier:
                     metric, states = type(owner).__name__, list(getattr(owner, "_defaults", {}))
                     source = "torchmetrics"
             f = f.f_back
-        call_site = self.user_frame(frame)
+        call_site = None if through_loop else self.user_frame(frame)
         code = frame.f_code
         parts = code.co_filename.replace(os.sep, "/").split("/")
         tail = parts[-3:] if "site-packages" not in parts else parts[parts.index("site-packages") + 1 :]
         origin = f"{'/'.join(tail)}:{frame.f_lineno} in {code.co_name}"
         if call_site is None and key is not None:  # a logged value synced by the loop: where it was logged
             call_site = self.log_sites.get((key, hook))
-        if source is None and loops_are_library and through_loop:
-            source, call_site = "library", None
         if source is None:
             source = "user" if call_site else "library"
         if hook is None:
