@@ -9,7 +9,9 @@ for ``--repeats`` rounds. Per mode the slowest rank's median wall time is kept; 
 - per step: (guarded - unguarded) / batches, for each mode;
 - per checked collective: (full - boundaries only) / (collective checks of the full guard), since the two
   guarded modes differ exactly by those checks;
-- a boundary check: (boundaries only - unguarded) / (boundary checks).
+- a boundary check: (boundaries only - unguarded) / (boundary checks);
+- the store protocol alone: 300 bare ``Exchange.check`` calls per rank after the runs (post, wait for
+  every rank, read, delete), the floor under every check.
 
 Usage (from the repository root)::
 
@@ -52,6 +54,7 @@ def measure(world_size: int, batches: int, repeats: int) -> dict:
         "unguarded_step_ms": t["off"] / batches * 1e3,
         "per_collective_ms": (t["full"] - t["boundaries"]) / collective_checks * 1e3,
         "per_boundary_ms": (t["boundaries"] - t["off"]) / checks["boundaries"] * 1e3,
+        "bare_check_ms": max(rec["bare_check_s"] for rec in records) * 1e3,
     }
 
 
@@ -74,7 +77,8 @@ def main(argv=None) -> None:
             f"({c['full']} checks), {s['boundaries']:.2f} s boundaries only ({c['boundaries']} checks); "
             f"unguarded step {m['unguarded_step_ms']:.2f} ms; per step +{m['step_ms']['full']:.2f} ms full, "
             f"+{m['step_ms']['boundaries']:.2f} ms boundaries only; per checked collective "
-            f"{m['per_collective_ms']:.3f} ms, per boundary check {m['per_boundary_ms']:.3f} ms"
+            f"{m['per_collective_ms']:.3f} ms, per boundary check {m['per_boundary_ms']:.3f} ms; "
+            f"the store protocol alone {m['bare_check_ms']:.3f} ms per check"
         )
     print(f"total {time.monotonic() - started:.0f} s")
 

@@ -218,7 +218,8 @@ def timed_validate(info, batches: int, repeats: int) -> dict:
     every round), after one unguarded warm-up run. Before each run the ranks meet in a barrier.
 
     Record keys: ``seconds`` (``{mode: [wall seconds of trainer.validate per round]}``), ``checks``
-    (``{mode: checks the guard passed in one run}``), ``pg_seq`` (collectives the backend ran, in all)."""
+    (``{mode: checks the guard passed in one run}``), ``pg_seq`` (collectives the backend ran, in all),
+    ``bare_check_s`` (seconds per check of the store protocol alone, 300 checks after the runs)."""
     seconds = {mode: [] for mode in TIMED_MODES}
     checks = {}
     loader = id_loader(batches * info.world_size, 1)
@@ -234,4 +235,19 @@ def timed_validate(info, batches: int, repeats: int) -> dict:
             if round_ >= 0:
                 seconds[mode].append(time.perf_counter() - start)
                 checks[mode] = callbacks[0].checks if callbacks else 0
-    return {"seconds": seconds, "checks": checks, "pg_seq": _pg_seq()}
+    return {"seconds": seconds, "checks": checks, "pg_seq": _pg_seq(), "bare_check_s": _bare_checks(info, 300)}
+
+
+def _bare_checks(info, count: int) -> float:
+    """Seconds per check of ``count`` checks of the guard's store protocol alone (``Exchange.check`` of a
+    boundary entry, no Lightning, no classification), after a barrier."""
+    from ddpprobe.guard import _entries
+    from ddpprobe.guard._exchange import Exchange
+
+    store = torch.distributed.distributed_c10d._get_default_store()
+    exchange = Exchange(store, -1, info.rank, info.world_size, 60.0, info.pg_timeout, "benchmark")
+    torch.distributed.barrier()
+    start = time.perf_counter()
+    for i in range(count):
+        exchange.check(_entries.boundary(exchange.n, info.rank, "benchmark", 0, i))
+    return (time.perf_counter() - start) / count
