@@ -11,8 +11,9 @@ An *entry* is one JSON object a rank writes to the store before a check:
 ``id``
     what must be equal on every rank (a list): for a collective the op, reduce op, dtype, shape, group
     size, source, Lightning key (and, for ``self.log`` syncs, the hook it was logged in) and torchmetrics
-    class; for a boundary the hook, epoch, batch and dataloader index. Call sites are not compared: two
-    lines may log the same key.
+    class (no shape for ``UNEVEN_SPLITS``); for a boundary the hook, epoch, batch and dataloader index and
+    whether the loop has a batch after this one. Call sites are not compared: two lines may log the
+    same key.
 ``text``
     the rank's side in words: ``"is about to "`` + ``describe_collective`` (the wording of the audit's
     first divergence), ``"is at on_train_batch_start (batch 2, epoch 0)"``, or ``"raised Type: message"``.
@@ -26,6 +27,8 @@ from ddpprobe.probes.trace import describe_collective
 
 #: Fields of a collective (as the trace names them) that must be equal on every rank, in this order.
 COLLECTIVE_ID = ("op", "reduce_op", "dtype", "shape", "group_size", "source", "key", "log_hook", "metric")
+#: Collectives whose ranks may contribute tensors of different shapes (uneven splits): shape not compared.
+UNEVEN_SPLITS = ("all_to_all", "all_to_all_single")
 #: Longest error text of a peer kept in an entry.
 ERROR_CHARS = 500
 
@@ -33,11 +36,12 @@ ERROR_CHARS = 500
 def collective(n: int, rank: int, fields: dict) -> dict:
     """The entry of a collective described by the trace's ``collective`` fields (``op``, ``dtype`` ...)."""
     fields = dict(fields, log_hook=fields.get("hook") if fields.get("source") == "self.log" else None)
+    compared = dict(fields, shape=None) if fields.get("op") in UNEVEN_SPLITS else fields
     return {
         "kind": "collective",
         "n": n,
         "rank": rank,
-        "id": ["collective"] + [fields.get(k) for k in COLLECTIVE_ID],
+        "id": ["collective"] + [compared.get(k) for k in COLLECTIVE_ID],
         "fields": {k: fields.get(k) for k in ("op", "key", "metric", "source", "hook")},
         "text": "is about to " + describe_collective(fields),
     }
