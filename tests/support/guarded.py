@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 
 from ddpprobe._lightning import pl
 from ddpprobe.guard import CollectiveGuard
-from ddpprobe.probes import hazards, iterable
+from ddpprobe.probes import collectives, hazards, iterable
 from ddpprobe.probes.common import ddp_trainer, floats, id_loader, seed_everything
 from ddpprobe.probes.trace import _pg_seq
 
@@ -251,3 +251,15 @@ def _bare_checks(info, count: int) -> float:
     for i in range(count):
         exchange.check(_entries.boundary(exchange.n, info.rank, "benchmark", 0, i))
     return (time.perf_counter() - start) / count
+
+
+def gather_rows(info, action: str, guard=True) -> dict:
+    """Scenario: ``collectives.collective``'s ``CollectiveProbe(action)`` (``"uneven"``: ``self.all_gather``
+    of ``r + 1`` rows on rank ``r``; ``"pad_trim"``: the same rows padded, gathered and trimmed) with the
+    guard. Record keys: ``result`` (what the probe gathered), ``callback_metrics``, ``pg_seq``, ``checks``."""
+    model = collectives.CollectiveProbe(action)
+    callbacks = _guard(guard, None)
+    before = _pg_seq()
+    trainer = ddp_trainer(info, callbacks=callbacks)
+    trainer.validate(model, dataloaders=id_loader(info.world_size, 1), verbose=False)
+    return _record(trainer, callbacks, before, result=model.result)

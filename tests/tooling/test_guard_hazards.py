@@ -170,6 +170,28 @@ def test_metric_compute_on_rank_0_only_raises_collective_mismatch_on_every_rank_
 
 
 # ---------------------------------------------------------------------------------------------
+# all_gather of different shapes
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_all_gather_of_different_first_dimensions_raises_collective_mismatch_naming_each_ranks_shape(
+    run_world, world_size
+):
+    """Rank ``r`` all-gathers ``r + 1`` rows (tests/facts/test_collectives.py): without the guard gloo
+    aborts rank 0 ("Received data size doesn't match expected size"). With it every rank raises
+    ``CollectiveMismatch`` before the all_gather, naming each rank's shape ``[r + 1, 2]``."""
+    with pytest.raises(RankFailed) as failure:
+        run_world(guarded.gather_rows, world_size, action="uneven", **LIMITS)
+
+    errors = _guard_errors(failure.value, "CollectiveMismatch", list(range(world_size)))
+    for message in errors.values():
+        for r in range(world_size):
+            _line(r, f"is about to all_gather float32 [{r + 1}, 2]", message)
+        assert "contribute tensors of different dtypes or shapes" in message, message
+
+
+# ---------------------------------------------------------------------------------------------
 # Callbacks monitoring a key only rank 0 logs
 # ---------------------------------------------------------------------------------------------
 

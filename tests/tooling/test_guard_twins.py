@@ -84,3 +84,11 @@ def test_equal_batch_counts_give_the_same_step_level_synced_log_in_validate_with
     plan = [log_spec("v", on_step=True, sync_dist=True)]
     without, _ = _twins(run_world, guarded.validate_iterable, 2, n=N_UNEVEN, shard="rank_equal", plan=plan)
     assert all({"v_step", "v_epoch"} <= set(r["logged_metrics"]) for r in without), without
+
+
+def test_pad_gather_trim_gives_the_same_rows_with_the_guard(run_world):
+    """Rows of different first dimensions padded to one shape, gathered and trimmed (the fix for an
+    all_gather of different shapes, ``collectives.all_gather_uneven``): the same rows on every rank with
+    the guard as without it."""
+    without, _ = _twins(run_world, guarded.gather_rows, 2, action="pad_trim")
+    assert all(len(r["result"]["gathered"]) == 2 for r in without), without
