@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 from ddpprobe.guard import CollectiveGuard, CollectiveMismatch, GuardTimeout, PeerFailed, _entries
 from ddpprobe.guard._exchange import Exchange
+from ddpprobe.probes.trace import describe_collective
 
 pytestmark = pytest.mark.not_a_fact("tests the guard's store protocol, not a fact about DDP")
 
@@ -65,7 +66,8 @@ def test_matching_checks_pass_and_the_store_keeps_one_entry_per_rank():
 
 def test_different_keys_raise_the_same_collective_mismatch_on_both_ranks_naming_each_side():
     """Rank 0 syncs ``'a'``, rank 1 ``'b'`` at the same check: both raise ``CollectiveMismatch`` with the
-    same text, naming each rank's key and call site, the sides as ``describe_collective`` words them."""
+    same text, naming each rank's key and call site in ``describe_collective``'s words, the function the
+    audit's divergence report uses."""
     outcome = _in_threads(_world(2), lambda ex: _log_sync(ex, "ab"[ex.rank]))
 
     assert all(isinstance(e, CollectiveMismatch) for e in outcome.values()), outcome
@@ -73,6 +75,10 @@ def test_different_keys_raise_the_same_collective_mismatch_on_both_ranks_naming_
     for rank, key in ((0, "a"), (1, "b")):
         side = f"rank {rank} is about to all_reduce float32 [] (self.log sync of '{key}', logged in validation_step)"
         assert f"  {side} at model.py:12 in validation_step" in str(outcome[0]), outcome[0]
+        # the audit's words for the same collective: one function for both
+        event = {"op": "all_reduce", "dtype": "float32", "shape": [], "source": "self.log", "key": key}
+        event.update(hook="validation_step", call_site="model.py:12 in validation_step")
+        assert f"  rank {rank} is about to {describe_collective(event)}\n" in str(outcome[0]) + "\n"
     assert outcome[0].check == 0 and set(outcome[0].sides) == {0, 1}
 
 
