@@ -106,6 +106,13 @@ class CollectiveGuard(pl.Callback):
         self._thread = None
         self._local = threading.local()
 
+    def __getstate__(self) -> dict:
+        # Only the settings cross a pickle (``strategy="ddp_spawn"`` sends the callbacks to new processes).
+        return {"timeout": self.timeout, "collectives": self.collectives}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(**state)
+
     # -- session ---------------------------------------------------------------------------------
 
     def _timeouts(self, trainer) -> tuple:

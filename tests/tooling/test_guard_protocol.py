@@ -154,3 +154,12 @@ def test_a_timeout_not_below_the_process_group_timeout_is_refused_naming_both():
 )
 def test_ranks_are_named_in_runs(ranks, text):
     assert _entries.ranks_text(ranks) == text
+
+
+def test_a_guard_crosses_a_pickle_with_its_settings_only():
+    """``strategy="ddp_spawn"`` pickles the Trainer's callbacks into new processes: a guard keeps its
+    ``timeout`` and ``collectives`` and nothing of a session."""
+    import pickle
+
+    copy = pickle.loads(pickle.dumps(CollectiveGuard(timeout=7, collectives=False)))
+    assert (copy.timeout, copy.collectives, copy.checks, copy._exchange) == (7.0, False, 0, None)
