@@ -33,8 +33,7 @@ One JSON object per line (``TRACE_SCHEMA`` version 1); ``event`` says which kind
     ``Metric``'s batch value from its ``forward``; else None), ``step_value`` (with ``on_step``: the step
     value Lightning keeps, after the ``sync_dist`` all_reduce where there is one), ``batch_size`` (what
     Lightning added to the key's cumulated batch size; None where it keeps none), ``on_step``, ``on_epoch``,
-    ``sync_dist``,
-    ``reduce_fx``, ``rank_zero_only``, ``metric_object``, ``call_site``.
+    ``sync_dist``, ``reduce_fx``, ``rank_zero_only``, ``metric_object``, ``call_site``.
 ``batch``
     a batch a loop ran: ``stage`` (``"train"``, ``"val"``, ``"test"``, ``"predict"``), ``batch_idx``,
     ``dataloader_idx``, ``size``, ``ids`` (the batch's ``id``/``ids``/``idx``/``index`` field) or
