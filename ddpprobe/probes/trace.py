@@ -156,6 +156,94 @@ def _pg_seq() -> Optional[int]:
         return None
 
 
+class CallClassifier:
+    """Where a Python-level collective of a Lightning run comes from: the trace's ``source``, ``key``,
+    ``metric``, ``states``, ``hook``, ``call_site`` and ``origin`` fields (see the module docstring).
+
+    Shared by :class:`CollectiveTrace` and ``ddpprobe.guard.CollectiveGuard``, so both name a collective
+    alike.
+
+    Args:
+        model: the LightningModule whose ``_current_fx_name`` is the hook of a collective no key names.
+    """
+
+    def __init__(self, model):
+        self.model = model
+        self.library = _library_dirs()
+        loops = pl.loops.loop
+        self._loop_types = tuple(
+            t for t in (pl.Trainer, getattr(loops, "_Loop", None), getattr(loops, "Loop", None)) if t
+        )
+        #: ``(key, hook) -> call_site`` of the latest ``self.log`` call of each key (:meth:`note_log`).
+        self.log_sites: dict = {}
+
+    def note_log(self, key: str, hook: Optional[str], call_site: Optional[str]) -> None:
+        """Remember where ``key`` was last logged from in ``hook``: a sync Lightning makes later, in its
+        loop, is placed there."""
+        self.log_sites[(key, hook)] = call_site
+
+    def user_frame(self, frame) -> Optional[str]:
+        """``"file.py:42 in validation_step"``: the innermost frame at or above ``frame`` outside torch,
+        torchmetrics, Lightning, ddpprobe and the standard library; None if there is none."""
+        while frame is not None:
+            filename = frame.f_code.co_filename
+            if not filename.startswith(self.library) and not filename.startswith("<"):
+                return f"{os.path.basename(filename)}:{frame.f_lineno} in {frame.f_code.co_name}"
+            frame = frame.f_back
+        return None
+
+    def context(self, frame, loops_are_library: bool = False) -> dict:
+        """``{"source", "key", "metric", "states", "hook", "call_site", "origin"}`` of the collective
+        called from ``frame`` (the caller of the ``torch.distributed`` function).
+
+        With ``loops_are_library``, a collective reached from the user's code only through the Trainer or
+        one of its loops (``trainer.fit(...)`` in the user's script, then Lightning's own broadcast or a
+        sync at the epoch end) has no call site of its own (a synced key gets the line that logged it),
+        so it is ``"library"`` where no key or metric names it, not ``"user"``; the walk up the stack
+        stops at that loop."""
+        from torchmetrics import Metric
+
+        key = hook = metric = states = None
+        source = None
+        through_loop = reached_user = False
+        f = frame
+        while f is not None:
+            reached_user = reached_user or not f.f_code.co_filename.startswith((*self.library, "<"))
+            owner = f.f_locals.get("self")
+            if owner is not None:
+                kind = type(owner).__name__
+                if loops_are_library and not reached_user and isinstance(owner, self._loop_types):
+                    through_loop = True
+                    break
+                if kind == "_ResultMetric" and key is None:
+                    key, hook = owner.meta.name, owner.meta.fx
+                    source = source or "self.log"
+                elif isinstance(owner, Metric) and metric is None and kind != "_ResultMetric":
+                    metric, states = type(owner).__name__, list(getattr(owner, "_defaults", {}))
+                    source = "torchmetrics"
+            f = f.f_back
+        call_site = None if through_loop else self.user_frame(frame)
+        code = frame.f_code
+        parts = code.co_filename.replace(os.sep, "/").split("/")
+        tail = parts[-3:] if "site-packages" not in parts else parts[parts.index("site-packages") + 1 :]
+        origin = f"{'/'.join(tail)}:{frame.f_lineno} in {code.co_name}"
+        if call_site is None and key is not None:  # a logged value synced by the loop: where it was logged
+            call_site = self.log_sites.get((key, hook))
+        if source is None:
+            source = "user" if call_site else "library"
+        if hook is None:
+            hook = getattr(self.model, "_current_fx_name", None)
+        return {
+            "source": source,
+            "key": key,
+            "metric": metric,
+            "states": states,
+            "hook": hook,
+            "call_site": call_site,
+            "origin": origin,
+        }
+
+
 class CollectiveTrace:
     """Record this rank's collectives, ``self.log`` calls and batches to ``path`` (JSON lines) while active.
 
@@ -176,7 +264,7 @@ class CollectiveTrace:
         self._seq = 0
         self._local = threading.local()
         self._originals: dict = {}
-        self._library = _library_dirs()
+        self.classifier = CallClassifier(model)
         self.log_calls: list = []
 
     # -- writing ---------------------------------------------------------------------------------
@@ -222,53 +310,11 @@ class CollectiveTrace:
     # -- where a call comes from -------------------------------------------------------------------
 
     def _user_frame(self, frame) -> Optional[str]:
-        while frame is not None:
-            filename = frame.f_code.co_filename
-            if not filename.startswith(self._library) and not filename.startswith("<"):
-                return f"{os.path.basename(filename)}:{frame.f_lineno} in {frame.f_code.co_name}"
-            frame = frame.f_back
-        return None
+        return self.classifier.user_frame(frame)
 
     def _context(self, frame) -> dict:
         """Key, hook, metric and call site of the collective called from ``frame``."""
-        from torchmetrics import Metric
-
-        key = hook = metric = states = None
-        source = None
-        f = frame
-        while f is not None:
-            owner = f.f_locals.get("self")
-            if owner is not None:
-                kind = type(owner).__name__
-                if kind == "_ResultMetric" and key is None:
-                    key, hook = owner.meta.name, owner.meta.fx
-                    source = source or "self.log"
-                elif isinstance(owner, Metric) and metric is None and kind != "_ResultMetric":
-                    metric, states = type(owner).__name__, list(getattr(owner, "_defaults", {}))
-                    source = "torchmetrics"
-            f = f.f_back
-        call_site = self._user_frame(frame)
-        code = frame.f_code
-        parts = code.co_filename.replace(os.sep, "/").split("/")
-        tail = parts[-3:] if "site-packages" not in parts else parts[parts.index("site-packages") + 1 :]
-        origin = f"{'/'.join(tail)}:{frame.f_lineno} in {code.co_name}"
-        if call_site is None and key is not None:  # a logged value synced by the loop: where it was logged
-            call_site = next(
-                (c["call_site"] for c in reversed(self.log_calls) if c["key"] == key and c["hook"] == hook), None
-            )
-        if source is None:
-            source = "user" if call_site else "library"
-        if hook is None:
-            hook = getattr(self.model, "_current_fx_name", None)
-        return {
-            "source": source,
-            "key": key,
-            "metric": metric,
-            "states": states,
-            "hook": hook,
-            "call_site": call_site,
-            "origin": origin,
-        }
+        return self.classifier.context(frame)
 
     # -- the wrappers ----------------------------------------------------------------------------
 
@@ -366,6 +412,7 @@ class CollectiveTrace:
                 "call_site": call_site,
             }
             trace.log_calls.append(call)
+            trace.classifier.note_log(name, fx, call_site)
             trace.write("log", **call)
             return out
 

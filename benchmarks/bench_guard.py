@@ -1,0 +1,87 @@
+"""What ``CollectiveGuard`` costs: overhead per checked collective and per step, W = 2 and 4, gloo.
+
+One world per world size runs ``tests/support/guarded.py:timed_validate``: ``trainer.validate`` of a
+module that syncs one logged value per batch (``self.log(..., on_step=True, sync_dist=True)``: a barrier
+and an all_reduce, two Python-level collectives per step), over ``--batches`` batches, without the guard,
+with the full guard and with hook boundaries only (``CollectiveGuard(collectives=False)``), alternating
+for ``--repeats`` rounds. Per mode the slowest rank's median wall time is kept; then
+
+- per step: (guarded - unguarded) / batches, for each mode;
+- per checked collective: (full - boundaries only) / (collective checks of the full guard), since the two
+  guarded modes differ exactly by those checks;
+- a boundary check: (boundaries only - unguarded) / (boundary checks);
+- the store protocol alone: 300 bare ``Exchange.check`` calls per rank after the runs (post, wait for
+  every rank, read, delete), the floor under every check.
+
+Usage (from the repository root)::
+
+    python benchmarks/bench_guard.py                 # W = 2 and 4, 150 batches, 2 rounds: under a minute
+    python benchmarks/bench_guard.py --batches 300 --repeats 3
+
+The figures are wall times on whatever else the machine runs: on a shared machine they are upper bounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from ddpprobe import run_world  # noqa: E402
+from tests.support import guarded  # noqa: E402
+
+
+def _median_of_slowest(records: list, mode: str) -> float:
+    rounds = len(records[0]["seconds"][mode])
+    return statistics.median(max(rec["seconds"][mode][i] for rec in records) for i in range(rounds))
+
+
+def measure(world_size: int, batches: int, repeats: int) -> dict:
+    records = run_world(guarded.timed_validate, world_size, batches=batches, repeats=repeats, timeout=300).records
+    t = {mode: _median_of_slowest(records, mode) for mode in guarded.TIMED_MODES}
+    checks = records[0]["checks"]
+    collective_checks = checks["full"] - checks["boundaries"]
+    return {
+        "world_size": world_size,
+        "seconds": t,
+        "checks": checks,
+        "step_ms": {mode: (t[mode] - t["off"]) / batches * 1e3 for mode in ("full", "boundaries")},
+        "unguarded_step_ms": t["off"] / batches * 1e3,
+        "per_collective_ms": (t["full"] - t["boundaries"]) / collective_checks * 1e3,
+        "per_boundary_ms": (t["boundaries"] - t["off"]) / checks["boundaries"] * 1e3,
+        "bare_check_ms": max(rec["bare_check_s"] for rec in records) * 1e3,
+    }
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batches", type=int, default=150)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4])
+    args = parser.parse_args(argv)
+    print(
+        f"CPython {platform.python_version()}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}; "
+        f"{args.batches} batches, {args.repeats} rounds"
+    )
+    started = time.monotonic()
+    for world_size in args.world_sizes:
+        m = measure(world_size, args.batches, args.repeats)
+        s, c = m["seconds"], m["checks"]
+        print(
+            f"W={world_size}: validate {s['off']:.2f} s unguarded, {s['full']:.2f} s full guard "
+            f"({c['full']} checks), {s['boundaries']:.2f} s boundaries only ({c['boundaries']} checks); "
+            f"unguarded step {m['unguarded_step_ms']:.2f} ms; per step +{m['step_ms']['full']:.2f} ms full, "
+            f"+{m['step_ms']['boundaries']:.2f} ms boundaries only; per checked collective "
+            f"{m['per_collective_ms']:.3f} ms, per boundary check {m['per_boundary_ms']:.3f} ms; "
+            f"the store protocol alone {m['bare_check_ms']:.3f} ms per check"
+        )
+    print(f"total {time.monotonic() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,274 @@
+"""``CollectiveGuard``: the Lightning callback that checks, through the world's store, that every rank is
+about to make the same collective call (ddpprobe/guard/_exchange.py, ddpprobe/guard/_entries.py)."""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import itertools
+import numbers
+import sys
+import threading
+from typing import Optional
+
+import torch
+import torch.distributed
+
+from ddpprobe._lightning import pl
+from ddpprobe.guard import _entries
+from ddpprobe.guard._exchange import Exchange
+from ddpprobe.probes.trace import COLLECTIVES, CallClassifier, _contributed, _reduce_op
+
+#: The guard's timeout when none is given: half the process-group timeout, at most this many seconds.
+DEFAULT_TIMEOUT_CAP_S = 300.0
+#: The process-group timeout assumed when the strategy does not say (torch's and Lightning's default).
+DEFAULT_PG_TIMEOUT_S = 1800.0
+
+#: One number per guarded ``Trainer`` stage in this process, equal on every rank that runs the same stages.
+_SESSIONS = itertools.count()
+#: Marks "the module had no ``log`` of its own" (``CollectiveGuard._log_before``).
+_NONE = object()
+
+
+def _seconds(value) -> Optional[float]:
+    if isinstance(value, datetime.timedelta):
+        return value.total_seconds()
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return float(value)
+    return None
+
+
+def _last_batch(trainer) -> Optional[bool]:
+    """Whether the running loop's data fetcher has no batch after the current one (it fetches one batch
+    ahead: pytorch_lightning/loops/fetchers.py ``_PrefetchDataFetcher``); None where it cannot say."""
+    try:
+        fetcher = trainer._active_loop._data_fetcher
+        if fetcher is None or type(fetcher).__name__ == "_DataLoaderIterDataFetcher":
+            return None
+        return bool(fetcher.done)
+    except Exception:  # noqa: BLE001 - another release's loop layout
+        return None
+
+
+class CollectiveGuard(pl.Callback):
+    """Check, before each collective a rank makes from Python and at each hook boundary, that every rank
+    is about to do the same thing; raise one clear error on every rank at the first difference.
+
+    ``Trainer(strategy="ddp", callbacks=[CollectiveGuard()])``, in any world Lightning runs in (ddpprobe's
+    ``run_world``, torchrun, SLURM) and with any backend (gloo, NCCL): the ranks compare through the world's
+    c10d store (``torch.distributed.distributed_c10d._get_default_store()``), never through a collective,
+    so a rank that never arrives cannot hang the check, and the process group sees exactly the
+    collectives it sees without the guard.
+
+    Checked: the ``torch.distributed`` functions the trace wraps (``ddpprobe.probes.trace.COLLECTIVES``),
+    called on the main thread on the whole world: ``self.log(..., sync_dist=True)`` syncs, torchmetrics
+    state syncs at ``compute()``, ``self.all_gather``, ``strategy.reduce`` / ``barrier`` / ``broadcast``,
+    ``reduce_boolean_decision``; compared by op, reduce op, dtype, shape, source, Lightning key (and the
+    hook it was logged in) and torchmetrics class (ddpprobe/guard/_entries.py). And the hook boundaries
+    ``setup``, ``on_*_batch_start``, ``on_*_batch_end``, ``on_*_epoch_end`` and ``teardown``, compared by
+    hook, epoch, batch and dataloader index, so ranks with uneven numbers of batches are stopped before
+    DistributedDataParallel's gradient all_reduce (made from C++, which no Python wrapper sees) pairs
+    different steps.
+
+    Args:
+        timeout: seconds a rank waits for its peers at a check before raising ``GuardTimeout``; must be
+            below the process-group timeout. Default: half the process-group timeout
+            (``DDPStrategy(timeout=...)``, 30 min when unset), at most ``DEFAULT_TIMEOUT_CAP_S`` (300 s).
+        collectives: check every Python-level collective (default); ``False`` checks the hook boundaries
+            only (cheaper; catches uneven batches and a peer that raised, not keys or metrics).
+
+    Raises (on the ranks, from the hook or the collective where the difference shows):
+        CollectiveMismatch: different collectives or boundaries at the same check, on every rank.
+        PeerFailed: a peer raised before the check (its error is named), on the ranks that wait for it.
+        GuardTimeout: a peer did not arrive within ``timeout`` (named with its last check).
+        ValueError: ``timeout`` not a positive number below the process-group timeout (at ``setup``).
+
+    Attributes:
+        checks: number of checks this rank passed in the current or last stage.
+
+    A world of one rank, or a run without an initialised process group, is not checked. Collectives on a
+    sub-group smaller than the world, and those of other threads, pass unchecked.
+    """
+
+    def __init__(self, timeout: Optional[float] = None, collectives: bool = True):
+        if timeout is not None and not (_seconds(timeout) is not None and _seconds(timeout) > 0):
+            raise ValueError(f"CollectiveGuard(timeout={timeout!r}): use a positive number of seconds")
+        if not isinstance(collectives, bool):
+            raise ValueError(f"CollectiveGuard(collectives={collectives!r}): use True or False")
+        self.timeout = None if timeout is None else _seconds(timeout)
+        self.collectives = collectives
+        self.checks = 0
+        self._exchange: Optional[Exchange] = None
+        self._originals: dict = {}
+        self._model = None
+        self._log_before = _NONE
+        self._classifier: Optional[CallClassifier] = None
+        self._thread = None
+        self._local = threading.local()
+
+    def __getstate__(self) -> dict:
+        # Only the settings cross a pickle (``strategy="ddp_spawn"`` sends the callbacks to new processes).
+        return {"timeout": self.timeout, "collectives": self.collectives}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(**state)
+
+    # -- session ---------------------------------------------------------------------------------
+
+    def _timeouts(self, trainer) -> tuple:
+        pg = _seconds(getattr(trainer.strategy, "_timeout", None)) or DEFAULT_PG_TIMEOUT_S
+        timeout = self.timeout if self.timeout is not None else min(DEFAULT_TIMEOUT_CAP_S, pg / 2)
+        if timeout >= pg:
+            raise ValueError(
+                f"CollectiveGuard(timeout={self.timeout:g}) is not below the process-group timeout ({pg:g} s): "
+                "a rank left alone in a collective would raise the backend's timeout first. Use a smaller "
+                "timeout, or a larger DDPStrategy(timeout=...)"
+            )
+        return timeout, pg
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        self._uninstall()
+        self.checks = 0
+        dist = torch.distributed
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+            return
+        timeout, pg = self._timeouts(trainer)
+        store = dist.distributed_c10d._get_default_store()
+        fn = getattr(getattr(trainer.state, "fn", None), "value", stage)
+        self._exchange = Exchange(store, next(_SESSIONS), dist.get_rank(), dist.get_world_size(), timeout, pg, fn)
+        self._model = pl_module
+        self._classifier = CallClassifier(pl_module)
+        self._thread = threading.get_ident()
+        self._install_log(pl_module)
+        if self.collectives:
+            self._install_collectives()
+        self._boundary("setup", trainer)
+
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        try:
+            if self._exchange is not None:
+                self._boundary("teardown", trainer)
+        finally:
+            self._uninstall()
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        if self._exchange is not None:
+            hook = getattr(pl_module, "_current_fx_name", None)
+            self._exchange.post_raised(f"{type(exception).__name__}: {exception}", hook)
+        self._uninstall()
+
+    def _uninstall(self) -> None:
+        for name, original in self._originals.items():
+            setattr(torch.distributed, name, original)
+        self._originals.clear()
+        if self._model is not None:  # put back the instance's own log (another wrapper's), or none
+            if self._log_before is _NONE:
+                vars(self._model).pop("log", None)
+            else:
+                self._model.log = self._log_before
+        self._model = None
+        self._exchange = None
+
+    # -- checks ----------------------------------------------------------------------------------
+
+    def _check(self, entry: dict) -> None:
+        self._exchange.check(entry)
+        self.checks += 1
+
+    def _boundary(self, hook: str, trainer, batch_idx: Optional[int] = None, dataloader_idx: int = 0) -> None:
+        if self._exchange is None:
+            return
+        ex = self._exchange
+        last = _last_batch(trainer) if batch_idx is not None else None
+        self._check(_entries.boundary(ex.n, ex.rank, hook, trainer.current_epoch, batch_idx, dataloader_idx, last))
+
+    def _install_log(self, model) -> None:
+        original, classifier = model.log, self._classifier
+
+        @functools.wraps(original)
+        def log(name, value, *args, **kwargs):
+            classifier.note_log(name, model._current_fx_name, classifier.user_frame(sys._getframe(1)))
+            return original(name, value, *args, **kwargs)
+
+        self._log_before = vars(model).get("log", _NONE)
+        model.log = log
+
+    def _install_collectives(self) -> None:
+        for name in COLLECTIVES:
+            original = getattr(torch.distributed, name, None)
+            if original is not None:
+                self._originals[name] = original
+                setattr(torch.distributed, name, self._wrap(name, original))
+
+    def _whole_world(self, args, kwargs) -> bool:
+        groups = [a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.distributed.ProcessGroup)]
+        return not groups or torch.distributed.get_world_size(groups[0]) == self._exchange.world_size
+
+    def _wrap(self, name: str, original):
+        guard = self
+
+        @functools.wraps(original)
+        def collective(*args, **kwargs):
+            if (
+                guard._exchange is None
+                or getattr(guard._local, "inside", False)
+                or threading.get_ident() != guard._thread
+                or not guard._whole_world(args, kwargs)
+            ):
+                return original(*args, **kwargs)
+            dtype, shape = _contributed(name, args, kwargs)
+            fields = {
+                "op": name,
+                "reduce_op": _reduce_op(args, kwargs),
+                "dtype": dtype,
+                "shape": shape,
+                "group_size": guard._exchange.world_size,
+                **guard._classifier.context(sys._getframe(1), loops_are_library=True),
+            }
+            ex = guard._exchange
+            guard._check(_entries.collective(ex.n, ex.rank, fields))
+            guard._local.inside = True
+            try:
+                return original(*args, **kwargs)
+            finally:
+                guard._local.inside = False
+
+        return collective
+
+    # -- hook boundaries -------------------------------------------------------------------------
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self._boundary("on_train_batch_start", trainer, batch_idx)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self._boundary("on_train_batch_end", trainer, batch_idx)
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+        self._boundary("on_validation_batch_start", trainer, batch_idx, dataloader_idx)
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+        self._boundary("on_validation_batch_end", trainer, batch_idx, dataloader_idx)
+
+    def on_test_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+        self._boundary("on_test_batch_start", trainer, batch_idx, dataloader_idx)
+
+    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+        self._boundary("on_test_batch_end", trainer, batch_idx, dataloader_idx)
+
+    def on_predict_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+        self._boundary("on_predict_batch_start", trainer, batch_idx, dataloader_idx)
+
+    def on_predict_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+        self._boundary("on_predict_batch_end", trainer, batch_idx, dataloader_idx)
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        self._boundary("on_train_epoch_end", trainer)
+
+    def on_validation_epoch_end(self, trainer, pl_module):
+        self._boundary("on_validation_epoch_end", trainer)
+
+    def on_test_epoch_end(self, trainer, pl_module):
+        self._boundary("on_test_epoch_end", trainer)
+
+    def on_predict_epoch_end(self, trainer, pl_module, *args):
+        self._boundary("on_predict_epoch_end", trainer)

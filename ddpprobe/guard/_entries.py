@@ -1,0 +1,159 @@
+"""What a rank posts at each check, how the ranks' posts are compared, and the error text when they differ.
+
+An *entry* is one JSON object a rank writes to the store before a check:
+
+``kind``
+    ``"collective"`` (about to call a ``torch.distributed`` collective), ``"boundary"`` (at a Lightning
+    hook boundary: setup, a batch's start or end, an epoch's end, teardown) or ``"raised"`` (this rank
+    raised; posted from ``on_exception`` or on the guard's own timeout).
+``n``, ``rank``
+    the check's sequence number (per rank, per ``Trainer`` stage) and the rank that posted it.
+``id``
+    what must be equal on every rank (a list): for a collective the op, reduce op, dtype, shape, group
+    size, source, Lightning key (and, for ``self.log`` syncs, the hook it was logged in) and torchmetrics
+    class (no shape for ``UNEVEN_SPLITS``); for a boundary the hook, epoch, batch and dataloader index and
+    whether the loop has a batch after this one. Call sites are not compared: two lines may log the
+    same key.
+``text``
+    the rank's side in words: ``"is about to "`` + ``describe_collective`` (the wording of the audit's
+    first divergence), ``"is at on_train_batch_start (batch 2, epoch 0)"``, or ``"raised Type: message"``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from ddpprobe.probes.trace import describe_collective
+
+#: Fields of a collective (as the trace names them) that must be equal on every rank, in this order.
+COLLECTIVE_ID = ("op", "reduce_op", "dtype", "shape", "group_size", "source", "key", "log_hook", "metric")
+#: Collectives whose ranks may contribute tensors of different shapes (uneven splits): shape not compared.
+UNEVEN_SPLITS = ("all_to_all", "all_to_all_single")
+#: Longest error text of a peer kept in an entry.
+ERROR_CHARS = 500
+
+
+def collective(n: int, rank: int, fields: dict) -> dict:
+    """The entry of a collective described by the trace's ``collective`` fields (``op``, ``dtype`` ...)."""
+    fields = dict(fields, log_hook=fields.get("hook") if fields.get("source") == "self.log" else None)
+    compared = dict(fields, shape=None) if fields.get("op") in UNEVEN_SPLITS else fields
+    return {
+        "kind": "collective",
+        "n": n,
+        "rank": rank,
+        "id": ["collective"] + [compared.get(k) for k in COLLECTIVE_ID],
+        "fields": {k: fields.get(k) for k in ("op", "key", "metric", "source", "hook")},
+        "text": "is about to " + describe_collective(fields),
+    }
+
+
+def boundary(
+    n: int,
+    rank: int,
+    hook: str,
+    epoch: int,
+    batch_idx: Optional[int] = None,
+    dataloader_idx: int = 0,
+    last: Optional[bool] = None,
+) -> dict:
+    """The entry of a hook boundary: ``hook`` (``"setup"``, ``"on_train_batch_start"`` ...) in ``epoch``;
+    ``last``: whether the loop's data fetcher has no batch after this one (None where unknown)."""
+    where = [f"epoch {epoch}"]
+    if batch_idx is not None:
+        where.insert(0, f"batch {batch_idx}" + (f" of dataloader {dataloader_idx}" if dataloader_idx else ""))
+    if last:
+        where.append("this rank's last batch")
+    return {
+        "kind": "boundary",
+        "n": n,
+        "rank": rank,
+        "id": ["boundary", hook, epoch, batch_idx, dataloader_idx, last],
+        "fields": {"hook": hook, "batch_idx": batch_idx},
+        "text": f"is at {hook} ({', '.join(where)})",
+    }
+
+
+def raised(n: int, rank: int, error: str, hook: Optional[str]) -> dict:
+    """The entry a rank posts when it raised ``error`` (``"Type: message"``) in ``hook``."""
+    error = error if len(error) <= ERROR_CHARS else error[: ERROR_CHARS - 3] + "..."
+    return {
+        "kind": "raised",
+        "n": n,
+        "rank": rank,
+        "id": ["raised"],
+        "error": error,
+        "text": f"raised {error}" + (f" (in {hook})" if hook else ""),
+    }
+
+
+def ranks_text(ranks: list) -> str:
+    """``"rank 3"``, ``"ranks 0, 2"``, ``"ranks 0-5"`` (runs of three or more as ranges)."""
+    ranks = sorted(ranks)
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    parts, start = [], 0
+    for i in range(1, len(ranks) + 1):
+        if i == len(ranks) or ranks[i] != ranks[i - 1] + 1:
+            run = ranks[start:i]
+            parts.append(f"{run[0]}-{run[-1]}" if len(run) >= 3 else ", ".join(map(str, run)))
+            start = i
+    return "ranks " + ", ".join(parts)
+
+
+def sides_text(entries: list) -> str:
+    """One line per distinct side, ranks with the same text grouped: ``"  rank 0 is about to ..."``."""
+    groups: dict = {}
+    for entry in entries:
+        groups.setdefault(entry["text"], []).append(entry["rank"])
+    return "\n".join(
+        f"  {ranks_text(ranks)} {_plural(text) if len(ranks) > 1 else text}" for text, ranks in groups.items()
+    )
+
+
+def _plural(text: str) -> str:
+    return "are " + text[3:] if text.startswith("is ") else text
+
+
+def consequence(entries: list, pg_timeout_s: float) -> str:
+    """What would happen if the ranks went on, and the fix, for entries whose ``id`` differ."""
+    kinds = {e["kind"] for e in entries}
+    waiting = f"the process-group timeout ({pg_timeout_s:g} s)"
+    if any(e["kind"] == "boundary" and e["fields"]["batch_idx"] is not None for e in entries):
+        return (
+            "The ranks ran different numbers of batches: the next collective of the ranks with more batches "
+            "(DistributedDataParallel's gradient all_reduce in fit, a step-level sync_dist, a Lightning broadcast) "
+            f"has no partner, or pairs with another step's, and fails or blocks until {waiting}. Give every rank "
+            "the same number of batches (Lightning's DistributedSampler pads a map-style dataset; an "
+            "IterableDataset must yield as many batches on every rank)."
+        )
+    if kinds == {"boundary"}:
+        return f"The ranks are at different points of the run: their next collectives would not pair ({waiting})."
+    if "boundary" in kinds:
+        alone = ranks_text([e["rank"] for e in entries if e["kind"] == "collective"])
+        return (
+            f"{alone} would wait in a collective the other ranks do not call: it fails when a peer leaves (gloo) "
+            f"or blocks until {waiting} (NCCL), or pairs with an unrelated collective. Make every collective on "
+            "every rank: call Metric.compute() and self.all_gather everywhere and print on rank 0 only "
+            "(self.print), and log a value that only some ranks have without sync_dist."
+        )
+    fields = [e["fields"] for e in entries]
+    if len({f["op"] for f in fields}) > 1:
+        return (
+            "The ranks would enter different collectives: the backend pairs them anyway (exchanging wrong data), "
+            f"aborts, or blocks until {waiting}. Make the same collectives in the same order on every rank."
+        )
+    if len({(f["key"], f["hook"] if f["source"] == "self.log" else None) for f in fields}) > 1:
+        return (
+            "The values of different keys would be reduced together: every key would hold a mix of the ranks' "
+            "values, and nothing would raise. Log the same keys, from the same hooks, in the same order, on every "
+            "rank (a per-rank value: one shared key, or no sync_dist)."
+        )
+    if len({f["metric"] for f in fields}) > 1:
+        return (
+            "The states of different metrics would be synced together. Call compute() on the same metrics, in "
+            "the same order, on every rank."
+        )
+    return (
+        "The ranks would contribute tensors of different dtypes or shapes: the backend aborts, cuts the data or "
+        f"blocks until {waiting}. Pad to one shape (all_gather needs equal shapes) and use one dtype."
+    )
