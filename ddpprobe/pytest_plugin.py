@@ -18,7 +18,15 @@ option                 environment variable          meaning
                                                      ``lightning`` (``import lightning.pytorch``)
 ``--skip-unavailable`` ``DDPPROBE_SKIP_UNAVAILABLE``  under nccl, skip facts needing more CUDA devices
                                                      than this machine has, instead of refusing the run
+``--fresh-worlds``     ``DDPPROBE_FRESH_WORLDS``     start a new world at every ``run_world`` call (no
+                                                     world is shared between tests)
 =====================  ============================  ===============================================
+
+Shared worlds: a world that completed is started once per session. A later ``run_world`` call with the same
+scenario, world size, parameters, settings and environment, in any test and any xdist worker of the run,
+gets a copy of its result (ddpprobe/_shared_worlds.py); a world that raised is never shared. A test that
+needs worlds of its own (it compares two worlds, or counts processes) says so with
+``@pytest.mark.fresh_world("reason")``.
 
 Refused before any test runs, with pytest's usage error (exit code 4) naming the value and the fix: an
 unknown backend, start method or Lightning package; timeouts that are not seconds; a world size that is
@@ -36,7 +44,7 @@ from typing import Optional
 
 import pytest
 
-from ddpprobe import _lightning, runif
+from ddpprobe import _lightning, _shared_worlds, runif
 from ddpprobe.launch import (
     BACKENDS,
     START_METHODS,
@@ -45,9 +53,10 @@ from ddpprobe.launch import (
     external_world,
     leave_external_world,
     resolve_settings,
+)
+from ddpprobe.launch import (
     run_world as _run_world,
 )
-
 
 #: How each launch setting is named in a usage error: the option (its variable is named by the resolver).
 _OPTIONS = {
@@ -115,6 +124,13 @@ def pytest_addoption(parser) -> None:
         help="with --backend nccl, skip (with the reason) the facts that need more CUDA devices than this "
         "machine has, instead of refusing the run (default DDPPROBE_SKIP_UNAVAILABLE=1)",
     )
+    group.addoption(
+        "--fresh-worlds",
+        action="store_true",
+        default=os.environ.get("DDPPROBE_FRESH_WORLDS", "").strip().lower() in ("1", "true", "yes"),
+        help="start a new world at every run_world call instead of sharing a completed world between the "
+        "tests that ask for the same one (default DDPPROBE_FRESH_WORLDS=1)",
+    )
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -123,6 +139,11 @@ def pytest_configure(config) -> None:
         "markers",
         "run_if(min_gpus=0, backend=None, lightning=None): run only where these needs are met, else skip "
         "with the reason (use ddpprobe.runif.run_if to build it)",
+    )
+    config.addinivalue_line(
+        "markers",
+        "fresh_world(reason): every run_world call of this test starts a new world, never one another test "
+        "completed (for tests that compare worlds or watch their processes)",
     )
     _choose_lightning(config)
     settings = _check_options(config)
@@ -208,11 +229,12 @@ def pytest_collection_modifyitems(config, items) -> None:
         present = {_world_size_of(item) for item in items} - {None}
         missing = sorted(sizes - present)
         if missing:
+            present_text = ", ".join(map(str, sorted(present))) or "none"
             _refuse(
                 config,
                 items,
                 f"--world-size {','.join(map(str, sorted(sizes)))}: no collected test is parametrised with world "
-                f"size {', '.join(map(str, missing))} (world sizes present: {', '.join(map(str, sorted(present))) or 'none'})",
+                f"size {', '.join(map(str, missing))} (world sizes present: {present_text})",
             )
             return
         keep, drop = [], []
@@ -308,8 +330,18 @@ def backend(request) -> str:
     return request.config.stash[_SETTINGS]["backend"]
 
 
+@pytest.fixture(scope="session")
+def _shared_worlds_store(request, tmp_path_factory) -> _shared_worlds.SharedWorlds:
+    """This run's completed worlds, in a folder every xdist worker of the run shares (the run's temporary
+    folder: the workers' own folders are inside it)."""
+    base = tmp_path_factory.getbasetemp()
+    if hasattr(request.config, "workerinput"):
+        base = base.parent
+    return _shared_worlds.SharedWorlds(str(base / "ddpprobe-worlds"))
+
+
 @pytest.fixture
-def run_world(request, backend):
+def run_world(request, backend, _shared_worlds_store):
     """``ddpprobe.run_world`` with this session's backend, timeouts and start method filled in.
 
     A world that needs more CUDA devices than this machine has (``backend="nccl"``, given to the call or
@@ -321,6 +353,7 @@ def run_world(request, backend):
     config = request.config
     settings = config.stash[_SETTINGS]
     defaults = {key: settings[key] for key in ("backend", "timeout", "pg_timeout", "start_method")}
+    reuse = not config.getoption("--fresh-worlds") and request.node.get_closest_marker("fresh_world") is None
 
     @functools.wraps(_run_world)
     def run(scenario, world_size: int = 2, **kwargs):
@@ -340,6 +373,11 @@ def run_world(request, backend):
                 raise _skip_at_the_test(reason)
         merged = {k: v for k, v in defaults.items() if v is not None}
         merged.update(kwargs)
-        return _run_world(scenario, world_size, **merged)
+        if outside is not None:
+            return _run_world(scenario, world_size, **merged)
+        ref = f"{getattr(scenario, '__module__', None)}:{getattr(scenario, '__qualname__', None)}"
+        key = _shared_worlds.world_key(ref, world_size, merged)
+        result, _ = _shared_worlds_store.run(key, lambda: _run_world(scenario, world_size, **merged), reuse=reuse)
+        return result
 
     return run
