@@ -39,6 +39,7 @@ end of the run (``ERROR: ...``, exit code 4), with no test run.
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 from typing import Optional
 
@@ -142,6 +143,11 @@ def pytest_configure(config) -> None:
     )
     config.addinivalue_line(
         "markers",
+        "waits_for_timeout: the test waits seconds for a process-group or world timeout by design; under "
+        "pytest-xdist such tests start first (a test passing pg_timeout= to a world counts as one)",
+    )
+    config.addinivalue_line(
+        "markers",
         "fresh_world(reason): every run_world call of this test starts a new world, never one another test "
         "completed (for tests that compare worlds or watch their processes)",
     )
@@ -222,7 +228,8 @@ def _world_size_of(item) -> Optional[int]:
 
 def pytest_collection_modifyitems(config, items) -> None:
     """Keep the facts of the chosen world sizes, then mark every fact this run cannot run with a
-    ``skipif`` carrying its reason (so the skip is reported at the test), or refuse the run."""
+    ``skipif`` carrying its reason (so the skip is reported at the test), or refuse the run. Under
+    pytest-xdist, the tests that wait for a timeout go first (``_start_waiting_tests_first``)."""
     settings = config.stash[_SETTINGS]
     sizes = settings["world_sizes"]
     if sizes:
@@ -282,6 +289,40 @@ def pytest_collection_modifyitems(config, items) -> None:
             f"{environment.cuda_devices} found here:\n  {listed}\nRun on a machine with more GPUs, narrow "
             "the run (e.g. --world-size), or pass --skip-unavailable to skip them, each with its reason",
         )
+        return
+    if hasattr(config, "workerinput"):
+        _start_waiting_tests_first(items)
+
+
+def _start_waiting_tests_first(items) -> None:
+    """Move the tests that wait for a timeout by design to the front, keeping the order within each part.
+
+    A test waits when it is marked ``waits_for_timeout`` or passes ``pg_timeout=`` to a world (what a fact
+    that provokes a hang does, so it is released in seconds). Such a test holds its worker for seconds
+    while using almost no CPU; started first, those seconds pass while the other workers run the CPU-bound
+    tests, instead of at the end with the cores idle. Under xdist's default distribution (``--dist load``)
+    the first worker's first batch of tests is the front of this list. Every worker collects the same
+    order, as xdist requires.
+    """
+    items[:] = sorted(items, key=lambda item: not _waits_for_timeout(item))
+
+
+def _waits_for_timeout(item) -> bool:
+    if item.get_closest_marker("waits_for_timeout") is not None:
+        return True
+    function = getattr(item, "function", None)
+    return function is not None and "pg_timeout=" in _body_of(function)
+
+
+@functools.lru_cache(maxsize=None)
+def _body_of(function) -> str:
+    """The source of ``function`` from its ``def`` line on (its decorators, e.g. parameters, left out)."""
+    try:
+        source = inspect.getsource(function)
+    except (OSError, TypeError):
+        return ""
+    start = source.find(f"def {function.__name__}(")
+    return source[start:] if start >= 0 else source
 
 
 def _refuse(config, items, message: str) -> None:
