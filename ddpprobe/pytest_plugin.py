@@ -41,6 +41,7 @@ from __future__ import annotations
 import functools
 import inspect
 import os
+import sys
 from typing import Optional
 
 import pytest
@@ -50,10 +51,12 @@ from ddpprobe.launch import (
     BACKENDS,
     START_METHODS,
     SettingsError,
+    attach_forkserver,
     cuda_device_count,
     external_world,
     leave_external_world,
     resolve_settings,
+    start_shared_forkserver,
 )
 from ddpprobe.launch import (
     run_world as _run_world,
@@ -69,7 +72,9 @@ _OPTIONS = {
 
 _SETTINGS = pytest.StashKey[dict]()
 _REFUSED = pytest.StashKey[list]()
+_SHARED_FORKSERVER = pytest.StashKey[Optional[dict]]()
 _WORKER_KEY = "ddpprobe_refused"
+_FORKSERVER_KEY = "ddpprobe_forkserver"
 
 
 def pytest_addoption(parser) -> None:
@@ -157,6 +162,9 @@ def pytest_configure(config) -> None:
     settings["world_sizes"] = _parse_world_sizes(config.getoption("--world-size"))
     config.stash[_SETTINGS] = settings
     config.stash[_REFUSED] = []
+    shared = getattr(config, "workerinput", {}).get(_FORKSERVER_KEY)
+    if shared:
+        attach_forkserver(**shared)
     if settings["backend"] == "nccl" and not config.getoption("--skip-unavailable"):
         _check_devices(settings["world_sizes"])
 
@@ -179,7 +187,11 @@ def _check_options(config) -> dict:
         raise pytest.UsageError(str(exc)) from None
     # Worlds get the resolved backend and what the command line gave; run_world resolves the rest from
     # the same variables, so a fact's own timeout= still gets half of it as its process-group timeout.
-    return {"backend": settings.backend, **{k: v for k, v in given.items() if k != "backend"}}
+    return {
+        "backend": settings.backend,
+        "resolved_start_method": settings.start_method,
+        **{k: v for k, v in given.items() if k != "backend"},
+    }
 
 
 def _parse_world_sizes(raw: str) -> frozenset:
@@ -334,6 +346,24 @@ def _refuse(config, items, message: str) -> None:
     workeroutput[_WORKER_KEY] = message
     config.hook.pytest_deselected(items=list(items))
     items[:] = []
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    """Under xdist (controller): the workers of this run fork their ranks from one forkserver, started
+    here once (``ddpprobe.launch.start_shared_forkserver``) rather than one per worker, when worlds start
+    from a forkserver by default and the worker runs on this host with this interpreter."""
+    config = node.config
+    spec = node.gateway.spec
+    if not (spec.popen and not spec.via and spec.python in (None, sys.executable)):
+        return
+    if config.stash[_SETTINGS]["resolved_start_method"] != "forkserver" or config.option.collectonly:
+        return
+    if external_world() is not None:
+        return
+    if _SHARED_FORKSERVER not in config.stash:
+        config.stash[_SHARED_FORKSERVER] = start_shared_forkserver()
+    node.workerinput[_FORKSERVER_KEY] = config.stash[_SHARED_FORKSERVER]
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -22,7 +22,8 @@ Layout (everything prefixed with ``_`` is private; other modules import only the
 - ``_arguments.py``: checks of the scenario, its parameters, world size, nodes, env, devices;
 - ``_settings.py``: ``resolve_settings``, ``Settings``, ``SettingsError`` and the defaults;
 - ``_rendezvous.py``: the loopback-only ``TCPStore`` and the world's private folder;
-- ``_forkserver.py``: the preloaded forkserver ranks fork from, ended at exit;
+- ``_forkserver.py``: the preloaded forkserver ranks fork from, ended at exit, or one several processes
+  share (``start_shared_forkserver`` / ``attach_forkserver``);
 - ``_rank.py``: the body of one rank process (environment, output capture, stacks on request);
 - ``_message.py``: ``RankMessage``, the one message a rank's run produces, and ``run_scenario``;
 - ``_results.py``: ``RankResult``, ``WorldResult``, the errors and ``build_result``, the one builder;
@@ -31,7 +32,9 @@ Layout (everything prefixed with ``_`` is private; other modules import only the
 """
 
 from ddpprobe.launch._arguments import cuda_device_count
-from ddpprobe.launch._external import ExternalWorld, external_world, shutdown as leave_external_world
+from ddpprobe.launch._external import ExternalWorld, external_world
+from ddpprobe.launch._external import shutdown as leave_external_world
+from ddpprobe.launch._forkserver import attach_forkserver, start_shared_forkserver
 from ddpprobe.launch._message import RankMessage
 from ddpprobe.launch._results import (
     STDERR_TAIL_LINES,
@@ -79,10 +82,12 @@ __all__ = [
     "WorldError",
     "WorldResult",
     "WorldTimeout",
+    "attach_forkserver",
     "build_result",
     "cuda_device_count",
     "external_world",
     "leave_external_world",
     "resolve_settings",
     "run_world",
+    "start_shared_forkserver",
 ]
