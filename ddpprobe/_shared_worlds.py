@@ -4,8 +4,8 @@ Used by the ``run_world`` fixture (ddpprobe/pytest_plugin.py). A *key* names eve
 depend on: the scenario (``module:qualname``), the world size, every keyword given to ``run_world``
 (scenario parameters, backend, timeouts, start method, ``env``, ``num_nodes``, ...) with their types
 (``1``, ``1.0``, ``True``, a list and a tuple are different keys), and the launcher's environment
-(``os.environ`` without ``PYTEST_CURRENT_TEST``, which pytest changes at every test), since each rank starts
-from it. Two calls with one key would start the same world; the second gets the first one's result.
+(``os.environ`` but ``IGNORED_ENVIRONMENT``), since each rank starts from it. Two calls with one key
+would start the same world; the second gets the first one's result.
 
 The store is a folder shared by every process of the session (all pytest-xdist workers of one run), one
 file per completed world, written whole and then renamed into place. A world is started by the first
@@ -14,6 +14,10 @@ lock file, released by the kernel if that process dies). Only a world that retur
 stored: one that raised (``RankFailed``, ``WorldTimeout``, ...) is not, so every test that expects a failure
 starts its own world. Each call gets its own copy (read from the file), so a test that changes a record
 cannot change what another test reads.
+
+With ``DDPPROBE_WORLD_LOG=<folder>`` every process of the session appends to ``<folder>/<pid>.jsonl`` one
+line per ``run_world`` call (:func:`log_call`) and one for itself at the end (:func:`log_process`);
+benchmarks/bench_suite.py counts worlds, distinct keys and CPU per process from them.
 """
 
 from __future__ import annotations
@@ -24,11 +28,17 @@ import hashlib
 import json
 import os
 import pickle
+import resource
+import sys
 import tempfile
 from typing import Callable, Mapping, Optional
 
-#: Environment variables that differ between the tests of one session without changing any world.
-PER_TEST_ENVIRONMENT = ("PYTEST_CURRENT_TEST",)
+#: Environment variables that change no world: pytest's name of the current test (new at every test) and
+#: the folder of the log below.
+IGNORED_ENVIRONMENT = ("PYTEST_CURRENT_TEST", "DDPPROBE_WORLD_LOG")
+
+#: The environment variable naming the folder of the session's log of worlds (unset: no log).
+LOG_ENV = "DDPPROBE_WORLD_LOG"
 
 
 def _typed(value):
@@ -47,7 +57,7 @@ def world_key(ref: str, world_size, kwargs: Mapping, environ: Optional[Mapping[s
     """A hex digest naming one world: scenario ``ref``, ``world_size``, every ``run_world`` keyword
     (``kwargs``, types included) and the launcher's environment (default ``os.environ``)."""
     env = os.environ if environ is None else environ
-    launcher_env = sorted((k, v) for k, v in env.items() if k not in PER_TEST_ENVIRONMENT)
+    launcher_env = sorted((k, v) for k, v in env.items() if k not in IGNORED_ENVIRONMENT)
     text = json.dumps([ref, _typed(world_size), _typed(dict(kwargs)), launcher_env], sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -116,3 +126,27 @@ class SharedWorlds:
             with contextlib.suppress(OSError):
                 os.unlink(partial)
             raise
+
+
+def _append(line: dict) -> None:
+    folder = os.environ.get(LOG_ENV)
+    if folder:
+        with open(os.path.join(folder, f"{os.getpid()}.jsonl"), "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(line) + "\n")
+
+
+def log_call(test: str, ref: str, world_size, key: str, seconds: float, reused: bool, ok: bool) -> None:
+    """One ``run_world`` call, when ``DDPPROBE_WORLD_LOG`` is set: the test, the scenario, its world size
+    and key, the seconds it took, whether the result was a stored one and whether it returned."""
+    _append(
+        {"test": test, "scenario": ref, "world_size": world_size, "key": key, "seconds": round(seconds, 4)}
+        | {"reused": reused, "ok": ok}
+    )
+
+
+def log_process(role: str) -> None:
+    """This process at its session's end, when ``DDPPROBE_WORLD_LOG`` is set: its role (``controller``, an
+    xdist worker's id, ``main``), its own CPU seconds (user + system, children not included) and whether it
+    imported torch."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    _append({"process": role, "cpu_s": round(usage.ru_utime + usage.ru_stime, 3), "torch": "torch" in sys.modules})

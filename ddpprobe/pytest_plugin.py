@@ -42,6 +42,7 @@ import functools
 import inspect
 import os
 import sys
+import time
 from typing import Optional
 
 import pytest
@@ -388,6 +389,9 @@ def pytest_sessionfinish(session, exitstatus) -> None:
         session.exitstatus = pytest.ExitCode.USAGE_ERROR
     if external_world() is not None:
         leave_external_world()
+    workerinput = getattr(session.config, "workerinput", None)
+    in_xdist = workerinput is not None or session.config.getoption("dist", "no") != "no"
+    _shared_worlds.log_process(workerinput["workerid"] if workerinput else "controller" if in_xdist else "main")
 
 
 def _skip_at_the_test(reason: str):
@@ -448,7 +452,14 @@ def run_world(request, backend, _shared_worlds_store):
             return _run_world(scenario, world_size, **merged)
         ref = f"{getattr(scenario, '__module__', None)}:{getattr(scenario, '__qualname__', None)}"
         key = _shared_worlds.world_key(ref, world_size, merged)
-        result, _ = _shared_worlds_store.run(key, lambda: _run_world(scenario, world_size, **merged), reuse=reuse)
-        return result
+        started, outcome = time.monotonic(), {"reused": False, "ok": False}
+        try:
+            result, outcome["reused"] = _shared_worlds_store.run(
+                key, lambda: _run_world(scenario, world_size, **merged), reuse=reuse
+            )
+            outcome["ok"] = True
+            return result
+        finally:
+            _shared_worlds.log_call(request.node.nodeid, ref, world_size, key, time.monotonic() - started, **outcome)
 
     return run
