@@ -102,13 +102,22 @@ def per_file(rows: list) -> list:
 
 def read_world_log(folder: str) -> tuple:
     """``(calls, processes)`` from a ``DDPPROBE_WORLD_LOG`` folder: one dict per ``run_world`` call and one
-    per pytest process (ddpprobe/_shared_worlds.py ``log_call`` / ``log_process``)."""
+    per pytest process (ddpprobe/_shared_worlds.py ``log_call`` / ``log_process``).
+
+    A process that ran pytest sessions inside its own (``pytester.runpytest_inprocess``) logs itself at the
+    end of each; its last line, the outermost session's, holds its whole CPU time and is the one kept."""
     calls, processes = [], []
     for name in sorted(os.listdir(folder)):
+        last = None
         with open(os.path.join(folder, name), encoding="utf-8") as fh:
             for line in fh:
                 entry = json.loads(line)
-                (processes if "process" in entry else calls).append(entry)
+                if "process" in entry:
+                    last = entry
+                else:
+                    calls.append(entry)
+        if last is not None:
+            processes.append(last)
     return calls, processes
 
 
@@ -241,7 +250,8 @@ def main(argv=None) -> int:
         print(
             "CPU of the pytest processes themselves: "
             + ", ".join(
-                f"{p['process']} {p['cpu_s']:.1f} s{' (torch imported)' if p['torch'] else ''}" for p in processes
+                f"{p['process']} {p['cpu_s']:.1f} s{' (torch imported)' if p['torch'] else ''}"
+                for p in sorted(processes, key=lambda p: (p["process"] == "main", p["process"]))
             )
             + f"; the rest (forkserver, ranks, other subprocesses) {cpu - own:.1f} s"
         )
