@@ -114,7 +114,14 @@ class _SharedForkServerPopen(multiprocessing.popen_forkserver.Popen):
             reduction.dump(process_obj, buf)
         finally:
             set_spawning_popen(None)
-        self.sentinel, w = _attached.connect_to_new_process(self._fds)
+        try:
+            self.sentinel, w = _attached.connect_to_new_process(self._fds)
+        except OSError as exc:
+            raise RuntimeError(
+                f"the shared forkserver at {_attached._forkserver_address} cannot be reached ({exc}): the process "
+                "that started it (the pytest-xdist controller) ended it or it died; rerun, or start ranks with "
+                "--start-method spawn"
+            ) from exc
         _parent_w = os.dup(w)
         self.finalizer = util.Finalize(self, util.close_fds, (_parent_w, self.sentinel))
         with open(w, "wb", closefd=True) as f:
