@@ -28,6 +28,11 @@ gets a copy of its result (ddpprobe/_shared_worlds.py); a world that raised is n
 needs worlds of its own (it compares two worlds, or counts processes) says so with
 ``@pytest.mark.fresh_world("reason")``.
 
+Under pytest-xdist: the controller starts one preloaded forkserver that every worker on this host forks
+its ranks from (``pytest_configure_node``), and the tests that wait for a timeout by design (marked
+``waits_for_timeout``, or passing ``pg_timeout=`` to a world) are collected first, so their waits pass while
+other workers run CPU-bound tests (``_start_waiting_tests_first``).
+
 Refused before any test runs, with pytest's usage error (exit code 4) naming the value and the fix: an
 unknown backend, start method or Lightning package; timeouts that are not seconds; a world size that is
 not a whole number >= 1 or matches no collected test; and ``--backend nccl`` on a machine with fewer CUDA
