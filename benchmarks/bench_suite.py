@@ -7,6 +7,11 @@ file, and prints:
   ``getrusage(RUSAGE_CHILDREN)``; a machine-independent figure of how much work the run is), and the
   load average before and after (the wall time is only meaningful on a quiet machine);
 - the outcome counts (passed, failed, skipped, xfailed, ...);
+- the worlds the ``run_world`` fixture started (their ranks, and how many raised), the calls it answered
+  with a completed identical world instead, and the distinct world keys (ddpprobe/_shared_worlds.py, read
+  from the log ``DDPPROBE_WORLD_LOG`` asks every process of the run to write); CPU seconds per test and per
+  started world; the CPU of the controller and of each xdist worker themselves (their imports, collection
+  and in-process test code), the rest being the forkserver, the ranks and other subprocesses;
 - one row per test file: tests, summed seconds (setup + call + teardown, as junitxml reports them),
   share of the total, and the file's slowest test with its seconds, costliest file first;
 - the slowest tests over the whole run.
@@ -30,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import json
 import os
 import platform
 import resource
@@ -94,6 +100,41 @@ def per_file(rows: list) -> list:
     return sorted(table, key=lambda row: -row[2])
 
 
+def read_world_log(folder: str) -> tuple:
+    """``(calls, processes)`` from a ``DDPPROBE_WORLD_LOG`` folder: one dict per ``run_world`` call and one
+    per pytest process (ddpprobe/_shared_worlds.py ``log_call`` / ``log_process``).
+
+    A process that ran pytest sessions inside its own (``pytester.runpytest_inprocess``) logs itself at the
+    end of each; its last line, the outermost session's, holds its whole CPU time and is the one kept."""
+    calls, processes = [], []
+    for name in sorted(os.listdir(folder)):
+        last = None
+        with open(os.path.join(folder, name), encoding="utf-8") as fh:
+            for line in fh:
+                entry = json.loads(line)
+                if "process" in entry:
+                    last = entry
+                else:
+                    calls.append(entry)
+        if last is not None:
+            processes.append(last)
+    return calls, processes
+
+
+def world_counts(calls: list) -> dict:
+    """Worlds started (and their ranks, and how many raised), calls answered by a stored world, distinct keys."""
+    started = [c for c in calls if not c["reused"]]
+    return {
+        "calls": len(calls),
+        "started": len(started),
+        "ranks": sum(c["world_size"] for c in started if isinstance(c["world_size"], int)),
+        "raised": sum(not c["ok"] for c in started),
+        "reused": len(calls) - len(started),
+        "keys": len({c["key"] for c in calls}),
+        "scenarios": len({c["scenario"] for c in calls}),
+    }
+
+
 def _load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
@@ -154,11 +195,20 @@ def main(argv=None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="ddpprobe-bench-") as tmp:
         junit = os.path.join(tmp, "junit.xml")
+        log = os.path.join(tmp, "worlds")
+        os.mkdir(log)
         command = [sys.executable, "-m", "pytest", *pytest_args, "-q", "-p", "no:cacheprovider", f"--junitxml={junit}"]
         load_before = _load()
         usage_before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
-        done = subprocess.run(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        done = subprocess.run(
+            command,
+            cwd=ROOT,
+            env={**os.environ, "DDPPROBE_WORLD_LOG": log},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         wall = time.perf_counter() - start
         usage = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu = (usage.ru_utime - usage_before.ru_utime) + (usage.ru_stime - usage_before.ru_stime)
@@ -168,6 +218,7 @@ def main(argv=None) -> int:
             print(f"bench_suite: pytest exited {done.returncode} without a junitxml report", file=sys.stderr)
             return done.returncode or 1
         rows = read_junit(junit)
+        calls, processes = read_world_log(log)
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else "(no output)"
@@ -184,6 +235,26 @@ def main(argv=None) -> int:
         f"{cpu / cores:.1f} s per core); summed test time {test_s:.1f} s over {len(rows)} tests "
         f"({', '.join(f'{n} {k}' for k, n in sorted(counts.items()))})"
     )
+    worlds = world_counts(calls)
+    print(
+        f"worlds: {worlds['started']} started ({worlds['ranks']} rank processes, {worlds['raised']} raised), "
+        f"{worlds['reused']} run_world calls answered by an identical completed world; {worlds['keys']} distinct "
+        f"world keys, {worlds['scenarios']} scenarios"
+    )
+    print(
+        f"CPU per test {cpu / max(len(rows), 1):.3f} s; per started world {cpu / max(worlds['started'], 1):.3f} s "
+        "(all of the run's CPU, divided)"
+    )
+    if processes:
+        own = sum(p["cpu_s"] for p in processes)
+        print(
+            "CPU of the pytest processes themselves: "
+            + ", ".join(
+                f"{p['process']} {p['cpu_s']:.1f} s{' (torch imported)' if p['torch'] else ''}"
+                for p in sorted(processes, key=lambda p: (p["process"] == "main", p["process"]))
+            )
+            + f"; the rest (forkserver, ranks, other subprocesses) {cpu - own:.1f} s"
+        )
     print()
     table = per_file(rows)
     print(

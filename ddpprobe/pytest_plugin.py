@@ -18,7 +18,20 @@ option                 environment variable          meaning
                                                      ``lightning`` (``import lightning.pytorch``)
 ``--skip-unavailable`` ``DDPPROBE_SKIP_UNAVAILABLE``  under nccl, skip facts needing more CUDA devices
                                                      than this machine has, instead of refusing the run
+``--fresh-worlds``     ``DDPPROBE_FRESH_WORLDS``     start a new world at every ``run_world`` call (no
+                                                     world is shared between tests)
 =====================  ============================  ===============================================
+
+Shared worlds: a world that completed is started once per session. A later ``run_world`` call with the same
+scenario, world size, parameters, settings and environment, in any test and any xdist worker of the run,
+gets a copy of its result (ddpprobe/_shared_worlds.py); a world that raised is never shared. A test that
+needs worlds of its own (it compares two worlds, or counts processes) says so with
+``@pytest.mark.fresh_world("reason")``.
+
+Under pytest-xdist: the controller starts one preloaded forkserver that every worker on this host forks
+its ranks from (``pytest_configure_node``), and the tests that wait for a timeout by design (marked
+``waits_for_timeout``, or passing ``pg_timeout=`` to a world) are collected first, so their waits pass while
+other workers run CPU-bound tests (``_start_waiting_tests_first``).
 
 Refused before any test runs, with pytest's usage error (exit code 4) naming the value and the fix: an
 unknown backend, start method or Lightning package; timeouts that are not seconds; a world size that is
@@ -31,20 +44,27 @@ end of the run (``ERROR: ...``, exit code 4), with no test run.
 from __future__ import annotations
 
 import functools
+import inspect
 import os
+import sys
+import time
 from typing import Optional
 
 import pytest
 
-from ddpprobe import _lightning, runif
+from ddpprobe import _lightning, _shared_worlds, runif
 from ddpprobe.launch import (
     BACKENDS,
     START_METHODS,
     SettingsError,
+    attach_forkserver,
     cuda_device_count,
     external_world,
     leave_external_world,
     resolve_settings,
+    start_shared_forkserver,
+)
+from ddpprobe.launch import (
     run_world as _run_world,
 )
 
@@ -58,7 +78,9 @@ _OPTIONS = {
 
 _SETTINGS = pytest.StashKey[dict]()
 _REFUSED = pytest.StashKey[list]()
+_SHARED_FORKSERVER = pytest.StashKey[Optional[dict]]()
 _WORKER_KEY = "ddpprobe_refused"
+_FORKSERVER_KEY = "ddpprobe_forkserver"
 
 
 def pytest_addoption(parser) -> None:
@@ -114,6 +136,13 @@ def pytest_addoption(parser) -> None:
         help="with --backend nccl, skip (with the reason) the facts that need more CUDA devices than this "
         "machine has, instead of refusing the run (default DDPPROBE_SKIP_UNAVAILABLE=1)",
     )
+    group.addoption(
+        "--fresh-worlds",
+        action="store_true",
+        default=os.environ.get("DDPPROBE_FRESH_WORLDS", "").strip().lower() in ("1", "true", "yes"),
+        help="start a new world at every run_world call instead of sharing a completed world between the "
+        "tests that ask for the same one (default DDPPROBE_FRESH_WORLDS=1)",
+    )
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -123,12 +152,25 @@ def pytest_configure(config) -> None:
         "run_if(min_gpus=0, backend=None, lightning=None): run only where these needs are met, else skip "
         "with the reason (use ddpprobe.runif.run_if to build it)",
     )
+    config.addinivalue_line(
+        "markers",
+        "waits_for_timeout: the test waits seconds for a process-group or world timeout by design; under "
+        "pytest-xdist such tests start first (a test passing pg_timeout= to a world counts as one)",
+    )
+    config.addinivalue_line(
+        "markers",
+        "fresh_world(reason): every run_world call of this test starts a new world, never one another test "
+        "completed (for tests that compare worlds or watch their processes)",
+    )
     _choose_lightning(config)
     settings = _check_options(config)
     config.option.backend = settings["backend"]  # --backend reads as resolved for other plugins (the card)
     settings["world_sizes"] = _parse_world_sizes(config.getoption("--world-size"))
     config.stash[_SETTINGS] = settings
     config.stash[_REFUSED] = []
+    shared = getattr(config, "workerinput", {}).get(_FORKSERVER_KEY)
+    if shared:
+        attach_forkserver(**shared)
     if settings["backend"] == "nccl" and not config.getoption("--skip-unavailable"):
         _check_devices(settings["world_sizes"])
 
@@ -151,7 +193,11 @@ def _check_options(config) -> dict:
         raise pytest.UsageError(str(exc)) from None
     # Worlds get the resolved backend and what the command line gave; run_world resolves the rest from
     # the same variables, so a fact's own timeout= still gets half of it as its process-group timeout.
-    return {"backend": settings.backend, **{k: v for k, v in given.items() if k != "backend"}}
+    return {
+        "backend": settings.backend,
+        "resolved_start_method": settings.start_method,
+        **{k: v for k, v in given.items() if k != "backend"},
+    }
 
 
 def _parse_world_sizes(raw: str) -> frozenset:
@@ -200,7 +246,8 @@ def _world_size_of(item) -> Optional[int]:
 
 def pytest_collection_modifyitems(config, items) -> None:
     """Keep the facts of the chosen world sizes, then mark every fact this run cannot run with a
-    ``skipif`` carrying its reason (so the skip is reported at the test), or refuse the run."""
+    ``skipif`` carrying its reason (so the skip is reported at the test), or refuse the run. Under
+    pytest-xdist, the tests that wait for a timeout go first (``_start_waiting_tests_first``)."""
     settings = config.stash[_SETTINGS]
     sizes = settings["world_sizes"]
     if sizes:
@@ -262,6 +309,40 @@ def pytest_collection_modifyitems(config, items) -> None:
             f"{environment.cuda_devices} found here:\n  {listed}\nRun on a machine with more GPUs, narrow "
             "the run (e.g. --world-size), or pass --skip-unavailable to skip them, each with its reason",
         )
+        return
+    if hasattr(config, "workerinput"):
+        _start_waiting_tests_first(items)
+
+
+def _start_waiting_tests_first(items) -> None:
+    """Move the tests that wait for a timeout by design to the front, keeping the order within each part.
+
+    A test waits when it is marked ``waits_for_timeout`` or passes ``pg_timeout=`` to a world (what a fact
+    that provokes a hang does, so it is released in seconds). Such a test holds its worker for seconds
+    while using almost no CPU; started first, those seconds pass while the other workers run the CPU-bound
+    tests, instead of at the end with the cores idle. Under xdist's default distribution (``--dist load``)
+    the first worker's first batch of tests is the front of this list. Every worker collects the same
+    order, as xdist requires.
+    """
+    items[:] = sorted(items, key=lambda item: not _waits_for_timeout(item))
+
+
+def _waits_for_timeout(item) -> bool:
+    if item.get_closest_marker("waits_for_timeout") is not None:
+        return True
+    function = getattr(item, "function", None)
+    return function is not None and "pg_timeout=" in _body_of(function)
+
+
+@functools.lru_cache(maxsize=None)
+def _body_of(function) -> str:
+    """The source of ``function`` from its ``def`` line on (its decorators, e.g. parameters, left out)."""
+    try:
+        source = inspect.getsource(function)
+    except (OSError, TypeError):
+        return ""
+    start = source.find(f"def {function.__name__}(")
+    return source[start:] if start >= 0 else source
 
 
 def _refuse(config, items, message: str) -> None:
@@ -273,6 +354,24 @@ def _refuse(config, items, message: str) -> None:
     workeroutput[_WORKER_KEY] = message
     config.hook.pytest_deselected(items=list(items))
     items[:] = []
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    """Under xdist (controller): the workers of this run fork their ranks from one forkserver, started
+    here once (``ddpprobe.launch.start_shared_forkserver``) rather than one per worker, when worlds start
+    from a forkserver by default and the worker runs on this host with this interpreter."""
+    config = node.config
+    spec = node.gateway.spec
+    if not (spec.popen and not spec.via and spec.python in (None, sys.executable)):
+        return
+    if config.stash[_SETTINGS]["resolved_start_method"] != "forkserver" or config.option.collectonly:
+        return
+    if external_world() is not None:
+        return
+    if _SHARED_FORKSERVER not in config.stash:
+        config.stash[_SHARED_FORKSERVER] = start_shared_forkserver()
+    node.workerinput[_FORKSERVER_KEY] = config.stash[_SHARED_FORKSERVER]
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -297,6 +396,9 @@ def pytest_sessionfinish(session, exitstatus) -> None:
         session.exitstatus = pytest.ExitCode.USAGE_ERROR
     if external_world() is not None:
         leave_external_world()
+    workerinput = getattr(session.config, "workerinput", None)
+    in_xdist = workerinput is not None or session.config.getoption("dist", "no") != "no"
+    _shared_worlds.log_process(workerinput["workerid"] if workerinput else "controller" if in_xdist else "main")
 
 
 def _skip_at_the_test(reason: str):
@@ -310,8 +412,18 @@ def backend(request) -> str:
     return request.config.stash[_SETTINGS]["backend"]
 
 
+@pytest.fixture(scope="session")
+def _shared_worlds_store(request, tmp_path_factory) -> _shared_worlds.SharedWorlds:
+    """This run's completed worlds, in a folder every xdist worker of the run shares (the run's temporary
+    folder: the workers' own folders are inside it)."""
+    base = tmp_path_factory.getbasetemp()
+    if hasattr(request.config, "workerinput"):
+        base = base.parent
+    return _shared_worlds.SharedWorlds(str(base / "ddpprobe-worlds"))
+
+
 @pytest.fixture
-def run_world(request, backend):
+def run_world(request, backend, _shared_worlds_store):
     """``ddpprobe.run_world`` with this session's backend, timeouts and start method filled in.
 
     A world that needs more CUDA devices than this machine has (``backend="nccl"``, given to the call or
@@ -323,6 +435,7 @@ def run_world(request, backend):
     config = request.config
     settings = config.stash[_SETTINGS]
     defaults = {key: settings[key] for key in ("backend", "timeout", "pg_timeout", "start_method")}
+    reuse = not config.getoption("--fresh-worlds") and request.node.get_closest_marker("fresh_world") is None
 
     @functools.wraps(_run_world)
     def run(scenario, world_size: int = 2, **kwargs):
@@ -342,6 +455,18 @@ def run_world(request, backend):
                 raise _skip_at_the_test(reason)
         merged = {k: v for k, v in defaults.items() if v is not None}
         merged.update(kwargs)
-        return _run_world(scenario, world_size, **merged)
+        if outside is not None:
+            return _run_world(scenario, world_size, **merged)
+        ref = f"{getattr(scenario, '__module__', None)}:{getattr(scenario, '__qualname__', None)}"
+        key = _shared_worlds.world_key(ref, world_size, merged)
+        started, outcome = time.monotonic(), {"reused": False, "ok": False}
+        try:
+            result, outcome["reused"] = _shared_worlds_store.run(
+                key, lambda: _run_world(scenario, world_size, **merged), reuse=reuse
+            )
+            outcome["ok"] = True
+            return result
+        finally:
+            _shared_worlds.log_call(request.node.nodeid, ref, world_size, key, time.monotonic() - started, **outcome)
 
     return run

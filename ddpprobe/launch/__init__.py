@@ -20,7 +20,8 @@ Public names (``__all__``): what users and the other rooms import. Users: ``run_
 (``WorldResult``, ``RankResult``) and errors (``WorldError``, ``RankFailed``, ``RankDied``, ``WorldTimeout``),
 ``RankInfo`` (what a scenario receives). The probes, the audit, the card, ``runif`` and the pytest plugin:
 ``resolve_settings``, ``Settings``, ``SettingsError``, ``BACKENDS``, ``START_METHODS``, ``DEFAULT_TIMEOUT_S``,
-``MAX_WORLD_SIZE``, ``cuda_device_count``, ``external_world``, ``leave_external_world``. The launcher's own
+``MAX_WORLD_SIZE``, ``cuda_device_count``, ``external_world``, ``leave_external_world``; the pytest plugin's
+one forkserver per run: ``start_shared_forkserver``, ``attach_forkserver``. The launcher's own
 tests: ``RankMessage``, ``build_result``, ``STDERR_TAIL_LINES``.
 
 Layout (everything prefixed with ``_`` is private; other modules import only the names above):
@@ -29,7 +30,8 @@ Layout (everything prefixed with ``_`` is private; other modules import only the
 - ``_arguments.py``: checks of the scenario, its parameters, world size, nodes, env, devices;
 - ``_settings.py``: ``resolve_settings``, ``Settings``, ``SettingsError`` and the defaults;
 - ``_rendezvous.py``: the loopback-only ``TCPStore`` and the world's private folder;
-- ``_forkserver.py``: the preloaded forkserver ranks fork from, ended at exit;
+- ``_forkserver.py``: the preloaded forkserver ranks fork from, ended at exit, or one several processes
+  share (``start_shared_forkserver`` / ``attach_forkserver``);
 - ``_rank.py``: the body of one rank process (environment, output capture, stacks on request);
 - ``_message.py``: ``RankMessage``, the one message a rank's run produces, and ``run_scenario``;
 - ``_results.py``: ``RankResult``, ``WorldResult``, the errors and ``build_result``, the one builder;
@@ -39,6 +41,7 @@ Layout (everything prefixed with ``_`` is private; other modules import only the
 
 from ddpprobe.launch._arguments import cuda_device_count
 from ddpprobe.launch._external import external_world, shutdown as leave_external_world
+from ddpprobe.launch._forkserver import attach_forkserver, start_shared_forkserver
 from ddpprobe.launch._message import RankMessage
 from ddpprobe.launch._results import (
     STDERR_TAIL_LINES,
@@ -77,10 +80,12 @@ __all__ = [
     "WorldError",
     "WorldResult",
     "WorldTimeout",
+    "attach_forkserver",
     "build_result",
     "cuda_device_count",
     "external_world",
     "leave_external_world",
     "resolve_settings",
     "run_world",
+    "start_shared_forkserver",
 ]

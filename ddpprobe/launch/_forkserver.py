@@ -1,13 +1,32 @@
 """The forkserver ranks are forked from: started once per process with torch, Lightning and the probes
-imported, and ended (not just abandoned) when that process exits."""
+imported, and ended (not just abandoned) when that process exits.
+
+Several processes on one host can share one forkserver (the pytest plugin does so for the xdist workers
+of a run): :func:`start_shared_forkserver` starts one in the process that outlives them (the xdist
+controller, which then imports neither torch nor Lightning itself) and returns its address;
+:func:`attach_forkserver` makes every later forkserver world of another process fork its ranks there
+instead of starting a server of its own. A forked rank is the same either way: the server imported the
+same modules, and the rank takes its environment, working directory and ``sys.path`` from the process
+that launched its world, which also keeps its lifeline and its pipes (they travel to the server over the
+server's Unix socket, readable by this user only). Each server costs one interpreter importing torch and
+Lightning (about 5 s of CPU), so sharing one saves that much per xdist worker but one.
+"""
 
 from __future__ import annotations
 
 import atexit
+import io
 import multiprocessing
+import multiprocessing.context
+import multiprocessing.forkserver
+import multiprocessing.popen_forkserver
+import multiprocessing.resource_tracker
 import os
 import signal
 import time
+from multiprocessing import reduction, spawn, util
+from multiprocessing.context import set_spawning_popen
+from typing import Optional
 
 #: Modules the forkserver imports once, so that forked ranks start with them loaded.
 #: ``ddpprobe.probes`` imports the Lightning package chosen by ``DDPPROBE_LIGHTNING`` (ddpprobe/_lightning.py).
@@ -29,12 +48,95 @@ FORKSERVER_STOP_S = 5.0
 
 
 def context(start_method: str):
-    """The ``multiprocessing`` context ranks are started from (the forkserver preloaded, see above)."""
+    """The ``multiprocessing`` context ranks are started from (the forkserver preloaded, see above; the
+    shared one after :func:`attach_forkserver`)."""
+    if start_method == "forkserver" and _attached is not None:
+        return _SharedForkServerContext()
     ctx = multiprocessing.get_context(start_method)
     if start_method == "forkserver":
         ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
         _stop_forkserver_at_exit()
     return ctx
+
+
+def start_shared_forkserver() -> dict:
+    """Start a preloaded forkserver that other processes of this host attach to; it is ended (and reaped)
+    when this process exits. This process itself imports nothing heavy: the server does.
+
+    Returns:
+        ``{"address": path of its Unix socket, "authkey": hex or None}``, what :func:`attach_forkserver`
+        takes (the key exists from Python 3.14 on, where a forkserver authenticates its clients).
+    """
+    server = multiprocessing.forkserver.ForkServer()
+    server.set_forkserver_preload(FORKSERVER_PRELOAD)
+    server.ensure_running()
+    atexit.register(_stop_server, server, os.getpid())
+    authkey = getattr(server, "_forkserver_authkey", None)
+    return {"address": server._forkserver_address, "authkey": authkey.hex() if authkey else None}
+
+
+def attach_forkserver(address: str, authkey: Optional[str] = None) -> None:
+    """Fork the ranks of this process's later forkserver worlds from the shared server at ``address``
+    (started by :func:`start_shared_forkserver` in another process)."""
+    global _attached
+    _attached = _SharedForkServer(address, bytes.fromhex(authkey) if authkey else None)
+
+
+class _SharedForkServer(multiprocessing.forkserver.ForkServer):
+    """A client of a forkserver another process started: it connects, never starts or stops one."""
+
+    def __init__(self, address: str, authkey: Optional[bytes]):
+        super().__init__()
+        self._forkserver_address = address
+        if authkey is not None:
+            self._forkserver_authkey = authkey
+        # Handed to each forked child as the "alive" pipe it would give a server of its own (it starts none:
+        # _rank.py resets its start method); the server's own liveness pipe belongs to its starter.
+        self._forkserver_alive_fd = os.open(os.devnull, os.O_RDONLY)
+
+    def ensure_running(self) -> None:
+        multiprocessing.resource_tracker.ensure_running()
+
+
+_attached: Optional[_SharedForkServer] = None
+
+
+class _SharedForkServerPopen(multiprocessing.popen_forkserver.Popen):
+    """``popen_forkserver.Popen`` connecting to the attached server instead of this process's own."""
+
+    def _launch(self, process_obj):
+        # As multiprocessing/popen_forkserver.py Popen._launch, with the attached server's connection.
+        prep_data = spawn.get_preparation_data(process_obj._name)
+        buf = io.BytesIO()
+        set_spawning_popen(self)
+        try:
+            reduction.dump(prep_data, buf)
+            reduction.dump(process_obj, buf)
+        finally:
+            set_spawning_popen(None)
+        try:
+            self.sentinel, w = _attached.connect_to_new_process(self._fds)
+        except OSError as exc:
+            raise RuntimeError(
+                f"the shared forkserver at {_attached._forkserver_address} cannot be reached ({exc}): the process "
+                "that started it (the pytest-xdist controller) ended it or it died; rerun, or start ranks with "
+                "--start-method spawn"
+            ) from exc
+        _parent_w = os.dup(w)
+        self.finalizer = util.Finalize(self, util.close_fds, (_parent_w, self.sentinel))
+        with open(w, "wb", closefd=True) as f:
+            f.write(buf.getbuffer())
+        self.pid = multiprocessing.forkserver.read_signed(self.sentinel)
+
+
+class _SharedForkServerProcess(multiprocessing.context.ForkServerProcess):
+    @staticmethod
+    def _Popen(process_obj):
+        return _SharedForkServerPopen(process_obj)
+
+
+class _SharedForkServerContext(multiprocessing.context.ForkServerContext):
+    Process = _SharedForkServerProcess
 
 
 _stop_registered_in_pid = None
@@ -55,12 +157,15 @@ def _stop_forkserver_at_exit() -> None:
 
 
 def _stop_forkserver() -> None:
-    from multiprocessing import forkserver
+    if _stop_registered_in_pid == os.getpid():
+        _stop_server(multiprocessing.forkserver._forkserver, os.getpid())
 
-    server = forkserver._forkserver
+
+def _stop_server(server, owner_pid: int) -> None:
+    """End ``server`` (started by process ``owner_pid``, this one) at once and reap it."""
     pid = getattr(server, "_forkserver_pid", None)
     alive_fd = getattr(server, "_forkserver_alive_fd", None)
-    if pid is None or alive_fd is None or _stop_registered_in_pid != os.getpid():
+    if pid is None or alive_fd is None or owner_pid != os.getpid():
         return
     # Closing the "alive" pipe is how multiprocessing asks its forkserver to stop
     # (multiprocessing/forkserver.py ForkServer._stop_unlocked). Its own exit is an interpreter

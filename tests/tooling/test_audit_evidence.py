@@ -189,6 +189,7 @@ def test_uneven_user_shards_a_step_and_epoch_synced_value_aborts_a_rank_and_the_
     assert result.counts["val"]["batches"] == [3, 2] and result.exit_code == 1
 
 
+@pytest.mark.waits_for_timeout
 def test_uneven_user_shards_in_fit_the_trace_shows_gradient_sync_against_the_epoch_loss_sync(backend):
     """Issue-14 input 4, ``--stage fit``, epoch-level ``train_loss`` with ``sync_dist=True``: rank 0's
     third backward all-reduces gradients (a collective Python never sees; the Flight Recorder does)

@@ -147,6 +147,7 @@ def test_a_rank_zero_only_function_called_before_any_trainer_runs_on_rank_0_only
 
 
 @pytest.mark.integration
+@pytest.mark.fresh_world("compares the random draws and working folders of two worlds started one after the other")
 def test_no_per_process_state_leaks_from_one_world_into_the_next(run_world):
     """Two worlds of forked ranks run back to back. In each, every rank starts as a fresh interpreter
     would (spawned ranks *are* fresh interpreters, so only the forkserver can leak):

@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from ddpprobe import RankDied, RankFailed, WorldTimeout, run_world as api_run_world
+from ddpprobe import RankDied, RankFailed, WorldTimeout
+from ddpprobe import run_world as api_run_world
 from tests.support import scenarios
 
 pytestmark = pytest.mark.not_a_fact("tests the launcher itself, not a fact about DDP")
@@ -322,3 +323,57 @@ def test_more_bad_arguments_are_refused_before_any_process_starts(kwargs, error,
 def test_a_scenario_that_is_not_a_plain_function_is_refused_naming_what_it_is(bad, kind):
     with pytest.raises(TypeError, match=f"got {kind}"):
         api_run_world(bad, 2)
+
+
+SHARED_SERVER_CHECK = """
+import os
+
+import pytest
+
+
+def parent_pid(info, test):
+    with open(f"/proc/{os.getppid()}/stat") as fh:
+        server_parent = fh.read().rsplit(")", 1)[1].split()[1]
+    worker = os.environ["PYTEST_XDIST_WORKER"]
+    return {"forkserver": os.getppid(), "server_parent": int(server_parent), "worker": worker}
+
+
+@pytest.mark.parametrize("test", range(4))
+def test_world(run_world, test):
+    world = run_world(parent_pid, 2, test=test)
+    with open(os.path.join(os.environ["OUT"], f"{test}.txt"), "w") as fh:
+        fh.write(" ".join(str(world.records[r][k]) for r in (0, 1) for k in ("worker", "server_parent", "forkserver")))
+"""
+
+
+@pytest.mark.integration
+def test_under_xdist_every_worker_forks_its_ranks_from_one_forkserver_the_controller_started(tmp_path):
+    """One forkserver per run, not per worker (ddpprobe/pytest_plugin.py ``pytest_configure_node``): the
+    ranks of both workers' worlds have the same parent, a child of the controller, gone when the run ends."""
+    import subprocess
+    import sys
+
+    (tmp_path / "out").mkdir()
+    (tmp_path / "test_shared.py").write_text(SHARED_SERVER_CHECK)
+    code = (
+        "import os, sys, pytest\n"
+        "print('controller', os.getpid(), flush=True)\n"
+        "sys.exit(pytest.main(['-p', 'ddpprobe.pytest_plugin', '-p', 'no:cacheprovider', '-q', '-n', '2']))\n"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)  # this checkout's ddpprobe
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "PYTHONPATH": path}
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    controller = int(done.stdout.split()[1])
+    seen = [(tmp_path / "out" / f"{t}.txt").read_text().split() for t in range(4)]
+    workers = {row[0] for row in seen} | {row[3] for row in seen}
+    servers = {(int(row[1]), int(row[2])) for row in seen} | {(int(row[4]), int(row[5])) for row in seen}
+    assert len(workers) == 2, f"both workers should run a world: {seen}"
+    assert len(servers) == 1, f"the ranks of one run forked from several servers (parent, server): {servers}"
+    ((server_parent, server),) = servers
+    assert server_parent == controller, f"forkserver {server} is a child of {server_parent}, not {controller}"
+    assert _gone([server]), f"forkserver {server} outlived the run"

@@ -22,6 +22,8 @@ from ddpprobe.launch import (
     WorldTimeout,
     build_result,
 )
+from ddpprobe.launch import run_world as api_run_world
+from tests.support import scenarios
 
 pytestmark = pytest.mark.not_a_fact("tests the launcher's failure reports, not a fact about DDP")
 
@@ -171,3 +173,14 @@ def test_a_record_json_cannot_hold_is_a_type_error_naming_the_rank():
 def test_an_unknown_status_is_refused():
     with pytest.raises(ValueError, match=r"status='fine'"):
         RankMessage(rank=0, status="fine")
+
+
+def test_a_shared_forkserver_that_is_gone_is_reported_naming_its_address_and_the_fix(monkeypatch, tmp_path):
+    """A process attached to another process's forkserver (``attach_forkserver``, as every xdist worker
+    is) whose server has gone gets a clear error at its next world, not a bare socket error."""
+    from ddpprobe.launch import _forkserver
+
+    address = str(tmp_path / "gone.sock")
+    monkeypatch.setattr(_forkserver, "_attached", _forkserver._SharedForkServer(address, None))
+    with pytest.raises(RuntimeError, match="shared forkserver at .*gone.sock cannot be reached.*--start-method spawn"):
+        api_run_world(scenarios.identity, 1, start_method="forkserver")
