@@ -62,10 +62,8 @@ from ddpprobe.launch import (
     external_world,
     leave_external_world,
     resolve_settings,
-    start_shared_forkserver,
-)
-from ddpprobe.launch import (
     run_world as _run_world,
+    start_shared_forkserver,
 )
 
 #: How each launch setting is named in a usage error: the option (its variable is named by the resolver).

@@ -7,8 +7,7 @@ import time
 
 import pytest
 
-from ddpprobe import RankDied, RankFailed, WorldTimeout
-from ddpprobe import run_world as api_run_world
+from ddpprobe import RankDied, RankFailed, WorldTimeout, run_world as api_run_world
 from tests.support import scenarios
 
 pytestmark = pytest.mark.not_a_fact("tests the launcher itself, not a fact about DDP")

@@ -21,8 +21,8 @@ from ddpprobe.launch import (
     WorldResult,
     WorldTimeout,
     build_result,
+    run_world as api_run_world,
 )
-from ddpprobe.launch import run_world as api_run_world
 from tests.support import scenarios
 
 pytestmark = pytest.mark.not_a_fact("tests the launcher's failure reports, not a fact about DDP")
