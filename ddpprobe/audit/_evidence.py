@@ -75,7 +75,9 @@ def _label(sample) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Counts:
-    """What each rank's loop really ran, for one loop (``"val"``, ``"train"``, ...).
+    """What each rank's loop really ran, for one loop (``"val"``, ``"train"``, ...), in its last run: the
+    last epoch of ``fit`` (the one ``callback_metrics`` holds), never the sanity check, which is counted
+    apart. A sample counts as repeated only when two ranks ran it in the same run of the loop.
 
     Attributes:
         loop: the loop's name.
@@ -88,6 +90,9 @@ class Counts:
         unsharded: every rank ran every sample (W >= 2), i.e. the data was not split across ranks.
         missing_vs_single: samples of the single-process run no rank ran (None when unknown).
         sampler: the sampler Lightning used (type name, rank 0), or None.
+        epochs: runs of the loop each rank made, the sanity check not included (``fit``: one per epoch).
+        sanity_batches: batches each rank ran in the sanity check (None when there was none).
+        missing: up to 10 of the single-process samples no rank ran (ids, or ``#hash``).
     """
 
     loop: str
@@ -100,14 +105,37 @@ class Counts:
     unsharded: bool
     missing_vs_single: Optional[int]
     sampler: Optional[str]
+    epochs: list = dataclasses.field(default_factory=list)
+    sanity_batches: Optional[list] = None
+    missing: list = dataclasses.field(default_factory=list)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
 
+def loop_runs(batches: list, loop: str) -> dict:
+    """``{epoch: [batch events]}`` of ``loop``'s runs outside the sanity check, in epoch order."""
+    runs: dict = {}
+    for batch in batches:
+        if batch.get("stage") == loop and not batch.get("sanity"):
+            runs.setdefault(batch.get("epoch", 0), []).append(batch)
+    return dict(sorted(runs.items()))
+
+
+def last_run(batches: list, loop: str) -> list:
+    """The batch events of ``loop``'s last run outside the sanity check (``[]`` when it never ran)."""
+    runs = loop_runs(batches, loop)
+    return runs[max(runs)] if runs else []
+
+
+def sanity_run(batches: list, loop: str) -> list:
+    """The batch events ``loop`` ran in the sanity check."""
+    return [b for b in batches if b.get("stage") == loop and b.get("sanity")]
+
+
 def counts(world: list, single: Optional[dict], loop: str) -> Optional[Counts]:
     """:class:`Counts` of ``loop`` from the W=N ranks' split traces (``world``) and the W=1 one."""
-    per_rank = [[b for b in rank["batches"] if b.get("stage") == loop] for rank in world]
+    per_rank = [last_run(rank["batches"], loop) for rank in world]
     if not any(per_rank):
         return None
     samples = [_samples(b) for b in per_rank]
@@ -116,29 +144,37 @@ def counts(world: list, single: Optional[dict], loop: str) -> Optional[Counts]:
     if identified:
         by = "id" if all(b.get("ids") is not None for bs in per_rank for b in bs) else "content"
     tally = collections.Counter(s for rank in samples for s in rank) if identified else collections.Counter()
-    duplicates = sum(c - 1 for c in tally.values() if c > 1)
-    duplicated = {_label(s): c for s, c in list(tally.items()) if c > 1}
-    duplicated = dict(list(duplicated.items())[:10])
+    duplicated = {_label(s): c for s, c in tally.items() if c > 1}
     union = set(tally)
     unsharded = bool(identified and len(world) > 1 and union and all(set(rank) == union for rank in samples))
     missing = None
+    missing_labels: list = []
     if identified and single is not None:
-        single_samples = set(_samples([b for b in single["batches"] if b.get("stage") == loop]))
+        single_samples = _samples(last_run(single["batches"], loop))
         if single_samples:
-            missing = len(single_samples - union)
-    sampler = next((b.get("sampler") for b in per_rank[0] if b.get("sampler")), None) if per_rank[0] else None
+            absent = [s for s in dict.fromkeys(single_samples) if s not in union]
+            missing, missing_labels = len(absent), [_label(s) for s in absent[:10]]
+    sanity = [sanity_run(rank["batches"], loop) for rank in world]
     return Counts(
         loop=loop,
         batches=[len(b) for b in per_rank],
         samples=[sum(x.get("size") or 0 for x in b) for b in per_rank],
         identified=identified,
         by=by,
-        duplicates=duplicates,
-        duplicated=duplicated,
+        duplicates=sum(c - 1 for c in tally.values() if c > 1),
+        duplicated=dict(list(duplicated.items())[:10]),
         unsharded=unsharded,
         missing_vs_single=missing,
-        sampler=sampler,
+        sampler=next((b.get("sampler") for b in _first_run(world[0]["batches"], loop) if b.get("sampler")), None),
+        epochs=[len(loop_runs(rank["batches"], loop)) for rank in world],
+        sanity_batches=[len(s) for s in sanity] if any(sanity) else None,
+        missing=missing_labels,
     )
+
+
+def _first_run(batches: list, loop: str) -> list:
+    """Every batch event of ``loop`` (the sampler is written with the loop's first batch, sanity check or not)."""
+    return [b for b in batches if b.get("stage") == loop]
 
 
 # ---------------------------------------------------------------------------------------------------

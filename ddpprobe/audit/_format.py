@@ -42,9 +42,13 @@ def _wrap(text: str, indent: str) -> list:
 def _counts_line(info: dict, loader, w: int) -> str:
     size = f"N={loader['dataset_size']}; " if loader and loader.get("dataset_size") is not None else ""
     samples = info["samples"]
-    text = f"{size}the ranks ran {samples} samples in {info['batches']} batches" + (
+    epochs = info.get("epochs") or []
+    run = f" in the last of {max(epochs)} epochs" if epochs and max(epochs) > 1 else ""
+    text = f"{size}the ranks ran {samples} samples in {info['batches']} batches{run}" + (
         f" (sampler {info['sampler']})" if info.get("sampler") else ""
     )
+    if info.get("sanity_batches"):
+        text += f"; the sanity check's {info['sanity_batches']} batches are counted apart"
     if not info["identified"]:
         return text + "; samples could not be identified, so repeats were not counted"
     if info["unsharded"]:
@@ -55,7 +59,11 @@ def _counts_line(info: dict, loader, w: int) -> str:
     return (
         text
         + "; no sample ran twice"
-        + (f", {info['missing_vs_single']} sample(s) of W=1 ran on no rank" if info.get("missing_vs_single") else "")
+        + (
+            f", {info['missing_vs_single']} sample(s) of W=1 ran on no rank ({', '.join(info.get('missing') or [])})"
+            if info.get("missing_vs_single")
+            else ""
+        )
     )
 
 

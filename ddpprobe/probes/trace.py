@@ -31,11 +31,13 @@ One JSON object per line (``TRACE_SCHEMA`` version 1); ``event`` says which kind
 ``log``
     one ``self.log`` call: ``key``, ``hook``, ``value`` (float for a scalar tensor or number; a logged
     ``Metric``'s batch value from its ``forward``; else None), ``step_value`` (with ``on_step``: the step
-    value Lightning keeps, after the ``sync_dist`` all_reduce where there is one), ``batch_size`` (what Lightning added to
-    the key's cumulated batch size; None where it keeps none), ``on_step``, ``on_epoch``, ``sync_dist``,
-    ``reduce_fx``, ``rank_zero_only``, ``metric_object``, ``call_site``.
+    value Lightning keeps, after the ``sync_dist`` all_reduce where there is one), ``batch_size`` (what
+    Lightning added to the key's cumulated batch size; None where it keeps none), ``on_step``, ``on_epoch``,
+    ``sync_dist``, ``reduce_fx``, ``rank_zero_only``, ``metric_object``, ``call_site``.
 ``batch``
-    a batch a loop ran: ``stage`` (``"train"``, ``"val"``, ``"test"``, ``"predict"``), ``batch_idx``,
+    a batch a loop ran: ``stage`` (``"train"``, ``"val"``, ``"test"``, ``"predict"``), ``sanity`` (true for
+    the sanity check's validation batches before ``fit`` trains), ``epoch`` (``trainer.current_epoch``),
+    ``batch_idx``,
     ``dataloader_idx``, ``size``, ``ids`` (the batch's ``id``/``ids``/``idx``/``index`` field) or
     ``hashes`` (one content hash per sample, from the rows of its tensors), ``sampler`` (the type
     name of the loader's sampler, first batch only).
@@ -455,7 +457,14 @@ class _BatchRecorder(pl.Callback):
         self.samplers: set = set()
 
     def _record(self, trainer, stage: str, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
-        fields = {"stage": stage, "batch_idx": batch_idx, "dataloader_idx": dataloader_idx, **describe_batch(batch)}
+        fields = {
+            "stage": stage,
+            "sanity": bool(getattr(trainer, "sanity_checking", False)),
+            "epoch": int(getattr(trainer, "current_epoch", 0)),
+            "batch_idx": batch_idx,
+            "dataloader_idx": dataloader_idx,
+            **describe_batch(batch),
+        }
         if (stage, dataloader_idx) not in self.samplers:
             self.samplers.add((stage, dataloader_idx))
             fields["sampler"] = _sampler_name(trainer, stage, dataloader_idx)

@@ -64,6 +64,21 @@ def test_counts_name_repeats_only_when_a_sample_ran_twice_and_unsharded_when_eve
     assert unsharded.unsharded and unsharded.samples == [5, 5]
 
 
+def test_a_sample_is_repeated_only_when_two_ranks_ran_it_in_the_same_run_of_the_loop():
+    """The sanity check's batches (``sanity``) and each earlier epoch are counted apart: rank 0 ran ids 0, 2
+    and rank 1 ids 1, 3 in each of two epochs, after a sanity check of ids 0 and 1: nothing repeats."""
+    shards = [[0, 2], [1, 3]]
+
+    def rank(r):
+        events = [{"event": "batch", "stage": "val", "sanity": True, "epoch": 0, "size": 1, "ids": [r]}]
+        for epoch in (0, 1):
+            events.append({"event": "batch", "stage": "val", "epoch": epoch, "size": 2, "ids": shards[r]})
+        return _evidence.split(events)
+
+    found = _evidence.counts([rank(0), rank(1)], None, "val")
+    assert (found.samples, found.duplicates, found.epochs, found.sanity_batches) == ([2, 2], 0, [2, 2], [1, 1])
+
+
 def test_the_floored_count_bug_is_named_only_when_the_recomputed_floored_mean_is_the_measured_value():
     """Batch means 1, 3 (sizes 2, 2) on rank 0 and 5 (size 1) on rank 1: the correct synced mean is
     (2 + 6 + 5) / 5 = 2.6; with the count floored, (13 / 2) / floor(5 / 2) = 3.25."""

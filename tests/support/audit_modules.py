@@ -1,0 +1,147 @@
+"""Small LightningModules and data for the tests of the audit's diagnoses (tests/tooling/test_audit_diagnoses.py).
+
+Each one makes one kind of DDP mistake (or none) on ``IdDataset`` data (sample ``i`` carries ``id == i`` and
+``value == i * i``, ddpprobe/probes/data.py), so the test can compute from the ids which samples each rank
+ran, which collectives each rank made and what every value should be. They are imported by name in the
+audit's rank processes, so every factory is a top-level function.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.data import DataLoader, Sampler
+from torchmetrics import Metric
+
+from ddpprobe._lightning import pl
+from ddpprobe.probes.data import IdDataset
+
+#: The value threshold of :class:`BigValues`: samples whose ``value`` is at least this are kept.
+BIG = 9.0
+
+
+def _rank_and_world() -> tuple:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+class MeanModule(pl.LightningModule):
+    """Logs each batch's mean ``value`` as ``val_mean`` (``sync_dist=True``) and trains a linear layer with
+    ``lr`` (0 keeps the weights, so W=1 and W=N validate the same weights)."""
+
+    def __init__(self, lr: float = 0.0):
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+        self.lr = lr
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val_mean", batch["value"].float().mean(), batch_size=len(batch["id"]), sync_dist=True)
+
+    def training_step(self, batch, batch_idx):
+        return (self.layer(batch["x"].float()).squeeze(-1) - batch["value"].float() / 50).pow(2).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+
+def make_mean_model() -> MeanModule:
+    return MeanModule()
+
+
+def make_fit_8() -> dict:
+    """8 training and 8 validation samples (``IdDataset(8)``), batches of 2."""
+    return {"train": DataLoader(IdDataset(8), batch_size=2), "val": DataLoader(IdDataset(8), batch_size=2)}
+
+
+def make_ids_8() -> DataLoader:
+    """``IdDataset(8)`` in batches of 2."""
+    return DataLoader(IdDataset(8), batch_size=2)
+
+
+class RankBranchGatherModule(MeanModule):
+    """In ``on_validation_epoch_end`` rank 0 alone calls ``self.all_gather`` (``if self.global_rank == 0``)."""
+
+    def on_validation_epoch_end(self):
+        if self.global_rank == 0:
+            self.all_gather(torch.tensor(1.0))
+
+
+def make_rank_branch_gather_model() -> RankBranchGatherModule:
+    return RankBranchGatherModule()
+
+
+class BigValues(Metric):
+    """The sum of the values of at least :data:`BIG`, kept as a list state with one tensor per such sample
+    and ``dist_reduce_fx="sum"``: torchmetrics gathers a list state element by element unless its reduction
+    is ``"cat"`` (torchmetrics/metric.py ``Metric._sync_dist``), so each rank makes as many gathers as it
+    kept samples."""
+
+    def __init__(self):
+        super().__init__()
+        self.add_state("big", default=[], dist_reduce_fx="sum")
+
+    def update(self, values: torch.Tensor) -> None:
+        for v in values.float():
+            if v >= BIG:
+                self.big.append(v.reshape(1))
+
+    def compute(self) -> torch.Tensor:
+        if isinstance(self.big, torch.Tensor):
+            return self.big.sum()
+        return torch.cat(self.big).sum() if self.big else torch.tensor(0.0)
+
+
+class ListStateModule(MeanModule):
+    """Updates a :class:`BigValues` each batch and logs its ``compute()`` on every rank at epoch end."""
+
+    def __init__(self):
+        super().__init__()
+        self.big = BigValues()
+
+    def validation_step(self, batch, batch_idx):
+        self.big.update(batch["value"])
+
+    def on_validation_epoch_end(self):
+        self.log("val_big", self.big.compute())
+        self.big.reset()
+
+
+def make_list_state_model() -> ListStateModule:
+    return ListStateModule()
+
+
+class RankOffsetModule(MeanModule):
+    """Logs each batch's mean ``value`` plus ``self.global_rank`` as ``val_mean`` (``sync_dist=True``): a
+    value that depends on the rank, not on which samples share a batch."""
+
+    def validation_step(self, batch, batch_idx):
+        value = batch["value"].float().mean() + self.global_rank
+        self.log("val_mean", value, batch_size=len(batch["id"]), sync_dist=True)
+
+
+def make_rank_offset_model() -> RankOffsetModule:
+    return RankOffsetModule()
+
+
+class RankStrideSampler(Sampler):
+    """A user's own rank-aware sampler (not a ``DistributedSampler``): rank ``r`` of ``W`` yields
+    ``r, r + W, ...``. Lightning wraps it in ``DistributedSamplerWrapper``, which shards its indices again
+    (pytorch_lightning/trainer/connectors/data_connector.py ``_get_distributed_sampler``)."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def _indices(self) -> list:
+        rank, world = _rank_and_world()
+        return list(range(rank, self.n, world))
+
+    def __iter__(self):
+        return iter(self._indices())
+
+    def __len__(self) -> int:
+        return len(self._indices())
+
+
+def make_rank_stride_11() -> DataLoader:
+    """``IdDataset(11)`` in batches of 1 through :class:`RankStrideSampler`."""
+    return DataLoader(IdDataset(11), batch_size=1, sampler=RankStrideSampler(11))
