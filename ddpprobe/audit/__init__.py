@@ -12,7 +12,7 @@ defines, and what reached the logger. The result has one row per logged key, e.g
 ``examples/seed_f1_module.py`` at W=2::
 
     key     hook                     step  epoch  sync_dist  reduce_fx  W=1  rank 0    rank 1  verdict
-    val_f1  on_validation_epoch_end  no    yes    no         mean       0.8  0.857143  0.75    ! rank-divergent (not synced)
+    val_f1  on_validation_epoch_end  no    yes    no         mean       0.8  0.857143  0.75    ! rank-divergent ...
 
 with one of these verdicts (``ddpprobe.audit.SYNCED_EQUAL`` etc.):
 
@@ -67,6 +67,8 @@ from ddpprobe.audit._verdict import (
     SYNCED_EQUAL,
     KeyRow,
     padding_duplicates,
+)
+from ddpprobe.audit._verdict import (
     rows as _rows,
 )
 
@@ -292,6 +294,7 @@ def audit(
             counts=counts,
             completed=completed,
             collectives=[t["collectives"] for t in traces["world"]],
+            ended=[t["stage"] for t in traces["world"]],
         ),
         stdout_lines={
             "single": [len(_stdout_lines(runs["single"][0].stdout))],
@@ -307,7 +310,7 @@ def audit(
         logger_metrics=world[0].get("logger_metrics") or [],
         sync_dist_warnings=sorted({w["message"] for w in world[0].get("warnings") or [] if hint in w["message"]}),
         counts={kind: c.to_dict() for kind, c in counts.items()},
-        trace=_evidence.trace_summary(traces["world"]),
+        trace=_evidence.trace_summary(traces["world"], stage),
         world_error=errors.get("world"),
         lightning=package,
         predictions=[rec.get("predictions") for rec in world] if stage == "predict" else None,

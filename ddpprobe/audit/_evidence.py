@@ -197,6 +197,10 @@ _DTYPES = {
 }
 
 
+#: The fields a Flight Recorder entry takes from the Python-level call that covers it.
+_OWNER_FIELDS = ("source", "key", "sync", "metric", "states", "state_sizes", "hook", "running", "call_site", "origin")
+
+
 def _op(name: Optional[str]) -> str:
     return (name or "?").split(":", 1)[-1]
 
@@ -240,7 +244,7 @@ def sequence(rank: dict, use_flight_recorder: bool) -> list:
             "status": "done",
         }
         if owner is not None:
-            item.update({k: owner.get(k) for k in ("source", "key", "metric", "states", "hook", "call_site", "origin")})
+            item.update({k: owner.get(k) for k in _OWNER_FIELDS})
             item["status"] = owner["status"]
         out.append(item)
     return out
@@ -326,12 +330,16 @@ def first_divergence(sequences: list, ended: list) -> Optional[dict]:
     return None
 
 
-def trace_summary(world: list) -> dict:
+def trace_summary(world: list, stage: str = "validate") -> dict:
     """The JSON form of the W=N traces: per rank, its Python-level collectives, its Flight Recorder
-    entries' count, how its stage ended; and the first divergence."""
+    entries' count, how its stage ended; and the first divergence with the cause :func:`diagnose` finds
+    (``first_divergence["diagnosis"]``)."""
     use_fr = all(rank["flight_recorder"] for rank in world)
     sequences = [sequence(rank, use_fr) for rank in world]
     ended = [rank["stage"] for rank in world]
+    divergence = first_divergence(sequences, ended)
+    if divergence is not None:
+        divergence["diagnosis"] = diagnose(divergence, world, sequences, stage)
     return {
         "level": "flight_recorder" if use_fr else "python",
         "ranks": [
@@ -344,5 +352,250 @@ def trace_summary(world: list) -> dict:
             }
             for rank in world
         ],
-        "first_divergence": first_divergence(sequences, ended),
+        "first_divergence": divergence,
     }
+
+
+# ---------------------------------------------------------------------------------------------------
+# Call sites: which collective some ranks made more often than others
+# ---------------------------------------------------------------------------------------------------
+
+
+def site(entry: dict) -> tuple:
+    """Where and why a collective was made: ``(call_site, hook, source, key, sync, metric, op)``. Two
+    entries of one site are the same line making the same collective for the same purpose."""
+    return tuple(entry.get(k) for k in ("call_site", "hook", "source", "key", "sync", "metric", "op"))
+
+
+def purpose(entry: dict) -> tuple:
+    """A :func:`site` without the op: one call of it can make several collectives (a ``Metric``'s state sync
+    is a barrier and two all_gathers per tensor, ``gather_all_tensors`` in torchmetrics/utilities/distributed.py)."""
+    return site(entry)[:-1]
+
+
+def _bursts(sequence: list, wanted: tuple) -> list:
+    """Lengths of the runs of consecutive entries of :func:`purpose` ``wanted[:-1]`` in ``sequence`` (a
+    ``compute()`` that syncs a list state element by element is one run of several gathers)."""
+    out, run = [], 0
+    for entry in sequence:
+        if purpose(entry) == wanted[:-1]:
+            run += 1
+        elif run:
+            out.append(run)
+            run = 0
+    return out + ([run] if run else [])
+
+
+def _went_past(sequence: list, index: int, ended: Optional[str]) -> bool:
+    """The rank went on beyond collective ``index``: it made a later one, finished its stage, or completed
+    the one at ``index``; a rank stuck there says nothing about the collectives after it."""
+    if ended == "end" or len(sequence) > index + 1:
+        return True
+    return index < len(sequence) and sequence[index].get("status") == "done"
+
+
+def _expected(entry: dict, logs: list) -> bool:
+    """A ``self.log`` sync of a key every rank logged equally often from the same hook: every rank owes it."""
+    if entry.get("source") != "self.log" or not entry.get("key"):
+        return False
+    counts = {sum(1 for e in rank if e.get("key") == entry["key"] and e.get("hook") == entry["hook"]) for rank in logs}
+    return len(counts) == 1 and counts != {0}
+
+
+def culprit(divergence: dict, sequences: list, ended: list, logs: list) -> Optional[dict]:
+    """The call site whose collectives the ranks made a different number of times, from the first divergence.
+
+    Each entry at the divergence is its rank's k-th collective of its :func:`site`; a site is a candidate
+    where another rank made fewer than k of it. It is the culprit where a rank that went on beyond the
+    divergence (:func:`_went_past`) never made the k-th, or, where every rank stopped there, where the
+    other entry is a ``self.log`` sync every rank owes (:func:`_expected`).
+
+    Returns:
+        None when no site qualifies, else ``{"site", "entry", "ranks" (who made the k-th), "counts" (per
+        rank, over the run), "bursts" (per rank, lengths of consecutive runs), "paired" (per rank, the
+        entry at the divergence), "decided" (False when two sites remain candidates)}``.
+    """
+    index, entries = divergence["index"], divergence["entries"]
+    candidates = []
+    for r, entry in enumerate(entries):
+        if entry is None or any(c["site"] == site(entry) for c in candidates):
+            continue
+        wanted = site(entry)
+        k = sum(1 for e in sequences[r][: index + 1] if site(e) == wanted)
+        counts = [sum(1 for e in seq if site(e) == wanted) for seq in sequences]
+        lacking = [q for q, n in enumerate(counts) if n < k]
+        if lacking:
+            proven = any(_went_past(sequences[q], index, ended[q]) for q in lacking)
+            others = [entries[q] for q in lacking if entries[q] is not None]
+            owed = bool(others) and all(_expected(e, logs) for e in others) and not _expected(entry, logs)
+            candidates.append(
+                {
+                    "site": wanted,
+                    "entry": entry,
+                    "ranks": [q for q, n in enumerate(counts) if n >= k],
+                    "counts": counts,
+                    "bursts": [_bursts(seq, wanted) for seq in sequences],
+                    "paired": entries,
+                    "score": 2 if proven else 1 if owed else 0,
+                }
+            )
+    if not candidates:
+        return None
+    best = max(c["score"] for c in candidates)
+    chosen = [c for c in candidates if c["score"] == best]
+    found = dict(chosen[0])
+    found["decided"] = len(chosen) == 1 and (best > 0 or len(candidates) == 1)
+    found.pop("score")
+    return found
+
+
+def _batches_per_rank(world: list, loop: str) -> list:
+    """Batches each rank's ``loop`` ran over the whole run (the sanity check and every epoch included)."""
+    return [sum(1 for b in rank["batches"] if b.get("stage") == loop) for rank in world]
+
+
+def _loop_of(entry: dict) -> Optional[str]:
+    """The loop whose batches drive a collective made once per batch: ``"train"`` for the gradient
+    all_reduce and a training step, ``"val"``/``"test"``/``"predict"`` for their step hooks."""
+    if entry.get("source") == "internal":
+        return "train"
+    hook = entry.get("hook") or entry.get("running") or ""
+    if entry.get("sync") == "epoch" or not (hook.endswith("_step") or "backward" in hook):
+        return None
+    for part, loop in (("train", "train"), ("validation", "val"), ("test", "test"), ("predict", "predict")):
+        if part in hook:
+            return loop
+    return None
+
+
+def _counts_text(counts: list) -> str:
+    return ", ".join(f"rank {r} {n} time(s)" for r, n in enumerate(counts))
+
+
+def diagnose(divergence: dict, world: list, sequences: list, stage: str) -> dict:
+    """What made the ranks' collectives diverge, and the fixes that fit it.
+
+    Args:
+        divergence: :func:`first_divergence` of ``sequences``.
+        world: each W=N rank's :func:`split` trace.
+        sequences: each rank's :func:`sequence`.
+        stage: the audited stage.
+
+    Returns:
+        ``{"culprit": culprit(...) or None, "explanation": str, "fixes": [FIXES names]}``. The culprit is
+        a call site whose collectives the ranks made a different number of times. Its fix follows from how
+        the counts differ: a count that follows the ranks' batch counts (a collective per batch on ranks that
+        ran different numbers of batches) is evened by equal batch counts; a site every rank ran as often
+        but with runs of different lengths (a ``Metric`` state synced once per list element) has no proven
+        fix and is shown with its state sizes; otherwise a branch on the rank (or on the rank's data) makes
+        the collective on some ranks only: make it on every rank and branch on its result.
+    """
+    ended = [rank["stage"] for rank in world]
+    logs = [rank["logs"] for rank in world]
+    if divergence["kind"] == "keys":
+        return {"culprit": None, "explanation": "", "fixes": ["same_keys"]}
+    found = culprit(divergence, sequences, ended, logs)
+    raised = _raised_outside_collectives(world, found["counts"] if found else None, found)
+    if raised:
+        return {"culprit": found, "explanation": raised, "fixes": []}
+    if found is None:
+        return {"culprit": None, "explanation": "", "fixes": []}
+    entry, counts = found["entry"], found["counts"]
+    what = describe_collective(entry)
+    pairing = _pairing(found)
+    head = f"the culprit is {what}: the ranks made it {_counts_text(counts)}" + (
+        "" if found["decided"] else " (or the other entry at the divergence: the ranks stopped there)"
+    )
+    loop = _loop_of(entry)
+    batches = _batches_per_rank(world, loop) if loop else None
+    if batches and len(set(batches)) > 1 and _same_order(counts, batches):
+        text = f"{head}, once per batch, and the ranks ran {batches} {loop} batches: the count follows the data"
+        fixes = {"predict": ["predict_writer"], "train": ["even_batches_fit"]}.get(
+            loop, ["even_batches_step"] if entry.get("source") == "self.log" else []
+        )
+        return {"culprit": found, "explanation": text + pairing, "fixes": fixes}
+    bursts = found["bursts"]
+    if len({len(b) for b in bursts}) == 1 and len({tuple(b) for b in bursts}) > 1:
+        return {"culprit": found, "explanation": _uneven_calls(found, world, sequences) + pairing, "fixes": []}
+    hook = entry.get("running") or entry.get("hook")
+    text = (
+        f"{head}{f', in {hook}' if hook else ''}, which every rank ran; some ranks skip it (a branch on "
+        "the rank or on the rank's own data, or a call that syncs inside)"
+    )
+    source = entry.get("source")
+    fixes = {"torchmetrics": ["compute_everywhere"], "self.log": ["rank_zero_only"]}.get(
+        source, ["collective_everywhere"]
+    )
+    return {"culprit": found, "explanation": text + pairing, "fixes": fixes}
+
+
+def _uneven_calls(found: dict, world: list, sequences: list) -> str:
+    """The same call on every rank syncing a different number of times: the per-rank counts of collectives
+    per call, the ``Metric`` states' sizes, and the value each rank logged from that hook afterwards."""
+    entry, bursts = found["entry"], found["bursts"]
+    where = describe_collective({**entry, "op": "", "dtype": None, "shape": None}).strip()
+    if where.startswith("(") and ")" in where:
+        where = where[1:].replace(")", "", 1)
+    stopped = [r for r, rank in enumerate(world) if rank["stage"] != "end"]
+    made = [
+        f"rank {r} {b[0] if len(b) == 1 else b} collective(s){' (then it stopped)' if r in stopped else ''}"
+        for r, b in enumerate(bursts)
+    ]
+    text = (
+        f"the culprit is the {where}: every rank made this call {len(bursts[0])} time(s), but "
+        + ("one call made " if len(bursts[0]) == 1 else "its calls made ")
+        + ", ".join(made)
+    )
+    sizes = [_sizes_at(seq, found["site"]) for seq in sequences]
+    if entry.get("metric") and any(sizes):
+        text += (
+            f"; {entry['metric']}'s states at the sync: "
+            + "; ".join(f"rank {r} {s}" for r, s in enumerate(sizes) if s)
+            + " (torchmetrics syncs a list state one element at a time unless its dist_reduce_fx is 'cat',"
+            " so the ranks pair different elements)"
+        )
+    hook = entry.get("running") or entry.get("hook")
+    values = []
+    for r, rank in enumerate(world):
+        logged = [e for e in rank["logs"] if e.get("hook") == hook]
+        shown = ", ".join(f"{e['key']}={e['value']:.6g}" for e in logged if e.get("value") is not None)
+        values.append(f"rank {r} {shown or 'none'}")
+    return text + f"; what each rank logged in {hook} after it: " + ", ".join(values)
+
+
+def _same_order(counts: list, batches: list) -> bool:
+    """The ranks with more batches made at least as many collectives, and the ranks' counts differ."""
+    pairs = list(zip(batches, counts))
+    return all((b1 - b2) * (c1 - c2) >= 0 for b1, c1 in pairs for b2, c2 in pairs) and len(set(counts)) > 1
+
+
+def _sizes_at(sequence: list, wanted: tuple) -> Optional[str]:
+    """The state sizes of the last entry of site ``wanted`` in ``sequence``, in words."""
+    found = [e for e in sequence if site(e) == wanted and e.get("state_sizes")]
+    if not found:
+        return None
+    return ", ".join(f"{name} {size}" for name, size in found[-1]["state_sizes"].items() if size)
+
+
+def _pairing(found: dict) -> str:
+    """``"; rank 0's X paired with rank 1's Y"`` where the entries at the divergence are of different sites."""
+    entries = [e for e in found["paired"]]
+    if len({site(e) for e in entries if e is not None}) < 2:
+        return ""
+    parts = [f"rank {r}'s {describe_collective(e)}" for r, e in enumerate(entries) if e is not None]
+    return "; at the divergence " + " paired with ".join(parts)
+
+
+def _raised_outside_collectives(world: list, counts: Optional[list], found: Optional[dict]) -> str:
+    """Why a rank stopped making collectives when its stage raised an error of its own (not in a
+    collective): the divergence follows from that error, not from the call site."""
+    for r, rank in enumerate(world):
+        last = rank["collectives"][-1] if rank["collectives"] else None
+        lacking = found is None or (counts is not None and r not in found["ranks"])
+        if rank["stage"] == "raised" and lacking and (last is None or last.get("status") == "done"):
+            return (
+                f"rank {r}'s stage raised {(rank['stage_error'] or '').splitlines()[0][:300]!r} outside any "
+                "collective, so it made no more "
+                "collectives: fix that error first; the others waited for it"
+            )
+    return ""

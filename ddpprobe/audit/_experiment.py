@@ -70,7 +70,8 @@ def experiment_rows(
                 for rank in collectives_per_rank
             ]
             cause = (
-                f"each rank computed {tag!r} in {hook} and wrote its own value ({', '.join(format(v, '.6g') for v in values if v is not None)}); "
+                f"each rank computed {tag!r} in {hook} and wrote its own value "
+                f"({', '.join(format(v, '.6g') for v in values if v is not None)}); "
                 "logger.experiment is a no-op on every rank but 0, so the logger has rank 0's value only"
             )
             if hook and not any(in_hook):

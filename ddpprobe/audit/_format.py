@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import textwrap
 
-from ddpprobe.audit._fixes import divergence_fixes, fix_line
+from ddpprobe.audit._fixes import fix_line
 
 #: Past this many ranks the table shows min / max / distinct instead of one column per rank.
 MAX_RANK_COLUMNS = 4
@@ -148,11 +148,14 @@ def format_result(result) -> str:
             ]
             lines.append(
                 f"  rank {r}: {len(rank['collectives'])} collective(s) from Python, {ended}"
-                + (f" ({rank['stage_error'][:120]})" if rank.get("stage_error") else "")
+                + (f" ({rank['stage_error'].splitlines()[0][:120]})" if rank.get("stage_error") else "")
             )
         if divergence:
             lines += _wrap("first divergence: " + divergence["message"], "  ")
-            for fix in divergence_fixes(divergence, result.stage):
+            diagnosis = divergence.get("diagnosis") or {}
+            if diagnosis.get("explanation"):
+                lines += _wrap(diagnosis["explanation"], "  ")
+            for fix in diagnosis.get("fixes") or []:
                 lines += _wrap(fix_line(fix), "    ")
         if result.world_error:
             first = result.world_error["message"].splitlines()

@@ -271,8 +271,8 @@ def audit_rank(
     (name -> float), ``removed_hooks``, ``loaders`` (kind -> list of dataset_size/per_rank/sampler),
     ``raised`` (``{"type", "message"}`` if the stage raised, else None), ``experiment_calls`` and
     ``logger_metrics`` (what reached the logger; rank 0 only), ``experiment_attempts`` (the
-    ``logger.experiment`` calls this rank's code made, reaching the logger on rank 0 only), ``warnings``, ``predictions``
-    (``predict`` only: number of prediction batches this rank returned).
+    ``logger.experiment`` calls this rank's code made, reaching the logger on rank 0 only), ``warnings``,
+    ``predictions`` (``predict`` only: number of prediction batches this rank returned).
     """
     sys.path[:0] = [p for p in sys_path if p not in sys.path]
     model_factory, data_factory = resolve_ref(model_ref), resolve_ref(data_ref)

@@ -20,8 +20,9 @@ NOT_IN_WORLD = "not logged in the distributed run"
 NO_VALUE = "no value on any rank (the stage did not complete)"
 NOT_STORED = "no value under this key, at W=1 or on any rank (nothing to compare)"
 
-#: The upstream issue of the floored batch-size count in the synced epoch mean (the suite's strict xfail
-#: tests/facts/test_log_reductions.py::test_the_synced_epoch_mean_is_the_batch_size_weighted_mean_even_when_the_count_does_not_divide_by_world_size).
+#: The upstream issue of the floored batch-size count in the synced epoch mean (the suite's strict xfail in
+#: tests/facts/test_log_reductions.py,
+#: test_the_synced_epoch_mean_is_the_batch_size_weighted_mean_even_when_the_count_does_not_divide_by_world_size).
 FLOORED_COUNT_ISSUE = "https://github.com/Lightning-AI/pytorch-lightning/issues/21859"
 
 #: Verdicts that make the audit fail when the key is epoch-level.
@@ -299,6 +300,7 @@ def rows(
     counts: Optional[dict] = None,
     completed: bool = True,
     collectives: Optional[list] = None,
+    ended: Optional[list] = None,
 ) -> list:
     """One ``KeyRow`` per key logged in either run, in first-logged order (plus a ``level="step"`` row
     for each key logged with ``on_step=True``).
@@ -312,6 +314,8 @@ def rows(
         completed: every W=N rank finished its stage.
         collectives: each W=N rank's traced collectives (a key that agrees across ranks without
             sync_dist is explained by the module's own collectives in its hook, when there are some).
+        ended: how each W=N rank's stage ended (``"end"``, ``"raised"``, None): a key a rank never logged
+            because it stopped first is not blamed on the logging.
     """
     world_logs = world_logs if world_logs is not None else [[] for _ in world]
     single_logs = single_logs or []
@@ -357,6 +361,7 @@ def rows(
                 verdict = SOME_RANKS_ONLY
                 others = [r for r in range(len(world)) if r not in logged_on]
                 cause = f"self.log({name!r}) ran on rank(s) {logged_on} only, never on rank(s) {others}"
+                stopped = ended is not None and all(ended[r] != "end" for r in others)
                 mine = {c["name"] for r in logged_on for c in world[r]["log_calls"]}
                 partners = sorted(
                     {
@@ -366,14 +371,22 @@ def rows(
                         if c["sync_dist"] and c["hook"] in hooks and c["name"] not in mine
                     }
                 )
-                if sync_dist and not metric_object and partners:
+                if stopped:
+                    cause += (
+                        f"; rank(s) {others} stopped before they reached it (their stage raised or never "
+                        "finished: see the collective trace)"
+                    )
+                elif sync_dist and not metric_object and partners:
                     cause += (
                         f"; rank(s) {others} log {partners} from the same hook with sync_dist=True instead, so "
                         "their all_reduces pair with this key's: its value is averaged with another key's"
                     )
                     fixes = ["same_keys"]
                 elif sync_dist and not metric_object:
-                    cause += "; its sync_dist all_reduce waits for ranks that never join it (a hang, or a mismatch with their next collective)"
+                    cause += (
+                        "; its sync_dist all_reduce waits for ranks that never join it (a hang, or a mismatch "
+                        "with their next collective)"
+                    )
                 elif metric_object:
                     cause += "; the Metric's compute() syncs its state with ranks that never join it"
                 else:
@@ -381,7 +394,7 @@ def rows(
                         "; callbacks monitoring it fail on the ranks without it, and the logger has it only "
                         "when rank 0 logs it"
                     )
-                fixes = fixes or ["rank_zero_only"]
+                fixes = [] if stopped else fixes or ["rank_zero_only"]
             elif all(v is None for v in per_rank) and not completed:
                 verdict = NO_VALUE
                 cause = "the distributed run ended before the epoch's values were computed (see the collective trace)"
@@ -492,11 +505,15 @@ def rows(
                         (i for i in range(n) if not all(close(s[i], steps[0][i], rtol, atol) for s in steps)), n
                     )
                     cause = (
-                        f"at step {differing} the ranks logged {[s[differing] if differing < len(s) else None for s in steps]}: "
+                        f"at step {differing} the ranks logged "
+                        f"{[s[differing] if differing < len(s) else None for s in steps]}: "
                         "each rank's step value is its own batch's, and Lightning's logger writes rank 0's"
                     )
                     if metric_object:
-                        cause += " (a Metric object's step value is its forward() on the rank's batch; sync_dist does not apply)"
+                        cause += (
+                            " (a Metric object's step value is its forward() on the rank's batch; sync_dist "
+                            "does not apply)"
+                        )
                     fixes = ["metric_step_sync"] if metric_object else ["step_sync"]
                 out.append(
                     KeyRow(

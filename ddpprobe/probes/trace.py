@@ -20,9 +20,12 @@ One JSON object per line (``TRACE_SCHEMA`` version 1); ``event`` says which kind
     user's code, e.g. ``self.all_gather``; ``"library"``: Lightning's or torch's own, e.g. a barrier
     of the Trainer or a broadcast in ``DistributedDataParallel.forward``), ``origin`` (the function that
     called ``torch.distributed``: ``"torch/nn/parallel/distributed.py:1580 in _sync_buffers"``),
-    ``key`` (the logged name, where there is one), ``metric`` and ``states`` (the ``Metric`` class and
-    its state names), ``hook`` (the LightningModule hook running, or the hook the key was logged
-    from), ``call_site`` (``"file.py:42 in validation_step"``: the innermost frame of the user's code,
+    ``key`` (the logged name, where there is one), ``sync`` (for ``self.log``: ``"step"``, the sync of a
+    step value in ``self.log`` itself, or ``"epoch"``, the sync of the epoch value at the epoch's end),
+    ``metric``, ``states`` and ``state_sizes`` (the ``Metric`` class, its state names, and each state's size
+    at the sync: ``"list of 3"``, ``"tensor [2]"``), ``hook`` (the hook the key was logged from, else the
+    hook running), ``running`` (the LightningModule or callback hook running, ``_current_fx_name``),
+    ``call_site`` (``"file.py:42 in validation_step"``: the innermost frame of the user's code,
     else None), ``pg_seq`` (the default process group's sequence number before the call; the Flight
     Recorder numbers the backend's collectives ``pg_seq + 1 ...``).
 ``done`` / ``raised``
@@ -235,7 +238,7 @@ class CollectiveTrace:
         """Key, hook, metric and call site of the collective called from ``frame``."""
         from torchmetrics import Metric
 
-        key = hook = metric = states = None
+        key = hook = metric = states = sync = state_sizes = None
         source = None
         f = frame
         while f is not None:
@@ -244,9 +247,11 @@ class CollectiveTrace:
                 kind = type(owner).__name__
                 if kind == "_ResultMetric" and key is None:
                     key, hook = owner.meta.name, owner.meta.fx
+                    sync = "epoch" if f.f_code.co_name == "compute" else "step"
                     source = source or "self.log"
                 elif isinstance(owner, Metric) and metric is None and kind != "_ResultMetric":
                     metric, states = type(owner).__name__, list(getattr(owner, "_defaults", {}))
+                    state_sizes = {name: _state_size(getattr(owner, name, None)) for name in states}
                     source = "torchmetrics"
             f = f.f_back
         call_site = self._user_frame(frame)
@@ -260,14 +265,16 @@ class CollectiveTrace:
             )
         if source is None:
             source = "user" if call_site else "library"
-        if hook is None:
-            hook = getattr(self.model, "_current_fx_name", None)
+        running = getattr(self.model, "_current_fx_name", None)
         return {
             "source": source,
             "key": key,
+            "sync": sync,
             "metric": metric,
             "states": states,
-            "hook": hook,
+            "state_sizes": state_sizes,
+            "hook": hook if hook is not None else running,
+            "running": running,
             "call_site": call_site,
             "origin": origin,
         }
@@ -376,6 +383,15 @@ class CollectiveTrace:
     def batch_recorder(self):
         """A Lightning ``Callback`` that writes a ``batch`` event for every batch of every loop."""
         return _BatchRecorder(self)
+
+
+def _state_size(value) -> Optional[str]:
+    """A ``Metric`` state's size in words: ``"list of 3"`` or ``"tensor [2]"``."""
+    if isinstance(value, list):
+        return f"list of {len(value)}"
+    if isinstance(value, torch.Tensor):
+        return f"tensor {list(value.shape)}"
+    return None
 
 
 def _scalar(value) -> Optional[float]:
@@ -510,8 +526,9 @@ def _sampler_name(trainer, stage: str, dataloader_idx: int) -> Optional[str]:
 
 def describe_collective(entry: dict) -> str:
     """One collective (a ``collective`` event of this trace, or an entry of the audit's sequences) in words, as
-    the audit's divergence report and the guard's errors print it: ``all_reduce float32 [] (self.log sync of
-    'val_loss', logged in validation_step) at module.py:12 in validation_step``."""
+    the audit's divergence report and the guard's errors print it: ``all_reduce float32 [] (self.log epoch sync
+    of 'val_loss', logged in validation_step) at module.py:12 in validation_step``; an entry without ``sync``
+    (the guard's) leaves out whether it synced a step or an epoch value."""
     shape = "" if entry.get("shape") is None else f" {list(entry['shape'])}"
     text = f"{entry['op']}{(' ' + entry['dtype']) if entry.get('dtype') else ''}{shape}"
     source = entry.get("source")
@@ -521,7 +538,8 @@ def describe_collective(entry: dict) -> str:
             text += f", logged as {entry['key']!r}"
         text += ")"
     elif source == "self.log":
-        text += f" (self.log sync of {entry.get('key')!r}, logged in {entry.get('hook')})"
+        level = {"step": "step ", "epoch": "epoch "}.get(entry.get("sync"), "")
+        text += f" (self.log {level}sync of {entry.get('key')!r}, logged in {entry.get('hook')})"
     elif source == "internal":
         text += " (not called from Python: e.g. DDP's gradient all_reduce in backward)"
     elif source == "library":

@@ -72,13 +72,13 @@ def make_rank_branch_gather_model() -> RankBranchGatherModule:
 
 class BigValues(Metric):
     """The sum of the values of at least :data:`BIG`, kept as a list state with one tensor per such sample
-    and ``dist_reduce_fx="sum"``: torchmetrics gathers a list state element by element unless its reduction
+    and no ``dist_reduce_fx``: torchmetrics gathers a list state element by element unless its reduction
     is ``"cat"`` (torchmetrics/metric.py ``Metric._sync_dist``), so each rank makes as many gathers as it
     kept samples."""
 
     def __init__(self):
         super().__init__()
-        self.add_state("big", default=[], dist_reduce_fx="sum")
+        self.add_state("big", default=[], dist_reduce_fx=None)
 
     def update(self, values: torch.Tensor) -> None:
         for v in values.float():

@@ -12,7 +12,7 @@ import inspect
 import pytest
 
 from ddpprobe.audit import audit
-from tests.support import oracle
+from tests.support import audit_modules, oracle
 from tests.support.worlds import skip_unless_runnable
 
 pytestmark = pytest.mark.not_a_fact("tests the audit's diagnoses, not a fact about DDP")
@@ -67,3 +67,82 @@ def test_fit_counts_the_sanity_check_apart_so_no_sample_is_called_repeated():
     text = " ".join(result.format().split())
     assert "repeated" not in text and "ran twice" in text and "counted apart" in text, text
     assert result.exit_code == 0, text
+
+
+# --- 2. a collective some ranks make and the others do not, at one call site ------------------------
+
+
+def _branch_culprit(result):
+    divergence = result.trace["first_divergence"]
+    assert divergence is not None, result.format()
+    return divergence, divergence["diagnosis"]
+
+
+@pytest.mark.parametrize("stage, data", [("validate", "make_ids_8"), ("fit", "make_fit_8")])
+def test_a_collective_made_under_a_branch_on_the_rank_is_named_with_its_line_and_per_rank_counts(stage, data):
+    """``if self.global_rank == 0: self.all_gather(...)`` in ``on_validation_epoch_end``: rank 0 makes that
+    all_gather once (the first validation epoch: the only one in ``validate``, the sanity check in ``fit``)
+    and rank 1 never. Every rank ran the same number of batches, so the fix is to make the collective on
+    every rank, not to even the batch counts (the fix once printed for ``fit``); in ``fit`` rank 1's
+    entry at the divergence is the epoch sync of ``val_mean``, and the report says they paired."""
+    result = _audit("make_rank_branch_gather_model", data, stage, timeout=HANG_TIMEOUT)
+
+    divergence, diagnosis = _branch_culprit(result)
+    culprit = diagnosis["culprit"]
+    line = _line_of(audit_modules.RankBranchGatherModule, "on_validation_epoch_end", "self.all_gather")
+    assert (culprit["entry"]["call_site"], culprit["entry"]["op"], culprit["entry"]["source"]) == (
+        line,
+        "all_gather",
+        "user",
+    ), culprit
+    assert culprit["counts"] == [1, 0] and culprit["ranks"] == [0] and culprit["decided"], culprit
+    assert diagnosis["fixes"] == ["collective_everywhere"], diagnosis
+    if stage == "validate":
+        assert len(set(result.counts["val"]["batches"])) == 1, result.counts
+    else:  # it diverged in the sanity check: no training batch ran
+        assert "train" not in result.counts, result.counts
+    text = " ".join(result.format().split())
+    assert f"the culprit is all_gather float32 [] (your code) at {line}" in text, text
+    assert "rank 0 1 time(s), rank 1 0 time(s)" in text and "same number of training batches" not in text, text
+    if stage == "fit":
+        assert divergence["kind"] == "mismatch", divergence
+        other = divergence["entries"][1]
+        assert (other["source"], other["key"], other["sync"]) == ("self.log", "val_mean", "epoch"), other
+        assert "paired with rank 1's barrier (self.log epoch sync of 'val_mean'" in text, text
+
+
+# --- 3. the same call site, a different number of collectives per rank -----------------------------
+
+#: Collectives torchmetrics makes to gather one tensor: a barrier, the shapes' all_gather and the
+#: tensors' all_gather (torchmetrics/utilities/distributed.py ``gather_all_tensors``).
+PER_TENSOR = 3
+
+
+def test_a_list_state_synced_element_by_element_is_named_with_each_ranks_count_state_size_and_value():
+    """``BigValues`` keeps one tensor per sample of value >= 9 in a list state without a ``"cat"``
+    reduction, so ``compute()`` gathers the list one element at a time: rank 0 (ids 0, 2, 4, 6) kept 2,
+    rank 1 (ids 1, 3, 5, 7) kept 3. Every rank calls ``compute()`` once; rank 0 finishes after its 2
+    elements with the sum of the pairs it gathered (a wrong value), rank 1 waits for a third pair and
+    fails. The audit names the call site with each rank's number of collectives, the state's size on
+    each rank and each rank's value, and prints no fix (no fact proves one)."""
+    n, world_size = 8, 2
+    result = _audit("make_list_state_model", "make_ids_8", timeout=HANG_TIMEOUT)
+
+    kept = [[v for v in oracle.values(oracle.shard(n, world_size, r)) if v >= audit_modules.BIG] for r in range(2)]
+    paired = sum(sum(pair) for pair in zip(*kept))
+    whole = sum(v for v in oracle.values(range(n)) if v >= audit_modules.BIG)
+    oracle.assert_distinct(whole=whole, paired=paired)
+    row = result.row("val_big")
+    assert row.single == pytest.approx(whole) and row.per_rank[0] == pytest.approx(paired), row
+    diagnosis = result.trace["first_divergence"]["diagnosis"]
+    culprit = diagnosis["culprit"]
+    line = _line_of(audit_modules.ListStateModule, "on_validation_epoch_end", "compute()")
+    assert (culprit["entry"]["call_site"], culprit["entry"]["metric"]) == (line, "BigValues"), culprit
+    fewer = min(len(k) for k in kept)
+    assert culprit["bursts"] == [[PER_TENSOR * len(kept[0])], [PER_TENSOR * fewer + 1]], culprit
+    assert diagnosis["fixes"] == [] and row.fixes == [], (diagnosis, row)
+    text = " ".join(result.format().split())
+    assert f"BigValues state sync at compute() at {line}" in text, text
+    assert f"rank 0 big list of {len(kept[0])}; rank 1 big list of {len(kept[1])}" in text, text
+    assert f"rank 0 val_big={paired:g}, rank 1 none" in text, text
+    assert "Fix:" not in text, text
