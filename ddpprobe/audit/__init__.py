@@ -47,10 +47,9 @@ from ddpprobe.audit._experiment import (
     EXPERIMENT_DIVERGENT,
     EXPERIMENT_EQUAL,
     EXPERIMENT_LOCAL,
-    experiment_rows,
 )
-from ddpprobe.audit._fixes import FIXES, REMOVED_HOOKS
-from ddpprobe.audit._inputs import MAX_SEED, STAGES, AuditInputError, _ref, preflight
+from ddpprobe.audit._fixes import FIXES
+from ddpprobe.audit._inputs import AuditInputError, _ref, check_options, preflight
 from ddpprobe.audit._result import AuditResult
 from ddpprobe.audit._verdict import (
     FLOORED_COUNT_ISSUE,
@@ -65,11 +64,8 @@ from ddpprobe.audit._verdict import (
     STEP_SYNCED,
     SYNCED_DIFFERS,
     SYNCED_EQUAL,
+    TRAINED_APART,
     KeyRow,
-    padding_duplicates,
-)
-from ddpprobe.audit._verdict import (
-    rows as _rows,
 )
 
 __all__ = [
@@ -93,12 +89,9 @@ __all__ = [
     "STEP_LEVEL",
     "SYNCED_DIFFERS",
     "SYNCED_EQUAL",
+    "TRAINED_APART",
     "audit",
 ]
-
-
-def _stdout_lines(text: str) -> list:
-    return [line for line in text.splitlines() if line.strip()]
 
 
 def audit(
@@ -149,63 +142,13 @@ def audit(
             or ``world_size`` below 2; raised before any world starts.
         ddpprobe.WorldError: the single-process world failed (the module cannot run at all).
     """
-    import shutil
-    import tempfile
+    from ddpprobe.audit._run import assemble, run_worlds
 
-    from ddpprobe.audit import _evidence
-    from ddpprobe.launch import (
-        MAX_WORLD_SIZE,
-        SettingsError,
-        WorldError,
-        cuda_device_count,
-        resolve_settings,
-        run_world,
-    )
-
-    if stage not in STAGES:
-        raise AuditInputError(f"stage={stage!r} is not supported; use one of {', '.join(STAGES)}")
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise AuditInputError(f"world_size={world_size!r} must be an int of 2 or more ranks")
-    if world_size == 1:
-        raise AuditInputError(
-            "world_size=1 would run the single-process world twice and compare nothing; use --world-size 2 or more"
-        )
-    if world_size > MAX_WORLD_SIZE:
-        raise AuditInputError(
-            f"world_size={world_size} (--world-size) is more ranks than a world can have; "
-            f"use 2 <= world_size <= {MAX_WORLD_SIZE}"
-        )
-    if limit_batches is not None and (
-        isinstance(limit_batches, bool) or not isinstance(limit_batches, int) or limit_batches < 1
-    ):
-        raise AuditInputError(f"limit_batches={limit_batches!r} must be a positive int number of batches")
-    if isinstance(max_epochs, bool) or not isinstance(max_epochs, int) or max_epochs < 1:
-        # Lightning reads max_epochs=-1 as "train forever": the world would only end at its timeout.
-        raise AuditInputError(f"max_epochs={max_epochs!r} (--max-epochs) must be an int of 1 or more epochs")
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
-        # seed_everything raises for these in every rank (lightning_fabric/utilities/seed.py).
-        raise AuditInputError(f"seed={seed!r} (--seed) must be an int from 0 to {MAX_SEED}")
-    try:  # the same check run_world makes, made before the factories run instead of after the W=1 world
-        settings = resolve_settings(
-            backend=backend,
-            timeout=timeout,
-            names={"backend": "backend= / --backend", "timeout": "timeout= / --timeout"},
-        )
-    except SettingsError as exc:
-        raise AuditInputError(str(exc)) from None
-    if settings.backend == "nccl" and cuda_device_count() < world_size:
-        raise AuditInputError(
-            f"backend='nccl' (--backend) needs one CUDA device per rank: --world-size {world_size} but this machine "
-            f"has {cuda_device_count()} CUDA device(s); use --backend gloo or a --world-size of at most "
-            f"{cuda_device_count()} (2 or more)"
-        )
+    settings = check_options(stage, world_size, limit_batches, max_epochs, seed, backend, timeout)
     model_ref, data_ref = _ref(model_factory, "model"), _ref(data_factory, "data")
     sys_path = [os.path.abspath(p) if p else os.getcwd() for p in sys.path]
     sys.path[:0] = [p for p in sys_path if p not in sys.path]
     package = preflight(model_ref, data_ref, stage)
-    from ddpprobe.audit._scenario import audit_rank, trace_path
-    from ddpprobe.probes.trace import FLIGHT_RECORDER_ENV, read_trace
-
     params = dict(
         model_ref=model_ref,
         data_ref=data_ref,
@@ -215,132 +158,8 @@ def audit(
         seed=seed,
         sys_path=sys_path,
     )
-    trace_root = tempfile.mkdtemp(prefix="ddpprobe-audit-")
-    try:
-        runs, traces, errors, outputs = {}, {}, {}, {}
-        for label, size in (("single", 1), ("world", world_size)):
-            if progress is not None:
-                ranks = "single process" if size == 1 else f"{size} ranks"
-                progress(
-                    f"running {stage} of {model_ref} at W={size} ({ranks}, at most {settings.timeout:g} s; "
-                    "--timeout changes it)"
-                )
-            folder = os.path.join(trace_root, label)
-            os.makedirs(folder)
-            try:
-                runs[label] = run_world(
-                    audit_rank,
-                    size,
-                    backend=backend,
-                    timeout=timeout,
-                    env=FLIGHT_RECORDER_ENV,
-                    trace_dir=folder,
-                    **params,
-                )
-            except WorldError as exc:
-                if label == "single":
-                    raise
-                runs[label] = None
-                errors[label] = {"type": type(exc).__name__, "message": str(exc)}
-                outputs = exc.outputs
-            traces[label] = [_evidence.split(read_trace(trace_path(folder, r))) for r in range(size)]
-            for rank in runs[label] or []:
-                if rank.record.get("input_error"):
-                    raise AuditInputError(rank.record["input_error"])
-    finally:
-        shutil.rmtree(trace_root, ignore_errors=True)
-
-    single = runs["single"][0].record
-    world = runs["world"].records if runs["world"] is not None else [_record_from_trace(t) for t in traces["world"]]
-    loop = _evidence.STAGE_LOOP[stage]
-    counts = {}
-    for kind in [loop, "val"] if stage == "fit" else [loop]:
-        found = _evidence.counts(traces["world"], traces["single"][0], kind)
-        if found is not None:
-            counts[kind] = found
-    loaders = {}
-    for kind, entries in (world[0].get("loaders") or {}).items():
-        if entries:
-            size = entries[0]["dataset_size"]
-            loaders[kind] = {
-                "dataset_size": size,
-                "per_rank": entries[0]["per_rank"],
-                "padding_duplicates": padding_duplicates(size, world_size),
-                "sampler": entries[0].get("sampler"),
-            }
-    completed = all(t["stage"] == "end" for t in traces["world"])
-    hint = "It is recommended to use `self.log("
-    world_stdout = (
-        [r.stdout for r in runs["world"]]
-        if runs["world"] is not None
-        else [outputs.get(r, ("", ""))[0] for r in range(world_size)]
+    worlds = run_worlds(params, world_size, settings, progress)
+    inputs = dict(
+        model=model_ref, data=data_ref, stage=stage, world_size=world_size, backend=backend, lightning=package
     )
-    return AuditResult(
-        model=model_ref,
-        data=data_ref,
-        stage=stage,
-        world_size=world_size,
-        backend=backend,
-        rows=_rows(
-            single,
-            world,
-            world_size,
-            stage,
-            limit_batches,
-            rtol=rtol,
-            atol=atol,
-            world_logs=[t["logs"] for t in traces["world"]],
-            single_logs=traces["single"][0]["logs"],
-            counts=counts,
-            completed=completed,
-            collectives=[t["collectives"] for t in traces["world"]],
-            ended=[t["stage"] for t in traces["world"]],
-        ),
-        stdout_lines={
-            "single": [len(_stdout_lines(runs["single"][0].stdout))],
-            "world": [len(_stdout_lines(text)) for text in world_stdout],
-        },
-        stdout_samples=[_stdout_lines(text)[:5] for text in world_stdout],
-        removed_hooks=[
-            {"hook": h, "effect": REMOVED_HOOKS[h]} for h in (world[0].get("removed_hooks") or single["removed_hooks"])
-        ],
-        loaders=loaders,
-        raised={"single": single["raised"], "world": [rec.get("raised") for rec in world]},
-        experiment_calls=world[0].get("experiment_calls") or [],
-        logger_metrics=world[0].get("logger_metrics") or [],
-        sync_dist_warnings=sorted({w["message"] for w in world[0].get("warnings") or [] if hint in w["message"]}),
-        counts={kind: c.to_dict() for kind, c in counts.items()},
-        trace=_evidence.trace_summary(traces["world"], stage),
-        world_error=errors.get("world"),
-        lightning=package,
-        predictions=[rec.get("predictions") for rec in world] if stage == "predict" else None,
-        experiment_rows=experiment_rows(
-            single.get("experiment_attempts") or [],
-            [rec.get("experiment_attempts") or [] for rec in world],
-            [t["collectives"] for t in traces["world"]],
-            {kind: c.to_dict() for kind, c in counts.items()},
-            rtol,
-            atol,
-        ),
-    )
-
-
-def _record_from_trace(rank: dict) -> dict:
-    """A stand-in for the record of a rank whose world failed: what its trace holds."""
-    from ddpprobe.audit._scenario import _summarise_calls
-
-    return {
-        "log_calls": _summarise_calls(rank["logs"]),
-        "callback_metrics": {},
-        "loaders": {},
-        "raised": (
-            {"type": rank["stage_error"].partition(":")[0], "message": rank["stage_error"].partition(": ")[2]}
-            if rank["stage_error"]
-            else None
-        ),
-        "removed_hooks": [],
-        "experiment_calls": [],
-        "experiment_attempts": [],
-        "logger_metrics": [],
-        "warnings": [],
-    }
+    return assemble(worlds, inputs, limit_batches, rtol, atol)

@@ -18,7 +18,8 @@ def split(events: list) -> dict:
     """Group one rank's trace events: ``collectives`` (each with ``status`` ``"done"``, ``"raised"``
     (and ``error``) or ``"pending"``: entered and never left), ``logs``, ``batches``, ``flight_recorder``
     (entries, or None when not written), ``stage`` (``"end"``, ``"raised"``, or None: the rank never
-    finished its stage) and ``stage_error``."""
+    finished its stage) and ``stage_error``. A ``log`` event from a ``*_step`` hook gets ``batch_ids``: the
+    samples of the batch its loop was running (None elsewhere)."""
     collectives, by_seq, logs, batches = [], {}, [], []
     out = {
         "collectives": collectives,
@@ -29,6 +30,7 @@ def split(events: list) -> dict:
         "stage": None,
         "stage_error": None,
     }
+    current: dict = {}  # loop -> the batch event it is running
     for event in events:
         kind = event.get("event")
         if kind == "collective":
@@ -42,9 +44,11 @@ def split(events: list) -> dict:
             if kind == "raised":
                 by_seq[event["seq"]]["error"] = event.get("error")
         elif kind == "log":
-            logs.append(event)
+            running = current.get(_hook_loop(event.get("hook") or ""))
+            logs.append({**event, "batch_ids": _ids(running) if running else None})
         elif kind == "batch":
             batches.append(event)
+            current[event.get("stage")] = event
         elif kind == "flight_recorder":
             out["flight_recorder"] = event.get("entries") or []
             out["flight_recorder_unavailable"] = event.get("unavailable")
@@ -57,6 +61,23 @@ def split(events: list) -> dict:
 # ---------------------------------------------------------------------------------------------------
 # Counts
 # ---------------------------------------------------------------------------------------------------
+
+
+def _hook_loop(hook: str) -> Optional[str]:
+    """The loop whose batch a ``*_step`` hook is running (``"val"`` for ``validation_step``), else None."""
+    if not hook.endswith("_step"):
+        return None
+    for part, loop in (("train", "train"), ("validation", "val"), ("test", "test"), ("predict", "predict")):
+        if part in hook:
+            return loop
+    return None
+
+
+def _ids(batch: dict) -> Optional[list]:
+    """The batch's samples as labels (ids, or ``#hash``), or None when it carries neither."""
+    if batch.get("ids") is None and batch.get("hashes") is None:
+        return None
+    return [_label(s) for s in _samples([batch])]
 
 
 def _samples(batches: list) -> list:

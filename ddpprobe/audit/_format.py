@@ -79,6 +79,19 @@ def format_result(result) -> str:
         lines.append(f"Lightning package: {result.lightning} (from the model's base class)")
     for kind, info in result.counts.items():
         lines += _wrap(f"{kind} set: " + _counts_line(info, result.loaders.get(kind), w), "")
+    weights = result.weights or {}
+    if weights.get("trained_apart"):
+        steps = weights["steps"]
+        lines += _wrap(
+            f"fit: the weights trained apart (W=1 made {steps[0]} optimizer steps, W={w} {steps[1]} on each rank): "
+            + (
+                f"validation keys are compared with a single process validating the W={w} weights; "
+                if weights.get("same_weights")
+                else ""
+            )
+            + "training keys only across the ranks",
+            "",
+        )
     if result.stage == "predict" and "predict" in result.counts:
         info = result.counts["predict"]
         lines += _wrap(

@@ -203,3 +203,53 @@ def preflight(model_ref: str, data_ref: str, stage: str) -> str:
     except InputError as exc:
         raise AuditInputError(f"{data_ref}: {exc}") from None
     return package
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_options(stage: str, world_size, limit_batches, max_epochs, seed, backend: str, timeout: Optional[float]):
+    """Check the audit's options before any factory runs; return the launcher's resolved settings.
+
+    Raises:
+        AuditInputError: naming the bad value and the range it must be in.
+    """
+    from ddpprobe.launch import MAX_WORLD_SIZE, SettingsError, cuda_device_count, resolve_settings
+
+    if stage not in STAGES:
+        raise AuditInputError(f"stage={stage!r} is not supported; use one of {', '.join(STAGES)}")
+    if not _is_int(world_size) or world_size < 1:
+        raise AuditInputError(f"world_size={world_size!r} must be an int of 2 or more ranks")
+    if world_size == 1:
+        raise AuditInputError(
+            "world_size=1 would run the single-process world twice and compare nothing; use --world-size 2 or more"
+        )
+    if world_size > MAX_WORLD_SIZE:
+        raise AuditInputError(
+            f"world_size={world_size} (--world-size) is more ranks than a world can have; "
+            f"use 2 <= world_size <= {MAX_WORLD_SIZE}"
+        )
+    if limit_batches is not None and (not _is_int(limit_batches) or limit_batches < 1):
+        raise AuditInputError(f"limit_batches={limit_batches!r} must be a positive int number of batches")
+    if not _is_int(max_epochs) or max_epochs < 1:
+        # Lightning reads max_epochs=-1 as "train forever": the world would only end at its timeout.
+        raise AuditInputError(f"max_epochs={max_epochs!r} (--max-epochs) must be an int of 1 or more epochs")
+    if not _is_int(seed) or not 0 <= seed <= MAX_SEED:
+        # seed_everything raises for these in every rank (lightning_fabric/utilities/seed.py).
+        raise AuditInputError(f"seed={seed!r} (--seed) must be an int from 0 to {MAX_SEED}")
+    try:  # the same check run_world makes, made before the factories run instead of after the W=1 world
+        settings = resolve_settings(
+            backend=backend,
+            timeout=timeout,
+            names={"backend": "backend= / --backend", "timeout": "timeout= / --timeout"},
+        )
+    except SettingsError as exc:
+        raise AuditInputError(str(exc)) from None
+    if settings.backend == "nccl" and cuda_device_count() < world_size:
+        raise AuditInputError(
+            f"backend='nccl' (--backend) needs one CUDA device per rank: --world-size {world_size} but this machine "
+            f"has {cuda_device_count()} CUDA device(s); use --backend gloo or a --world-size of at most "
+            f"{cuda_device_count()} (2 or more)"
+        )
+    return settings

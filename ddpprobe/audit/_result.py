@@ -45,6 +45,10 @@ class AuditResult:
             logger; every other rank's experiment is a no-op), the single-process value, a verdict
             (``EXPERIMENT_DIVERGENT``, ``EXPERIMENT_LOCAL``, ``EXPERIMENT_DIFFERS``, ``EXPERIMENT_EQUAL``),
             cause and fixes.
+        weights: ``fit`` only: ``{"trained_apart", "steps", "same_weights"}``: whether the W=1 and W=N runs
+            ended with different weights, the optimizer steps each made (``[W=1, W=N]``), and whether a
+            single process validated the W=N weights (then validation keys are compared with that run and
+            training keys only across ranks), else None.
 
     The ``trace`` schema (version 1): ``level`` is ``"flight_recorder"`` when every rank left torch's
     Flight Recorder entries (the backend's own sequence, DDP's gradient all_reduces included) or
@@ -77,6 +81,7 @@ class AuditResult:
     lightning: str = "pytorch_lightning"
     predictions: Optional[list] = None
     experiment_rows: list = dataclasses.field(default_factory=list)
+    weights: Optional[dict] = None
 
     @property
     def problems(self) -> list:

@@ -248,6 +248,7 @@ def audit_rank(
     seed: int = 0,
     sys_path: list = (),
     trace_dir: str = "",
+    weights: str = "",
 ) -> dict:
     """Scenario: build ``model_ref()`` and ``data_ref()``, run ``stage`` under DDP, record what happened.
 
@@ -263,7 +264,11 @@ def audit_rank(
             not find the user's package).
         trace_dir: folder for this rank's trace (``rank<r>.jsonl``, ddpprobe/probes/trace.py), written
             while the stage runs; default: the rank's own folder. The audit gives a folder of its own,
-            which outlives a world that dies or hangs (the launcher removes the rank folders).
+            which outlives a world that dies or hangs (the launcher removes the rank folders). After
+            ``fit``, rank 0 saves the trained weights there (``weights.pt``).
+        weights: a ``state_dict`` file (``weights.pt`` of a ``fit``) loaded into the model before ``stage``
+            runs, so a single process can validate the weights a distributed ``fit`` trained; the data
+            factory's validation loader is used (stage ``"validate"`` only).
 
     Record keys: ``input_error`` (a message, and nothing else, when a factory returned the wrong
     type), ``model_class``, ``log_calls`` (one entry per distinct call site: name, hook, on_step,
@@ -272,7 +277,8 @@ def audit_rank(
     ``raised`` (``{"type", "message"}`` if the stage raised, else None), ``experiment_calls`` and
     ``logger_metrics`` (what reached the logger; rank 0 only), ``experiment_attempts`` (the
     ``logger.experiment`` calls this rank's code made, reaching the logger on rank 0 only), ``warnings``,
-    ``predictions`` (``predict`` only: number of prediction batches this rank returned).
+    ``predictions`` (``predict`` only: number of prediction batches this rank returned), ``weights_digest``
+    (see :func:`weights_digest`) and ``global_step`` (optimizer steps the stage made).
     """
     sys.path[:0] = [p for p in sys_path if p not in sys.path]
     model_factory, data_factory = resolve_ref(model_ref), resolve_ref(data_ref)
@@ -280,7 +286,10 @@ def audit_rank(
     model = model_factory()
     try:
         check_model(model, model_ref)
-        loaders = _as_loaders(data_factory(), stage)
+        loaders = _as_loaders(data_factory(), "fit" if weights else stage)
+        if weights:
+            model.load_state_dict(torch.load(weights, weights_only=True))
+            loaders = _validation_of(loaders)
     except InputError as exc:
         return {"input_error": str(exc) if str(exc).startswith("the model") else f"{data_ref}: {exc}"}
 
@@ -317,6 +326,8 @@ def audit_rank(
         else:
             trace.write("stage", status="end")
     _stdout_flush()
+    if stage == "fit" and info.rank == 0 and raised is None:
+        torch.save(model.state_dict(), os.path.join(trace_dir or info.rank_dir, WEIGHTS_FILE))
     loader_kinds = {
         "train": "train_dataloader",
         "val": "val_dataloaders",
@@ -336,4 +347,30 @@ def audit_rank(
         "logger_metrics": logger.metrics,
         "warnings": warnings,
         "predictions": predictions,
+        "weights_digest": weights_digest(model),
+        "global_step": int(trainer.global_step),
     }
+
+
+#: The file in a world's trace folder where rank 0 saves the weights a ``fit`` trained.
+WEIGHTS_FILE = "weights.pt"
+
+
+def weights_digest(model) -> str:
+    """SHA-1 (12 hex digits) over the model's ``state_dict`` tensors: equal digests, equal weights."""
+    import hashlib
+
+    digest = hashlib.sha1()
+    for name, tensor in model.state_dict().items():
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().float().numpy().tobytes())
+    return digest.hexdigest()[:12]
+
+
+def _validation_of(loaders: dict) -> dict:
+    """``Trainer.validate`` keyword arguments from ``fit``'s: the datamodule, or the validation loaders."""
+    if "datamodule" in loaders:
+        return loaders
+    if "val_dataloaders" in loaders:
+        return {"dataloaders": loaders["val_dataloaders"]}
+    return {}

@@ -36,7 +36,8 @@ One JSON object per line (``TRACE_SCHEMA`` version 1); ``event`` says which kind
     ``Metric``'s batch value from its ``forward``; else None), ``step_value`` (with ``on_step``: the step
     value Lightning keeps, after the ``sync_dist`` all_reduce where there is one), ``batch_size`` (what
     Lightning added to the key's cumulated batch size; None where it keeps none), ``on_step``, ``on_epoch``,
-    ``sync_dist``, ``reduce_fx``, ``rank_zero_only``, ``metric_object``, ``call_site``.
+    ``sync_dist``, ``reduce_fx``, ``rank_zero_only``, ``metric_object``, ``call_site``, ``reads_rank`` (the
+    names of ``RANK_NAMES`` the calling function's code uses, e.g. ``["global_rank"]``).
 ``batch``
     a batch a loop ran: ``stage`` (``"train"``, ``"val"``, ``"test"``, ``"predict"``), ``sanity`` (true for
     the sanity check's validation batches before ``fit`` trains), ``epoch`` (``trainer.current_epoch``),
@@ -104,6 +105,10 @@ COLLECTIVES = (
     "all_to_all_single",
     "monitored_barrier",
 )
+
+#: Names that read the rank (attributes or functions): a ``self.log`` call whose function uses one of them
+#: may log a value that depends on the rank (``log`` events' ``reads_rank``).
+RANK_NAMES = frozenset({"global_rank", "local_rank", "node_rank", "get_rank", "rank"})
 
 #: Batch fields taken as a sample's identity.
 ID_FIELDS = ("id", "ids", "idx", "index", "indices", "sample_id")
@@ -226,13 +231,22 @@ class CollectiveTrace:
 
     # -- where a call comes from -------------------------------------------------------------------
 
-    def _user_frame(self, frame) -> Optional[str]:
+    def _user_code(self, frame):
+        """The innermost frame of the user's code (not torch, Lightning, torchmetrics, ddpprobe or the
+        standard library), or None."""
         while frame is not None:
             filename = frame.f_code.co_filename
             if not filename.startswith(self._library) and not filename.startswith("<"):
-                return f"{os.path.basename(filename)}:{frame.f_lineno} in {frame.f_code.co_name}"
+                return frame
             frame = frame.f_back
         return None
+
+    def _user_frame(self, frame) -> Optional[str]:
+        """``"file.py:42 in function"`` of :meth:`_user_code`, or None."""
+        frame = self._user_code(frame)
+        if frame is None:
+            return None
+        return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno} in {frame.f_code.co_name}"
 
     def _context(self, frame) -> dict:
         """Key, hook, metric and call site of the collective called from ``frame``."""
@@ -344,6 +358,8 @@ class CollectiveTrace:
             options.update(kwargs)
             fx = model._current_fx_name
             call_site = trace._user_frame(sys._getframe(1))
+            user = trace._user_code(sys._getframe(1))
+            reads_rank = sorted(set(user.f_code.co_names) & RANK_NAMES) if user is not None else []
             result_metric = _result_metric(model, fx, name)
             before = _cumulated(result_metric)
             out = original(name, value, *args, **kwargs)
@@ -373,6 +389,7 @@ class CollectiveTrace:
                 "rank_zero_only": bool(options.get("rank_zero_only", False)),
                 "metric_object": isinstance(value, Metric),
                 "call_site": call_site,
+                "reads_rank": reads_rank,
             }
             trace.log_calls.append(call)
             trace.write("log", **call)

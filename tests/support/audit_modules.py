@@ -9,7 +9,7 @@ audit's rank processes, so every factory is a top-level function.
 from __future__ import annotations
 
 import torch
-from torch.utils.data import DataLoader, Sampler
+from torch.utils.data import DataLoader, Sampler, TensorDataset
 from torchmetrics import Metric
 
 from ddpprobe._lightning import pl
@@ -145,3 +145,53 @@ class RankStrideSampler(Sampler):
 def make_rank_stride_11() -> DataLoader:
     """``IdDataset(11)`` in batches of 1 through :class:`RankStrideSampler`."""
     return DataLoader(IdDataset(11), batch_size=1, sampler=RankStrideSampler(11))
+
+
+class NewcomerClassifier(pl.LightningModule):
+    """A classifier as a new user writes it: ``self.log("val_acc", acc)`` of each batch's accuracy in
+    ``validation_step``, without ``sync_dist``, and the epoch's training loss with ``sync_dist=True``;
+    (x, y) tuples without ids."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(2, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+
+    def forward(self, x):
+        return self.net(x)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = torch.nn.functional.cross_entropy(self(x), y)
+        self.log("train_loss", loss, on_step=False, on_epoch=True, sync_dist=True)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        acc = (self(x).argmax(dim=1) == y).float().mean()
+        self.log("val_acc", acc)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.5)
+
+
+def make_newcomer_classifier() -> NewcomerClassifier:
+    return NewcomerClassifier()
+
+
+#: Training and validation samples of :func:`make_newcomer_data`, and its batch size.
+NEWCOMER_TRAIN, NEWCOMER_VAL, NEWCOMER_BATCH = 26, 10, 2
+
+
+def make_newcomer_data() -> dict:
+    """Points in the plane labelled by the sign of their first coordinate: 26 to train on (shuffled), 10 to
+    validate on, batches of 2; the validation points of odd index have the opposite label, so the ranks'
+    shards (even and odd indices at W=2) score differently."""
+    g = torch.Generator().manual_seed(0)
+    x, xv = torch.randn(NEWCOMER_TRAIN, 2, generator=g), torch.randn(NEWCOMER_VAL, 2, generator=g)
+    train = TensorDataset(x, (x[:, 0] > 0).long())
+    flip = torch.arange(NEWCOMER_VAL) % 2
+    val = TensorDataset(xv, (xv[:, 0] > 0).long() ^ flip)
+    return {
+        "train": DataLoader(train, batch_size=NEWCOMER_BATCH, shuffle=True),
+        "val": DataLoader(val, batch_size=NEWCOMER_BATCH),
+    }

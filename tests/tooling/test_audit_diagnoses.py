@@ -11,6 +11,7 @@ import inspect
 
 import pytest
 
+from ddpprobe import audit as ddp_audit
 from ddpprobe.audit import audit
 from tests.support import audit_modules, oracle
 from tests.support.worlds import skip_unless_runnable
@@ -146,3 +147,89 @@ def test_a_list_state_synced_element_by_element_is_named_with_each_ranks_count_s
     assert f"rank 0 big list of {len(kept[0])}; rank 1 big list of {len(kept[1])}" in text, text
     assert f"rank 0 val_big={paired:g}, rank 1 none" in text, text
     assert "Fix:" not in text, text
+
+
+# --- 4. causes only when proven ---------------------------------------------------------------------
+
+
+def test_a_value_that_adds_the_rank_is_not_called_non_decomposable_the_cause_is_unknown_with_candidates():
+    """``val_mean`` = batch mean of ``value`` + ``self.global_rank`` (``sync_dist=True``), 8 samples at W=2:
+    every rank holds the synced mean, the mean of ``value`` plus the mean of the ranks (0.5), not the
+    single process's mean. The ranks ran the single process's samples, so the old rule called the metric
+    non-decomposable; the logging function reads ``global_rank``, so the audit says unknown and lists both
+    candidates with the evidence for and against each, and prints no fix."""
+    n, world_size = 8, 2
+    result = _audit("make_rank_offset_model", "make_ids_8")
+
+    single = oracle.mean(oracle.values(range(n)))
+    synced = single + oracle.mean(range(world_size))  # every rank's batches carry their rank, equal counts
+    oracle.assert_distinct(single=single, synced=synced)
+    row = result.row("val_mean")
+    assert row.per_rank == pytest.approx([synced] * world_size) and row.single == pytest.approx(single), row
+    assert row.verdict == ddp_audit.SYNCED_DIFFERS, row
+    assert row.cause.startswith("unknown") and "non-decomposable:" not in row.cause, row.cause
+    line = _line_of(audit_modules.RankOffsetModule, "validation_step", "self.log")
+    assert f"the value depends on the rank: for: {line} reads global_rank" in row.cause, row.cause
+    assert "(2) non-decomposable" in row.cause and row.fixes == [], row
+
+
+def _wrapped_shard(n: int, world_size: int, rank: int) -> list:
+    """What rank ``rank`` runs when ``DistributedSamplerWrapper`` shards :class:`RankStrideSampler`'s indices
+    for that rank again (padding them like ``DistributedSampler``, torch/utils/data/distributed.py)."""
+    inner = list(range(rank, n, world_size))
+    padded = inner + inner[: (-len(inner)) % world_size]
+    return padded[rank::world_size]
+
+
+def test_samples_no_rank_ran_are_named_as_the_cause_when_recomputing_without_them_gives_the_measured_value():
+    """A rank-aware user sampler over 11 samples that Lightning wraps in ``DistributedSamplerWrapper``: each
+    rank's own indices are sharded again, so the ranks run 3 + 3 samples and 5 samples of W=1 run on no rank.
+    The single-process value without those samples (batches of 1) is the measured synced mean, so the audit
+    names the missing samples as the cause instead of "unknown"."""
+    n, world_size = 11, 2
+    result = _audit("make_mean_model", "make_rank_stride_11")
+
+    ran = [_wrapped_shard(n, world_size, r) for r in range(world_size)]
+    missing = sorted(set(range(n)) - {i for shard in ran for i in shard})
+    measured = oracle.mean(oracle.values([i for shard in ran for i in shard]))
+    oracle.assert_distinct(measured=measured, single=oracle.mean(oracle.values(range(n))))
+    assert result.counts["val"]["samples"] == [len(s) for s in ran] and result.counts["val"]["duplicates"] == 0
+    row = result.row("val_mean")
+    assert row.per_rank == pytest.approx([measured] * world_size), row
+    assert row.cause.startswith(f"missing samples: {len(missing)} sample(s) of W=1 ran on no rank"), row.cause
+    assert f"({', '.join(str(i) for i in missing)})" in row.cause and "unknown" not in row.cause, row.cause
+    assert row.evidence["single-process without the missing samples"] == pytest.approx(measured)
+
+
+# --- 7. fit: compare like with like -------------------------------------------------------------------
+
+
+def test_fit_compares_validation_values_on_the_same_weights_and_does_not_blame_logging_for_training():
+    """A newcomer's classifier, ``--stage fit`` at W=2: 26 training samples in batches of 2 are 13 optimizer
+    steps at W=1 and 7 on each rank at W=2, so the weights differ. ``val_acc`` (each batch's accuracy, no
+    ``sync_dist``) is compared with a single process validating the W=2 weights: each rank ran 5 of the
+    10 validation samples, so the mean of the ranks' accuracies is that single-process value and
+    ``sync_dist=True`` is the fix, as ``--stage validate`` says (not "not a per-sample mean"). The synced
+    ``train_loss`` agrees on every rank and, trained apart, is not compared and not a problem."""
+    import math
+
+    world_size = 2
+    result = _audit("make_newcomer_classifier", "make_newcomer_data", "fit")
+
+    per_rank_train = math.ceil(audit_modules.NEWCOMER_TRAIN / world_size)
+    steps = [
+        math.ceil(audit_modules.NEWCOMER_TRAIN / audit_modules.NEWCOMER_BATCH),
+        math.ceil(per_rank_train / audit_modules.NEWCOMER_BATCH),
+    ]
+    assert result.weights == {"trained_apart": True, "steps": steps, "same_weights": True}, result.weights
+    shards = [len(oracle.shard(audit_modules.NEWCOMER_VAL, world_size, r)) for r in range(world_size)]
+    assert result.counts["val"]["samples"] == shards and len(set(shards)) == 1
+    row = result.row("val_acc")
+    assert row.verdict == ddp_audit.RANK_DIVERGENT and len(set(row.per_rank)) == world_size, row
+    assert row.single == pytest.approx(sum(row.per_rank) / world_size), row
+    assert row.fixes == ["sync_dist"] and "not a per-sample mean" not in row.cause, row
+    train = result.row("train_loss")
+    assert train.verdict == ddp_audit.TRAINED_APART and not train.problem and train.single is None, train
+    assert len(set(train.per_rank)) == 1, train
+    text = " ".join(result.format().split())
+    assert f"the weights trained apart (W=1 made {steps[0]} optimizer steps, W=2 {steps[1]} on each rank)" in text
