@@ -96,7 +96,7 @@ __all__ = [
 
 def audit(
     model_factory: Union[str, Callable],
-    data_factory: Union[str, Callable],
+    data_factory: Union[str, Callable, None] = None,
     world_size: int = 2,
     stage: str = "validate",
     *,
@@ -116,8 +116,10 @@ def audit(
             returning a ``LightningModule`` of ``pytorch_lightning`` or ``lightning.pytorch`` (the audit
             runs that package's Trainer). Called once here to check it, then once in every rank of both
             worlds, after ``seed_everything(seed)``.
-        data_factory: the same for the data: returns a ``LightningDataModule``, a ``DataLoader`` (the
-            stage's loader), or ``{"train": DataLoader, "val": DataLoader}`` (also ``"test"``, ``"predict"``).
+        data_factory: the same for the data (None: the module's own ``*_dataloader`` methods, e.g.
+            ``pytorch_lightning.demos.boring_classes:BoringModel``): returns a ``LightningDataModule``, a
+            ``DataLoader`` (the stage's loader), or ``{"train": DataLoader, "val": DataLoader}`` (also
+            ``"test"``, ``"predict"``).
         world_size: ranks of the distributed run, 2 or more (1 would compare a single process with itself).
         stage: ``"validate"`` (default), ``"fit"``, ``"test"`` or ``"predict"``. In ``fit`` the weights
             train differently at W=N (gradients averaged over W batches), so values computed from them can
@@ -159,7 +161,6 @@ def audit(
         sys_path=sys_path,
     )
     worlds = run_worlds(params, world_size, settings, progress)
-    inputs = dict(
-        model=model_ref, data=data_ref, stage=stage, world_size=world_size, backend=backend, lightning=package
-    )
+    data = data_ref or "(the module's own *_dataloader methods)"
+    inputs = dict(model=model_ref, data=data, stage=stage, world_size=world_size, backend=backend, lightning=package)
     return assemble(worlds, inputs, limit_batches, rtol, atol)

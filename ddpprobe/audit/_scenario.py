@@ -11,20 +11,20 @@ from __future__ import annotations
 import math
 import os
 import sys
+from typing import Optional
 
 import torch
 from torch.utils.data import DataLoader
 
 from ddpprobe._lightning import pl
+from ddpprobe.audit._errors import AuditInputError
 from ddpprobe.audit._fixes import REMOVED_HOOKS
 from ddpprobe.audit._inputs import resolve_ref
+from ddpprobe.audit._loaders import as_loaders, describe
+from ddpprobe.audit._stages import TRAINER_LOADERS
 from ddpprobe.launch import RankInfo
 from ddpprobe.probes.common import ddp_trainer, recorded_warnings, seed_everything
 from ddpprobe.probes.trace import CollectiveTrace
-
-
-class InputError(Exception):
-    """A factory returned something the audit cannot run (reported back as ``record["input_error"]``)."""
 
 
 def _float(value):
@@ -148,51 +148,8 @@ def _summarise_calls(calls: list) -> list:
     return list(summary.values())
 
 
-def _describe(value) -> str:
-    return f"{type(value).__module__}.{type(value).__qualname__} {value!r}"[:200]
-
-
-def _as_loaders(data, stage: str) -> dict:
-    """Turn what the data factory returned into ``Trainer`` keyword arguments for ``stage``.
-
-    Accepted: a ``LightningDataModule``; a ``DataLoader`` (the stage's loader: validation for
-    ``validate``, training for ``fit``, test for ``test``, prediction for ``predict``); a dict with
-    keys ``"train"``, ``"val"``, ``"test"``, ``"predict"``; for ``fit`` a ``(train, val)`` tuple.
-    """
-    if isinstance(data, pl.LightningDataModule):
-        return {"datamodule": data}
-    if isinstance(data, DataLoader):
-        return {
-            {"validate": "dataloaders", "test": "dataloaders", "predict": "dataloaders", "fit": "train_dataloaders"}[
-                stage
-            ]: data
-        }
-    if isinstance(data, (tuple, list)) and stage == "fit" and len(data) == 2:
-        data = {"train": data[0], "val": data[1]}
-    if isinstance(data, dict) and data and set(data) <= {"train", "val", "test", "predict"}:
-        if stage == "fit":
-            if "train" not in data:
-                raise InputError(
-                    "the data factory returned a dict without 'train'; stage 'fit' needs a training loader"
-                )
-            return {"train_dataloaders": data["train"], **({"val_dataloaders": data["val"]} if "val" in data else {})}
-        key = {"validate": "val", "test": "test", "predict": "predict"}[stage]
-        if key not in data:
-            raise InputError(f"the data factory returned a dict without {key!r}; stage {stage!r} needs it")
-        return {"dataloaders": data[key]}
-    raise InputError(
-        f"the data factory returned {_describe(data)}; return a LightningDataModule, a DataLoader, or a dict "
-        "{'train': DataLoader, 'val': DataLoader}"
-        + (
-            "; several loaders of one stage go in the dict, e.g. {'val': [DataLoader, DataLoader]}"
-            if isinstance(data, (list, tuple))
-            else ""
-        )
-    )
-
-
 def check_model(model, model_ref: str) -> None:
-    """Raise ``InputError`` unless ``model`` is a LightningModule of the package this process runs."""
+    """Raise ``AuditInputError`` unless ``model`` is a LightningModule of the package this process runs."""
     if isinstance(model, pl.LightningModule):
         return
     from ddpprobe import _lightning
@@ -205,7 +162,7 @@ def check_model(model, model_ref: str) -> None:
         )
     else:
         fix = "make the factory return an instance of your LightningModule subclass, e.g. `return MyModel()`"
-    raise InputError(f"the model factory {model_ref} returned {_describe(model)}, not a LightningModule; {fix}")
+    raise AuditInputError(f"the model factory {model_ref} returned {describe(model)}, not a LightningModule; {fix}")
 
 
 def _loader_info(loaders) -> list:
@@ -241,7 +198,7 @@ def trace_path(trace_dir: str, rank: int) -> str:
 def audit_rank(
     info: RankInfo,
     model_ref: str,
-    data_ref: str,
+    data_ref: Optional[str],
     stage: str = "validate",
     limit_batches=None,
     max_epochs: int = 1,
@@ -253,7 +210,8 @@ def audit_rank(
     """Scenario: build ``model_ref()`` and ``data_ref()``, run ``stage`` under DDP, record what happened.
 
     Args:
-        model_ref, data_ref: ``"package.module:function"`` of the factories (called with no arguments).
+        model_ref, data_ref: ``"package.module:function"`` of the factories (called with no arguments);
+            ``data_ref`` None: the module's own ``*_dataloader`` methods give the data.
         stage: ``"validate"``, ``"fit"``, ``"test"`` or ``"predict"``.
         limit_batches: ``limit_{train,val,test,predict}_batches`` for the Trainer (None: all batches).
         max_epochs: epochs for ``fit``.
@@ -281,16 +239,17 @@ def audit_rank(
     (see :func:`weights_digest`) and ``global_step`` (optimizer steps the stage made).
     """
     sys.path[:0] = [p for p in sys_path if p not in sys.path]
-    model_factory, data_factory = resolve_ref(model_ref), resolve_ref(data_ref)
+    model_factory = resolve_ref(model_ref)
+    data_factory = resolve_ref(data_ref) if data_ref else lambda: None
     seed_everything(seed, workers=True)
     model = model_factory()
     try:
         check_model(model, model_ref)
-        loaders = _as_loaders(data_factory(), "fit" if weights else stage)
+        loaders = as_loaders(data_factory(), "fit" if weights else stage)
         if weights:
             model.load_state_dict(torch.load(weights, weights_only=True))
             loaders = _validation_of(loaders)
-    except InputError as exc:
+    except AuditInputError as exc:
         return {"input_error": str(exc) if str(exc).startswith("the model") else f"{data_ref}: {exc}"}
 
     removed = [hook for hook in REMOVED_HOOKS if callable(getattr(model, hook, None))]
@@ -328,19 +287,13 @@ def audit_rank(
     _stdout_flush()
     if stage == "fit" and info.rank == 0 and raised is None:
         torch.save(model.state_dict(), os.path.join(trace_dir or info.rank_dir, WEIGHTS_FILE))
-    loader_kinds = {
-        "train": "train_dataloader",
-        "val": "val_dataloaders",
-        "test": "test_dataloaders",
-        "predict": "predict_dataloaders",
-    }
     return {
         "input_error": None,
         "model_class": f"{type(model).__module__}.{type(model).__qualname__}",
         "log_calls": _summarise_calls(trace.log_calls),
         "callback_metrics": {k: _float(v) for k, v in sorted(trainer.callback_metrics.items())},
         "removed_hooks": removed,
-        "loaders": {kind: _loader_info(getattr(trainer, attr, None)) for kind, attr in loader_kinds.items()},
+        "loaders": {kind: _loader_info(getattr(trainer, attr, None)) for kind, attr in TRAINER_LOADERS.items()},
         "raised": raised,
         "experiment_calls": logger._experiment.calls,
         "experiment_attempts": logger._experiment.calls or logger._noop_experiment.calls,

@@ -195,3 +195,9 @@ def make_newcomer_data() -> dict:
         "train": DataLoader(train, batch_size=NEWCOMER_BATCH, shuffle=True),
         "val": DataLoader(val, batch_size=NEWCOMER_BATCH),
     }
+
+
+def make_newcomer_data_with_predict() -> dict:
+    """:func:`make_newcomer_data` with its validation loader also given as ``"predict"``."""
+    data = make_newcomer_data()
+    return {**data, "predict": data["val"]}

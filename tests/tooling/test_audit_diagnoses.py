@@ -233,3 +233,37 @@ def test_fit_compares_validation_values_on_the_same_weights_and_does_not_blame_l
     assert len(set(train.per_rank)) == 1, train
     text = " ".join(result.format().split())
     assert f"the weights trained apart (W=1 made {steps[0]} optimizer steps, W=2 {steps[1]} on each rank)" in text
+
+
+# --- 8. modules that bring their own data; hints that do not lead into a failure ----------------------
+
+
+def test_a_module_with_its_own_dataloaders_is_audited_without_a_data_factory():
+    """Lightning's own ``BoringModel`` (pytorch_lightning/demos/boring_classes.py) defines
+    ``val_dataloader``: ``audit(model)`` without a data factory validates it on that loader, each rank
+    running its ``DistributedSampler`` shard of the 64 samples, and finds nothing wrong."""
+    from torch.utils.data import DistributedSampler
+
+    skip_unless_runnable("gloo", 2)
+    world_size = 2
+    result = audit("pytorch_lightning.demos.boring_classes:BoringModel", world_size=world_size, timeout=TIMEOUT)
+
+    from pytorch_lightning.demos.boring_classes import BoringModel
+
+    loader = BoringModel().val_dataloader()
+    shards = [len(DistributedSampler(loader.dataset, world_size, r, shuffle=False)) for r in range(world_size)]
+    assert result.counts["val"]["samples"] == shards and result.counts["val"]["duplicates"] == 0, result.counts
+    assert result.counts["val"]["batches"] == [-(-s // loader.batch_size) for s in shards]
+    assert result.exit_code == 0 and "own *_dataloader methods" in result.format(), result.format()
+
+
+def test_a_refused_stage_suggests_only_stages_the_module_and_its_data_can_run():
+    """``--stage test`` on the newcomer's classifier (no ``test_step``): the refusal suggests ``validate``
+    and ``fit``, not ``predict``, although the data has a ``"predict"`` loader and the module a ``forward``:
+    without ``predict_step`` Lightning calls ``forward`` on the (x, y) batch, which fails; no world starts."""
+    with pytest.raises(ddp_audit.AuditInputError) as refused:
+        audit(f"{MODULES}:make_newcomer_classifier", f"{MODULES}:make_newcomer_data_with_predict", stage="test")
+
+    message = str(refused.value)
+    assert "without test_step" in message and "--stage validate, --stage fit" in message, message
+    assert "--stage predict" not in message, message
