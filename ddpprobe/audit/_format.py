@@ -174,6 +174,13 @@ def format_result(result) -> str:
             first = result.world_error["message"].splitlines()
             lines += _wrap(f"the world failed ({result.world_error['type']}): " + " / ".join(first[:2]), "  ")
 
+    if result.callbacks:
+        from ddpprobe.audit._callbacks import describe
+
+        lines.append("")
+        lines.append("callbacks at the end of the stage (each rank's own state):")
+        for row in result.callbacks:
+            lines += _wrap(describe(row), "  ")
     lines.append("")
     single = result.stdout_lines["single"][0]
     per_rank = ", ".join(f"rank {r}: {n}" for r, n in enumerate(result.stdout_lines["world"]))

@@ -15,6 +15,7 @@ import tempfile
 from typing import Callable, Optional
 
 from ddpprobe.audit import _evidence
+from ddpprobe.audit._callbacks import callback_rows
 from ddpprobe.audit._experiment import experiment_rows
 from ddpprobe.audit._fixes import REMOVED_HOOKS
 from ddpprobe.audit._inputs import AuditInputError
@@ -238,6 +239,7 @@ def assemble(worlds: dict, inputs: dict, limit_batches: Optional[int], rtol: flo
             atol,
         ),
         weights=_weights(worlds) if stage == "fit" else None,
+        callbacks=callback_rows(world.records),
     )
 
 

@@ -301,12 +301,56 @@ def audit_rank(
         "warnings": warnings,
         "predictions": predictions,
         "weights_digest": weights_digest(model),
+        "callbacks": callback_states(trainer),
         "global_step": int(trainer.global_step),
     }
 
 
 #: The file in a world's trace folder where rank 0 saves the weights a ``fit`` trained.
 WEIGHTS_FILE = "weights.pt"
+
+
+def _score(value):
+    return _float(value) if value is not None else None
+
+
+def callback_states(trainer) -> list:
+    """Each ``ModelCheckpoint``'s and ``EarlyStopping``'s state at the end of the stage, in the Trainer's
+    order: ``{"callback", "monitor", ...}`` with, for ``ModelCheckpoint``, ``best_model_path``,
+    ``best_model_score``, ``best_k_models`` (path -> score) and ``files`` (the checkpoint files that exist in
+    its ``dirpath``, which every rank takes from rank 0: ``ModelCheckpoint.setup`` broadcasts it), as file
+    names; for ``EarlyStopping``, ``wait_count``,
+    ``stopped_epoch`` and ``stopping_reason`` (the ``EarlyStoppingReason`` name)."""
+    out = []
+    for cb in trainer.callbacks:
+        if isinstance(cb, pl.callbacks.ModelCheckpoint):
+            files = (
+                sorted(f for f in os.listdir(cb.dirpath) if f.endswith(".ckpt"))
+                if cb.dirpath and os.path.isdir(cb.dirpath)
+                else []
+            )
+            out.append(
+                {
+                    "callback": "ModelCheckpoint",
+                    "monitor": cb.monitor,
+                    "best_model_path": os.path.basename(cb.best_model_path) if cb.best_model_path else "",
+                    "best_model_score": _score(cb.best_model_score),
+                    "best_k_models": {os.path.basename(k): _score(v) for k, v in cb.best_k_models.items()},
+                    "files": files,
+                }
+            )
+        elif isinstance(cb, pl.callbacks.EarlyStopping):
+            reason = getattr(cb, "stopping_reason", None)
+            out.append(
+                {
+                    "callback": "EarlyStopping",
+                    "monitor": cb.monitor,
+                    "wait_count": int(cb.wait_count),
+                    "stopped_epoch": int(cb.stopped_epoch),
+                    "stopping_reason": getattr(reason, "name", None if reason is None else str(reason)),
+                }
+            )
+    return out
 
 
 def weights_digest(model) -> str:

@@ -32,17 +32,10 @@ TRAINED_APART = "synced; not compared with single-process (the weights trained a
 #: Verdicts that make the audit fail when the key is epoch-level.
 PROBLEMS = (SYNCED_DIFFERS, RANK_DIVERGENT, SOME_RANKS_ONLY, STEP_RANK_LOCAL, NO_VALUE, NOT_IN_WORLD, NOT_STORED)
 
-#: What a rank-divergent value means downstream.
-#: Sources: lightning_fabric/loggers/logger.py ``rank_zero_experiment`` and every logger's
-#: ``@rank_zero_only log_metrics``; pytorch_lightning/callbacks/model_checkpoint.py
-#: ``check_monitor_top_k`` (``reduce_boolean_decision``: save only if every rank agrees) and
-#: ``format_checkpoint_name`` (file name and ``best_model_score`` from rank 0's value);
-#: pytorch_lightning/callbacks/early_stopping.py (``reduce_boolean_decision(all=False)``: any rank stops all).
-RANK_DIVERGENT_MEANING = (
-    "each rank keeps its own shard's value; the logger writes rank 0's value only; ModelCheckpoint names "
-    "files and keeps best_model_score from rank 0's value but saves only when every rank's own value agrees; "
-    "EarlyStopping stops all ranks when any rank's value says stop"
-)
+#: What a rank-divergent value means downstream. Source: lightning_fabric/loggers/logger.py
+#: ``rank_zero_experiment`` and every logger's ``@rank_zero_only log_metrics``. What callbacks monitoring it
+#: did is read from their recorded state (ddpprobe/audit/_callbacks.py), not assumed.
+RANK_DIVERGENT_MEANING = "each rank keeps its own shard's value; the logger writes rank 0's value only"
 
 
 @dataclasses.dataclass(frozen=True)

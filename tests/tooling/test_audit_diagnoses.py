@@ -267,3 +267,40 @@ def test_a_refused_stage_suggests_only_stages_the_module_and_its_data_can_run():
     message = str(refused.value)
     assert "without test_step" in message and "--stage validate, --stage fit" in message, message
     assert "--stage predict" not in message, message
+
+
+# --- 5. what callbacks did comes from their recorded state ---------------------------------------------
+
+
+def test_callbacks_are_reported_from_each_ranks_recorded_state_compared_across_ranks():
+    """``ModelCheckpoint`` and ``EarlyStopping`` (``mode="max"``, ``patience=1``) monitor an unsynced
+    ``val_score`` that rises on rank 0 and falls on rank 1 (W=2, 8 samples, up to 3 epochs). From each
+    rank's own values the oracle gives: the first epoch's checkpoint is the only one (rank 1 vetoes every
+    later save), so each rank keeps its own epoch-0 score under one file name; rank 1 alone runs out of
+    patience at epoch 1 and stops every rank, and only rank 1 records why. The audit prints each rank's
+    recorded state and no fixed sentence about ModelCheckpoint."""
+    n, world_size, batch_size, epochs = 8, 2, 2, 3
+    result = _audit("make_monitored_model", "make_fit_8", "fit", max_epochs=epochs)
+
+    shards = [oracle.shard(n, world_size, r) for r in range(world_size)]
+    means = [oracle.mean(oracle.values(s)) for s in shards]
+    signs = [1 if s[0] % 2 == 0 else -1 for s in shards]
+    values = [[m + sign * e for e in range(epochs)] for m, sign in zip(means, signs)]
+    decisions = [oracle.early_stopping_local_decisions(v, "max", patience=audit_modules.PATIENCE) for v in values]
+    stopped = oracle.first_epoch_where(decisions, any)
+    saved = oracle.top1_checkpoint_epochs([v[: stopped + 1] for v in values], all, mode="max")
+    oracle.assert_distinct(
+        last_saved_all=saved[-1], last_saved_any=oracle.top1_checkpoint_epochs(values, any, "max")[-1]
+    )
+    steps = -(-len(shards[0]) // batch_size)
+    name = f"epoch={saved[-1]}-step={(saved[-1] + 1) * steps}.ckpt"
+    found = {row["callback"]: row for row in result.callbacks}
+    checkpoint, early = found["ModelCheckpoint"]["fields"], found["EarlyStopping"]["fields"]
+    assert checkpoint["best_model_score"] == pytest.approx([v[saved[-1]] for v in values]), checkpoint
+    assert checkpoint["best_model_path"] == [name] * world_size and checkpoint["files"] == [[name]] * world_size
+    assert early["stopped_epoch"] == [stopped] * world_size, early
+    assert early["stopping_reason"] == ["PATIENCE_EXHAUSTED" if d[stopped] else "NOT_STOPPED" for d in decisions]
+    assert found["ModelCheckpoint"]["differs"] == ["best_model_score", "best_k_models"], found
+    text = " ".join(result.format().split())
+    assert "names files and keeps best_model_score from rank 0" not in text, text
+    assert f"best_model_path {name!r} on every rank" in text and "(ranks differ)" in text, text
