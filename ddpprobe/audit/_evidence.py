@@ -18,7 +18,8 @@ def split(events: list) -> dict:
     """Group one rank's trace events: ``collectives`` (each with ``status`` ``"done"``, ``"raised"``
     (and ``error``) or ``"pending"``: entered and never left), ``logs``, ``batches``, ``flight_recorder``
     (entries, or None when not written), ``stage`` (``"end"``, ``"raised"``, or None: the rank never
-    finished its stage) and ``stage_error``. A ``log`` event from a ``*_step`` hook gets ``batch_ids``: the
+    finished its stage), ``stage_error`` and ``all_gathers`` (the ``all_gather`` events: ``self.all_gather``
+    calls with leaves that are not tensors). A ``log`` event from a ``*_step`` hook gets ``batch_ids``: the
     samples of the batch its loop was running (None elsewhere)."""
     collectives, by_seq, logs, batches = [], {}, [], []
     out = {
@@ -29,6 +30,7 @@ def split(events: list) -> dict:
         "flight_recorder_unavailable": None,
         "stage": None,
         "stage_error": None,
+        "all_gathers": [],
     }
     current: dict = {}  # loop -> the batch event it is running
     for event in events:
@@ -49,6 +51,8 @@ def split(events: list) -> dict:
         elif kind == "batch":
             batches.append(event)
             current[event.get("stage")] = event
+        elif kind == "all_gather":
+            out["all_gathers"].append(event)
         elif kind == "flight_recorder":
             out["flight_recorder"] = event.get("entries") or []
             out["flight_recorder_unavailable"] = event.get("unavailable")
@@ -620,3 +624,32 @@ def _raised_outside_collectives(world: list, counts: Optional[list], found: Opti
                 "collectives: fix that error first; the others waited for it"
             )
     return ""
+
+
+def unmoved_leaves(world: list) -> list:
+    """The ``self.all_gather`` call sites that returned leaves unchanged (strings, lists of them, other
+    objects: ``all_gather`` moves tensors only), over every W=N rank: ``[{"hook", "call_site", "leaves"
+    (``"path (type)"`` strings), "ranks"}]`` in first-seen order."""
+    found: dict = {}
+    for r, rank in enumerate(world):
+        for event in rank.get("all_gathers") or []:
+            leaves = [f"{leaf['path']} ({leaf['type']})" for leaf in event["leaves"] if leaf["unchanged"]]
+            if not leaves:
+                continue
+            entry = found.setdefault(
+                (event.get("hook"), event.get("call_site")),
+                {"hook": event.get("hook"), "call_site": event.get("call_site"), "leaves": [], "ranks": []},
+            )
+            entry["leaves"] += [leaf for leaf in leaves if leaf not in entry["leaves"]]
+            if r not in entry["ranks"]:
+                entry["ranks"].append(r)
+    return list(found.values())
+
+
+def unmoved_text(entry: dict) -> str:
+    """One :func:`unmoved_leaves` entry in words."""
+    shown = ", ".join(entry["leaves"][:6]) + (", ..." if len(entry["leaves"]) > 6 else "")
+    return (
+        f"self.all_gather at {entry['call_site']} returned {shown} unchanged on rank(s) {entry['ranks']}: "
+        "all_gather moves tensors only, so anything computed from those leaves is each rank's own"
+    )

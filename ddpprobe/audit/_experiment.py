@@ -40,6 +40,7 @@ def experiment_rows(
     counts: dict,
     rtol: float = 1e-5,
     atol: float = 1e-6,
+    unmoved: list = (),
 ) -> list:
     """One row per value the module wrote to ``self.logger.experiment`` (``add_scalar(tag, value, ...)``),
     comparing what each rank's code wrote (only rank 0's reaches the logger) with the single process.
@@ -48,6 +49,8 @@ def experiment_rows(
         single_calls: the W=1 rank's ``experiment_attempts``; ``world_calls``: each W=N rank's.
         collectives_per_rank: each W=N rank's traced collectives (to say whether any ran in the hook).
         counts: ``{loop: Counts-as-dict}`` of the W=N run.
+        unmoved: ``self.all_gather`` calls that returned non-tensor leaves unchanged
+            (``_evidence.unmoved_leaves``): a value written from their hook gets no all_gather fix.
 
     Returns:
         ``[{"method", "tag", "hook", "single", "per_rank", "verdict", "cause", "fixes", "problem"}]``.
@@ -124,4 +127,18 @@ def experiment_rows(
                     "(no rank ran a collective there); on this data the ranks' values happen to agree"
                 ),
             )
+    for row in out:
+        _unmoved_note(row, unmoved)
     return out
+
+
+def _unmoved_note(row: dict, unmoved) -> None:
+    """A value written from a hook whose ``self.all_gather`` returned leaves unchanged: say so, and drop the
+    all_gather fix (gathering again would not move them either)."""
+    from ddpprobe.audit._evidence import unmoved_text
+
+    here = [u for u in unmoved if u["hook"] == row["hook"]]
+    if not here or not row["problem"]:
+        return
+    row["cause"] += "; " + "; ".join(unmoved_text(u) for u in here)
+    row["fixes"] = [f for f in row["fixes"] if f != "gather_dedupe"]

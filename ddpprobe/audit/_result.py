@@ -51,6 +51,8 @@ class AuditResult:
             training keys only across ranks), else None.
         callbacks: each ``ModelCheckpoint`` / ``EarlyStopping``'s state at the end of the stage, per W=N rank
             (``ddpprobe.audit._callbacks.callback_rows``: ``{"callback", "monitor", "fields", "differs"}``).
+        unmoved: the ``self.all_gather`` calls that returned non-tensor leaves unchanged
+            (``ddpprobe.audit._evidence.unmoved_leaves``: ``{"hook", "call_site", "leaves", "ranks"}``).
 
     The ``trace`` schema (version 1): ``level`` is ``"flight_recorder"`` when every rank left torch's
     Flight Recorder entries (the backend's own sequence, DDP's gradient all_reduces included) or
@@ -85,6 +87,7 @@ class AuditResult:
     experiment_rows: list = dataclasses.field(default_factory=list)
     weights: Optional[dict] = None
     callbacks: list = dataclasses.field(default_factory=list)
+    unmoved: list = dataclasses.field(default_factory=list)
 
     @property
     def problems(self) -> list:

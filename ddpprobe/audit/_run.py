@@ -193,6 +193,7 @@ def assemble(worlds: dict, inputs: dict, limit_batches: Optional[int], rtol: flo
     single, world = worlds["single"], worlds["world"]
     counts = _counts(worlds, stage)
     traces = world.traces
+    unmoved = _evidence.unmoved_leaves(traces)
     first = world.records[0]
     return AuditResult(
         **inputs,
@@ -209,6 +210,7 @@ def assemble(worlds: dict, inputs: dict, limit_batches: Optional[int], rtol: flo
             completed=all(t["stage"] == "end" for t in traces),
             collectives=[t["collectives"] for t in traces],
             ended=[t["stage"] for t in traces],
+            unmoved=unmoved,
         ),
         stdout_lines={
             "single": [len(_stdout_lines(single.stdout[0]))],
@@ -237,9 +239,11 @@ def assemble(worlds: dict, inputs: dict, limit_batches: Optional[int], rtol: flo
             {kind: c.to_dict() for kind, c in counts.items()},
             rtol,
             atol,
+            unmoved=unmoved,
         ),
         weights=_weights(worlds) if stage == "fit" else None,
         callbacks=callback_rows(world.records),
+        unmoved=unmoved,
     )
 
 

@@ -503,6 +503,7 @@ class _Inputs:
     completed: bool
     collectives: list
     ended: Optional[list]
+    unmoved: list
 
     def close(self, a, b) -> bool:
         return close(a, b, self.rtol, self.atol)
@@ -606,7 +607,7 @@ def _rank_divergent(ins: _Inputs, key: _Key) -> tuple:
 def _synced_by(ins: _Inputs, key: _Key) -> str:
     """Why ranks agree on a key neither logged with sync_dist=True nor a Metric object."""
     own = [[c for c in rank if c.get("hook") in key.hooks and c.get("source") == "user"] for rank in ins.collectives]
-    if own and all(own):
+    if own and all(own) and not any(u["hook"] in key.hooks for u in ins.unmoved):
         ops = ", ".join(dict.fromkeys(f"{c['op']} at {c['call_site']}" for c in own[0]))
         return f"synced by the module's own collectives in {key.hooks[0]} on every rank ({ops})"
     return (
@@ -666,6 +667,18 @@ def _epoch_verdict(ins: _Inputs, key: _Key, reference: Optional[dict], ref_logs:
     if verdict in (SYNCED_EQUAL, SYNCED_DIFFERS) and not (key.sync_dist or key.metric_object) and len(ins.world) > 1:
         cause = _synced_by(ins, key) + ("; " + cause if cause else "")
     return verdict, cause, fixes, evidence
+
+
+def _with_unmoved(ins: _Inputs, key: _Key, found: tuple) -> tuple:
+    """``found`` with the ``self.all_gather`` calls of the key's hooks that returned leaves unchanged named
+    in the cause (for a key that is not synced by ``sync_dist`` or a Metric)."""
+    from ddpprobe.audit._evidence import unmoved_text
+
+    verdict, cause, fixes, evidence = found
+    here = [u for u in ins.unmoved if u["hook"] in key.hooks]
+    if not here or key.sync_dist or key.metric_object:
+        return found
+    return verdict, "; ".join([cause, *(unmoved_text(u) for u in here)]).lstrip("; "), fixes, evidence
 
 
 def _step_row(ins: _Inputs, key: _Key, ref_logs: Optional[list]) -> Optional[KeyRow]:
@@ -743,6 +756,7 @@ def rows(
     completed: bool = True,
     collectives: Optional[list] = None,
     ended: Optional[list] = None,
+    unmoved: list = (),
 ) -> list:
     """One ``KeyRow`` per key logged in either run, in first-logged order (plus a ``level="step"`` row
     for each key logged with ``on_step=True``).
@@ -760,6 +774,8 @@ def rows(
             sync_dist is explained by the module's own collectives in its hook, when there are some).
         ended: how each W=N rank's stage ended (``"end"``, ``"raised"``, None): a key a rank never logged
             because it stopped first is not blamed on the logging.
+        unmoved: ``self.all_gather`` calls that returned non-tensor leaves unchanged
+            (``_evidence.unmoved_leaves``), named in the cause of a key logged from their hook.
     """
     reference = single if isinstance(single, Reference) else Reference(record=single, logs=single_logs or [])
     ins = _Inputs(
@@ -775,6 +791,7 @@ def rows(
         completed,
         collectives or [],
         ended,
+        list(unmoved),
     )
     records = [reference.record, *([reference.same_weights] if reference.same_weights else []), *world]
     names = list(dict.fromkeys(call["name"] for record in records for call in record["log_calls"]))
@@ -782,7 +799,7 @@ def rows(
     for name in names:
         key, record, ref_logs = _key(ins, name)
         if key.on_epoch or len(key.logged_on) not in (0, len(world)):
-            verdict, cause, fixes, evidence = _epoch_verdict(ins, key, record, ref_logs)
+            verdict, cause, fixes, evidence = _with_unmoved(ins, key, _epoch_verdict(ins, key, record, ref_logs))
             out.append(
                 KeyRow(
                     **key.common(),

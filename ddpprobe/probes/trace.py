@@ -45,6 +45,11 @@ One JSON object per line (``TRACE_SCHEMA`` version 1); ``event`` says which kind
     ``dataloader_idx``, ``size``, ``ids`` (the batch's ``id``/``ids``/``idx``/``index`` field) or
     ``hashes`` (one content hash per sample, from the rows of its tensors), ``sampler`` (the type
     name of the loader's sampler, first batch only).
+``all_gather``
+    a ``self.all_gather`` call whose data held leaves that are not tensors: ``hook``, ``call_site``,
+    ``leaves`` (up to 20 ``{"path", "type", "unchanged"}``: e.g. ``"['names'][0]"``, ``"str"``, and whether the
+    very object came back: Lightning gathers tensors only, pytorch_lightning/core/module.py ``all_gather``,
+    ``apply_to_collection(data, Tensor, ...)`` after converting numbers), ``unchanged`` (how many came back).
 ``flight_recorder``
     written at the end of a stage that returned or raised (not by a killed rank): ``entries``, torch's
     Flight Recorder entries for this rank (``collective_seq_id``, ``profiling_name`` such as
@@ -207,6 +212,8 @@ class CollectiveTrace:
                 setattr(torch.distributed, name, self._wrap(name, original))
         self._original_log = self.model.log
         self.model.log = self._wrap_log(self.model.log)
+        self._original_all_gather = self.model.all_gather
+        self.model.all_gather = self._wrap_all_gather(self.model.all_gather)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -214,6 +221,7 @@ class CollectiveTrace:
             setattr(torch.distributed, name, original)
         self._originals.clear()
         self.model.log = self._original_log
+        self.model.all_gather = self._original_all_gather
         self.dump_flight_recorder()
         self._file.close()
 
@@ -397,6 +405,29 @@ class CollectiveTrace:
 
         return log
 
+    def _wrap_all_gather(self, original):
+        trace, model = self, self.model
+
+        @functools.wraps(original)
+        def all_gather(data, *args, **kwargs):
+            out = original(data, *args, **kwargs)
+            leaves = [
+                {"path": path, "type": type(leaf).__name__, "unchanged": returned is leaf}
+                for path, leaf, returned in _paired_leaves(data, out)
+                if not isinstance(leaf, torch.Tensor)
+            ]
+            if leaves:
+                trace.write(
+                    "all_gather",
+                    hook=model._current_fx_name,
+                    call_site=trace._user_frame(sys._getframe(1)),
+                    leaves=leaves[:20],
+                    unchanged=sum(1 for leaf in leaves if leaf["unchanged"]),
+                )
+            return out
+
+        return all_gather
+
     def batch_recorder(self):
         """A Lightning ``Callback`` that writes a ``batch`` event for every batch of every loop."""
         return _BatchRecorder(self)
@@ -409,6 +440,18 @@ def _state_size(value) -> Optional[str]:
     if isinstance(value, torch.Tensor):
         return f"tensor {list(value.shape)}"
     return None
+
+
+def _paired_leaves(data, out, path: str = "") -> list:
+    """``[(path, leaf of data, what came back in its place)]`` over the dicts, lists and tuples of ``data``
+    (``out`` walked alongside; a leaf whose place in ``out`` is missing pairs with None)."""
+    if isinstance(data, dict):
+        returned = out if isinstance(out, dict) else {}
+        return [p for k, v in data.items() for p in _paired_leaves(v, returned.get(k), f"{path}[{k!r}]")]
+    if isinstance(data, (list, tuple)):
+        returned = out if isinstance(out, (list, tuple)) and len(out) == len(data) else [None] * len(data)
+        return [p for i, (v, o) in enumerate(zip(data, returned)) for p in _paired_leaves(v, o, f"{path}[{i}]")]
+    return [(path or "(the value)", data, out)]
 
 
 def _scalar(value) -> Optional[float]:

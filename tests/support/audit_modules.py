@@ -236,3 +236,26 @@ PATIENCE = 1
 
 def make_monitored_model() -> MonitoredModule:
     return MonitoredModule()
+
+
+class GatheredNamesModule(MeanModule):
+    """Gathers ``{"names": [...], "count": tensor}`` with ``self.all_gather`` in ``on_validation_epoch_end``:
+    the names of the rank's samples of value >= :data:`BIG` (a list of strings, which ``all_gather`` returns
+    unchanged) and their count; logs and writes to ``logger.experiment`` how many names came back."""
+
+    def __init__(self):
+        super().__init__()
+        self.names: list = []
+
+    def validation_step(self, batch, batch_idx):
+        self.names += [f"sample{int(i)}" for i, v in zip(batch["id"], batch["value"]) if v >= BIG]
+
+    def on_validation_epoch_end(self):
+        gathered = self.all_gather({"names": self.names, "count": torch.tensor(len(self.names))})
+        self.log("val_names", float(len(gathered["names"])))
+        self.logger.experiment.add_scalar("names", len(gathered["names"]), self.current_epoch)
+        self.names = []
+
+
+def make_gathered_names_model() -> GatheredNamesModule:
+    return GatheredNamesModule()

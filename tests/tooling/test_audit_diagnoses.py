@@ -304,3 +304,28 @@ def test_callbacks_are_reported_from_each_ranks_recorded_state_compared_across_r
     text = " ".join(result.format().split())
     assert "names files and keeps best_model_score from rank 0" not in text, text
     assert f"best_model_path {name!r} on every rank" in text and "(ranks differ)" in text, text
+
+
+# --- 6. what self.all_gather cannot move ----------------------------------------------------------------
+
+
+def test_strings_self_all_gather_returns_unchanged_are_named_and_no_all_gather_fix_is_given():
+    """``self.all_gather({"names": [str, ...], "count": tensor})``: Lightning gathers tensors only, so each
+    rank gets its own list of names back (rank 0 kept 2 names of value >= 9, rank 1 kept 3). The trace
+    records which leaves came back unchanged, the audit names them for the values computed from them,
+    and recommends no all_gather for those values."""
+    n, world_size = 8, 2
+    result = _audit("make_gathered_names_model", "make_ids_8")
+
+    kept = [sum(1 for v in oracle.values(oracle.shard(n, world_size, r)) if v >= audit_modules.BIG) for r in range(2)]
+    assert result.row("val_names").per_rank == pytest.approx(kept), result.row("val_names")
+    (entry,) = result.unmoved
+    line = _line_of(audit_modules.GatheredNamesModule, "on_validation_epoch_end", "self.all_gather")
+    assert (entry["call_site"], entry["ranks"]) == (line, list(range(world_size))), entry
+    assert entry["leaves"] == [f"['names'][{i}] (str)" for i in range(max(kept))], entry
+    assert "['count']" not in " ".join(entry["leaves"]), entry
+    row = result.row("val_names")
+    assert f"self.all_gather at {line} returned ['names'][0] (str)" in row.cause, row.cause
+    (written,) = result.experiment_rows
+    assert written["per_rank"] == pytest.approx(kept) and "gather_dedupe" not in written["fixes"], written
+    assert "all_gather moves tensors only" in written["cause"], written
