@@ -25,7 +25,8 @@ with one of these verdicts (``ddpprobe.audit.SYNCED_EQUAL`` etc.):
 - ``rank-divergent (not synced)``: each rank keeps its own value, the logger writes rank 0's;
 - ``logged on some ranks only (collective-mismatch hazard)``;
 - for values logged ``on_step``: ``step values synced`` or ``step values rank-local``;
-- ``no value on any rank`` when the distributed run ended before the epoch's values existed.
+- ``no value on any rank`` when the distributed run ended before the epoch's values existed; ``no value on the
+  ranks whose stage did not complete`` when some ranks finished (their values are shown) and others never did.
 - ``no value under this key`` when neither run stored one (e.g. several dataloaders: Lightning stores
   ``key/dataloader_idx_N`` instead); never counted as equal.
 
@@ -54,6 +55,7 @@ from ddpprobe.audit._result import AuditResult
 from ddpprobe.audit._verdict import (
     FLOORED_COUNT_ISSUE,
     NO_VALUE,
+    NO_VALUE_ON_SOME,
     NOT_AT_SINGLE,
     NOT_IN_WORLD,
     NOT_STORED,
@@ -82,6 +84,7 @@ __all__ = [
     "NOT_IN_WORLD",
     "NOT_STORED",
     "NO_VALUE",
+    "NO_VALUE_ON_SOME",
     "STEP_RANK_LOCAL",
     "STEP_SYNCED",
     "RANK_DIVERGENT",

@@ -8,17 +8,18 @@ import collections
 import dataclasses
 from typing import Optional
 
+from ddpprobe.audit._stages import STAGE_LOOP
 from ddpprobe.probes.trace import describe_collective
 
-#: The loop (``batch`` event ``stage``) whose samples a stage's keys are computed from.
-STAGE_LOOP = {"validate": "val", "test": "test", "predict": "predict", "fit": "train"}
+__all__ = ["STAGE_LOOP", "Counts", "counts", "diagnose", "first_divergence", "sequence", "split", "trace_summary"]
 
 
 def split(events: list) -> dict:
     """Group one rank's trace events: ``collectives`` (each with ``status`` ``"done"``, ``"raised"``
     (and ``error``) or ``"pending"``: entered and never left), ``logs``, ``batches``, ``flight_recorder``
     (entries, or None when not written), ``stage`` (``"end"``, ``"raised"``, or None: the rank never
-    finished its stage), ``stage_error`` and ``all_gathers`` (the ``all_gather`` events: ``self.all_gather``
+    finished its stage), ``stage_error``, ``callback_metrics`` (written by a rank that finished its stage,
+    else absent) and ``all_gathers`` (the ``all_gather`` events: ``self.all_gather``
     calls with leaves that are not tensors). A ``log`` event from a ``*_step`` hook gets ``batch_ids``: the
     samples of the batch its loop was running (None elsewhere)."""
     collectives, by_seq, logs, batches = [], {}, [], []
@@ -51,6 +52,8 @@ def split(events: list) -> dict:
         elif kind == "batch":
             batches.append(event)
             current[event.get("stage")] = event
+        elif kind == "metrics":
+            out["callback_metrics"] = event.get("values") or {}
         elif kind == "all_gather":
             out["all_gathers"].append(event)
         elif kind == "flight_recorder":
@@ -289,9 +292,11 @@ def first_divergence(sequences: list, ended: list) -> Optional[dict]:
     Returns:
         ``{"kind", "index", "ranks", "entries", "message"}``; ``kind`` is ``"missing"`` (some ranks
         never entered the collective the others entered: those wait), ``"mismatch"`` (different op,
-        dtype or shape at the same position) or ``"keys"`` (the same op, dtype and shape logged under
+        dtype or shape at the same position), ``"keys"`` (the same op, dtype and shape logged under
         different keys on different ranks: the values of one key are reduced with another's; the run
-        can finish and be wrong). ``entries`` holds each rank's entry (None where it has none).
+        can finish and be wrong) or ``"purpose"`` (the same op, dtype and shape made for different
+        purposes: a step sync with an epoch sync of one key, a ``self.log`` sync with a Metric's or the
+        user's own collective). ``entries`` holds each rank's entry (None where it has none).
     """
     longest = max((len(s) for s in sequences), default=0)
     for i in range(longest):
@@ -350,6 +355,24 @@ def first_divergence(sequences: list, ended: list) -> Optional[dict]:
                 "message": (
                     f"collective #{i} of the run: the same {entries[0]['op']} carries different keys, so each "
                     "rank's value is reduced with another key's: " + "; ".join(parts)
+                ),
+            }
+        purposes = {(e.get("source"), e.get("sync"), e.get("metric")) for e in entries}
+        if (
+            len(purposes) > 1
+            and entries[0]["op"] != "barrier"
+            and any(e.get("source") in ("self.log", "torchmetrics") for e in entries)
+        ):
+            parts = [f"rank {r}'s {describe_collective(e)}" for r, e in enumerate(entries)]
+            return {
+                "kind": "purpose",
+                "index": i,
+                "ranks": list(range(len(entries))),
+                "absent": [],
+                "entries": entries,
+                "message": (
+                    f"collective #{i} of the run: the same {entries[0]['op']} serves different purposes on the "
+                    "ranks, so they reduce unrelated values together: " + " paired with ".join(parts)
                 ),
             }
     return None
@@ -412,11 +435,17 @@ def _bursts(sequence: list, wanted: tuple) -> list:
 
 
 def _went_past(sequence: list, index: int, ended: Optional[str]) -> bool:
-    """The rank went on beyond collective ``index``: it made a later one, finished its stage, or completed
-    the one at ``index``; a rank stuck there says nothing about the collectives after it."""
-    if ended == "end" or len(sequence) > index + 1:
+    """The rank went on beyond collective ``index``: it made a later call from Python, finished its stage,
+    or completed the one at ``index``; a rank stuck there says nothing about the collectives after it.
+    (A Flight Recorder entry Python never saw, such as a gradient all_reduce, is no proof: on gloo every
+    entry stays "scheduled".)"""
+    if ended == "end" or any(e.get("source") != "internal" for e in sequence[index + 1 :]):
         return True
-    return index < len(sequence) and sequence[index].get("status") == "done"
+    return (
+        index < len(sequence)
+        and sequence[index].get("status") == "done"
+        and sequence[index].get("source") != "internal"
+    )
 
 
 def _expected(entry: dict, logs: list) -> bool:
@@ -427,13 +456,16 @@ def _expected(entry: dict, logs: list) -> bool:
     return len(counts) == 1 and counts != {0}
 
 
-def culprit(divergence: dict, sequences: list, ended: list, logs: list) -> Optional[dict]:
+def culprit(
+    divergence: dict, sequences: list, ended: list, logs: list, batches: Optional[list] = None
+) -> Optional[dict]:
     """The call site whose collectives the ranks made a different number of times, from the first divergence.
 
     Each entry at the divergence is its rank's k-th collective of its :func:`site`; a site is a candidate
     where another rank made fewer than k of it. It is the culprit where a rank that went on beyond the
     divergence (:func:`_went_past`) never made the k-th, or, where every rank stopped there, where the
-    other entry is a ``self.log`` sync every rank owes (:func:`_expected`).
+    other entry is a ``self.log`` sync every rank owes (:func:`_expected`), or where its counts follow the
+    ranks' ``batches`` (the stage loop's batch count per rank) while the other's do not.
 
     Returns:
         None when no site qualifies, else ``{"site", "entry", "ranks" (who made the k-th), "counts" (per
@@ -453,6 +485,7 @@ def culprit(divergence: dict, sequences: list, ended: list, logs: list) -> Optio
             proven = any(_went_past(sequences[q], index, ended[q]) for q in lacking)
             others = [entries[q] for q in lacking if entries[q] is not None]
             owed = bool(others) and all(_expected(e, logs) for e in others) and not _expected(entry, logs)
+            follows = bool(batches) and len(set(batches)) > 1 and _same_order(counts, batches)
             candidates.append(
                 {
                     "site": wanted,
@@ -461,7 +494,7 @@ def culprit(divergence: dict, sequences: list, ended: list, logs: list) -> Optio
                     "counts": counts,
                     "bursts": [_bursts(seq, wanted) for seq in sequences],
                     "paired": entries,
-                    "score": 2 if proven else 1 if owed else 0,
+                    "score": 3 if proven else 2 if owed else 1 if follows else 0,
                 }
             )
     if not candidates:
@@ -519,7 +552,8 @@ def diagnose(divergence: dict, world: list, sequences: list, stage: str) -> dict
     logs = [rank["logs"] for rank in world]
     if divergence["kind"] == "keys":
         return {"culprit": None, "explanation": "", "fixes": ["same_keys"]}
-    found = culprit(divergence, sequences, ended, logs)
+    loop = STAGE_LOOP[stage]
+    found = culprit(divergence, sequences, ended, logs, _batches_per_rank(world, loop))
     raised = _raised_outside_collectives(world, found["counts"] if found else None, found)
     if raised:
         return {"culprit": found, "explanation": raised, "fixes": []}
@@ -531,10 +565,10 @@ def diagnose(divergence: dict, world: list, sequences: list, stage: str) -> dict
     head = f"the culprit is {what}: the ranks made it {_counts_text(counts)}" + (
         "" if found["decided"] else " (or the other entry at the divergence: the ranks stopped there)"
     )
-    loop = _loop_of(entry)
+    loop = _loop_of(entry) or (STAGE_LOOP[stage] if entry.get("source") in ("library", "internal") else None)
     batches = _batches_per_rank(world, loop) if loop else None
     if batches and len(set(batches)) > 1 and _same_order(counts, batches):
-        text = f"{head}, once per batch, and the ranks ran {batches} {loop} batches: the count follows the data"
+        text = f"{head}, and the ranks ran {batches} {loop} batches: the count follows the data"
         fixes = {"predict": ["predict_writer"], "train": ["even_batches_fit"]}.get(
             loop, ["even_batches_step"] if entry.get("source") == "self.log" else []
         )

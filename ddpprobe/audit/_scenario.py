@@ -284,6 +284,7 @@ def audit_rank(
             trace.write("stage", status="raised", error=f"{type(exc).__name__}: {exc}"[:2000])
         else:
             trace.write("stage", status="end")
+            trace.write("metrics", values={k: _float(v) for k, v in sorted(trainer.callback_metrics.items())})
     _stdout_flush()
     if stage == "fit" and info.rank == 0 and raised is None:
         torch.save(model.state_dict(), os.path.join(trace_dir or info.rank_dir, WEIGHTS_FILE))

@@ -18,6 +18,7 @@ STEP_RANK_LOCAL = "step values rank-local (the logger gets rank 0's)"
 NOT_AT_SINGLE = "not logged in the single-process run"
 NOT_IN_WORLD = "not logged in the distributed run"
 NO_VALUE = "no value on any rank (the stage did not complete)"
+NO_VALUE_ON_SOME = "no value on the ranks whose stage did not complete"
 NOT_STORED = "no value under this key, at W=1 or on any rank (nothing to compare)"
 
 #: The upstream issue of the floored batch-size count in the synced epoch mean (the suite's strict xfail in
@@ -30,7 +31,16 @@ FLOORED_COUNT_ISSUE = "https://github.com/Lightning-AI/pytorch-lightning/issues/
 TRAINED_APART = "synced; not compared with single-process (the weights trained apart)"
 
 #: Verdicts that make the audit fail when the key is epoch-level.
-PROBLEMS = (SYNCED_DIFFERS, RANK_DIVERGENT, SOME_RANKS_ONLY, STEP_RANK_LOCAL, NO_VALUE, NOT_IN_WORLD, NOT_STORED)
+PROBLEMS = (
+    SYNCED_DIFFERS,
+    RANK_DIVERGENT,
+    SOME_RANKS_ONLY,
+    STEP_RANK_LOCAL,
+    NO_VALUE,
+    NO_VALUE_ON_SOME,
+    NOT_IN_WORLD,
+    NOT_STORED,
+)
 
 #: What a rank-divergent value means downstream. Source: lightning_fabric/loggers/logger.py
 #: ``rank_zero_experiment`` and every logger's ``@rank_zero_only log_metrics``. What callbacks monitoring it
@@ -661,6 +671,14 @@ def _epoch_verdict(ins: _Inputs, key: _Key, reference: Optional[dict], ref_logs:
         return NO_VALUE, cause, [], {}
     if key.single is None and all(v is None for v in key.per_rank):
         return _not_stored(ins, key, reference)
+    unfinished = [r for r, v in enumerate(key.per_rank) if v is None and ins.ended and ins.ended[r] != "end"]
+    if unfinished:
+        held = ", ".join(f"rank {r} {v:.6g}" for r, v in enumerate(key.per_rank) if v is not None)
+        cause = (
+            f"rank(s) {unfinished} never finished their stage (see the collective trace), so their values are "
+            f"unknown; {held}" + (f", single-process {key.single:.6g}" if key.single is not None else "")
+        )
+        return NO_VALUE_ON_SOME, cause, [], {}
     if not all(ins.close(v, key.per_rank[0]) for v in key.per_rank):
         return _rank_divergent(ins, key)
     verdict, cause, fixes, evidence = _agreeing(ins, key, reference, ref_logs)

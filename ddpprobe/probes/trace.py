@@ -50,6 +50,10 @@ One JSON object per line (``TRACE_SCHEMA`` version 1); ``event`` says which kind
     ``leaves`` (up to 20 ``{"path", "type", "unchanged"}``: e.g. ``"['names'][0]"``, ``"str"``, and whether the
     very object came back: Lightning gathers tensors only, pytorch_lightning/core/module.py ``all_gather``,
     ``apply_to_collection(data, Tensor, ...)`` after converting numbers), ``unchanged`` (how many came back).
+``stage`` and ``metrics`` (written by the audit's rank, ddpprobe/audit/_scenario.py)
+    ``stage``: ``status`` ``"start"`` (with ``stage``, ``rank``, ``world_size``), ``"end"`` or ``"raised"``
+    (with ``error``); ``metrics``: ``values``, the rank's ``trainer.callback_metrics`` after a stage that
+    ended, so a rank that finished is known even when another rank hangs and the world is killed.
 ``flight_recorder``
     written at the end of a stage that returned or raised (not by a killed rank): ``entries``, torch's
     Flight Recorder entries for this rank (``collective_seq_id``, ``profiling_name`` such as

@@ -259,3 +259,31 @@ class GatheredNamesModule(MeanModule):
 
 def make_gathered_names_model() -> GatheredNamesModule:
     return GatheredNamesModule()
+
+
+class SleepingRankModule(MeanModule):
+    """Rank 1 sleeps in ``on_validation_end``, after the epoch's values exist, until the world is killed;
+    rank 0 finishes its stage."""
+
+    def on_validation_end(self):
+        import time
+
+        while self.global_rank == 1:
+            time.sleep(0.05)
+
+
+def make_sleeping_rank_model() -> SleepingRankModule:
+    return SleepingRankModule()
+
+
+class RaisingRankModule(MeanModule):
+    """Rank 1 raises ``ValueError`` in its second ``validation_step``; rank 0 goes on to the epoch's sync."""
+
+    def validation_step(self, batch, batch_idx):
+        if self.global_rank == 1 and batch_idx == 1:
+            raise ValueError("a bad batch on rank 1")
+        super().validation_step(batch, batch_idx)
+
+
+def make_raising_rank_model() -> RaisingRankModule:
+    return RaisingRankModule()

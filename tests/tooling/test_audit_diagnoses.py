@@ -329,3 +329,33 @@ def test_strings_self_all_gather_returns_unchanged_are_named_and_no_all_gather_f
     (written,) = result.experiment_rows
     assert written["per_rank"] == pytest.approx(kept) and "gather_dedupe" not in written["fixes"], written
     assert "all_gather moves tensors only" in written["cause"], written
+
+
+# --- 9. a world that times out, a rank that raises -------------------------------------------------------
+
+
+def test_a_rank_that_finished_shows_its_value_when_another_rank_hangs_and_the_world_times_out():
+    """Rank 1 sleeps after its validation epoch until the world is killed (``WorldTimeout``); rank 0
+    finished. Rank 0's value (the synced mean of the 8 samples) comes from its trace, not ``-``, and the
+    row says which ranks never finished instead of calling the key rank-divergent."""
+    n = 8
+    result = _audit("make_sleeping_rank_model", "make_ids_8", timeout=HANG_TIMEOUT)
+
+    assert result.world_error is not None and result.world_error["type"] == "WorldTimeout", result.world_error
+    row = result.row("val_mean")
+    assert row.per_rank[0] == pytest.approx(oracle.mean(oracle.values(range(n)))) and row.per_rank[1] is None, row
+    assert row.verdict == ddp_audit.NO_VALUE_ON_SOME and row.problem and "rank(s) [1] never finished" in row.cause
+
+
+def test_a_divergence_that_follows_a_rank_raising_names_the_error_and_gives_no_logging_fix():
+    """Rank 1 raises ``ValueError`` in its second ``validation_step``; rank 0 goes on and enters the epoch
+    sync of ``val_mean`` alone. The divergence is explained by rank 1's error, and no fix about logging
+    (``rank_zero_only`` or another) is printed for it."""
+    result = _audit("make_raising_rank_model", "make_ids_8", timeout=HANG_TIMEOUT)
+
+    divergence = result.trace["first_divergence"]
+    assert (divergence["kind"], divergence["ranks"], divergence["absent"]) == ("missing", [0], [1]), divergence
+    diagnosis = divergence["diagnosis"]
+    assert "rank 1's stage raised 'ValueError: a bad batch on rank 1'" in diagnosis["explanation"], diagnosis
+    assert diagnosis["fixes"] == [] and all(not row.fixes for row in result.rows), (diagnosis, result.rows)
+    assert "rank_zero_only" not in result.format()

@@ -45,13 +45,27 @@ def test_a_collective_one_rank_never_enters_is_the_first_divergence_naming_who_w
 
 
 def test_the_same_all_reduce_under_different_keys_is_a_divergence_and_a_shape_mismatch_is_another():
-    keys = [_rank([("all_reduce", [], "a", "done")]), _rank([("all_reduce", [], "b", "done")])]
-    shapes = [_rank([("all_reduce", [], "a", "done")]), _rank([("all_reduce", [3], "a", "done")])]
+    same = ("all_reduce", [], "a", "done")
+    keys = [_rank([same, same]), _rank([same, ("all_reduce", [], "b", "done")])]
+    shapes = [_rank([same, same]), _rank([same, ("all_reduce", [3], "a", "done")])]
     for ranks, kind in ((keys, "keys"), (shapes, "mismatch")):
         found = _evidence.first_divergence([_evidence.sequence(r, False) for r in ranks], ["end", "end"])
-        assert found["kind"] == kind, found
+        assert (found["kind"], found["index"], found["ranks"], found["absent"]) == (kind, 1, [0, 1], []), found
     same = [_rank([("all_reduce", [], "a", "done")])] * 2
     assert _evidence.first_divergence([_evidence.sequence(r, False) for r in same], ["end", "end"]) is None
+
+
+def test_a_step_sync_paired_with_an_epoch_sync_of_the_same_key_is_a_divergence_of_purpose():
+    """Rank 0's third step sync of ``v`` and rank 1's epoch sync of ``v``: the same float32 all_reduce, the
+    same key, two purposes; the divergence says which paired with which."""
+    ranks = [_rank([("all_reduce", [], "v", "done")] * 3), _rank([("all_reduce", [], "v", "done")] * 3)]
+    for r, levels in enumerate((["step", "step", "step"], ["step", "step", "epoch"])):
+        for entry, level in zip(ranks[r]["collectives"], levels):
+            entry["sync"] = level
+    found = _evidence.first_divergence([_evidence.sequence(r, False) for r in ranks], ["end", "end"])
+    assert (found["kind"], found["index"], found["ranks"]) == ("purpose", 2, [0, 1]), found
+    assert "rank 0's all_reduce float32 [] (self.log step sync of 'v'" in found["message"], found["message"]
+    assert "paired with rank 1's all_reduce float32 [] (self.log epoch sync of 'v'" in found["message"]
 
 
 def test_counts_name_repeats_only_when_a_sample_ran_twice_and_unsharded_when_every_rank_ran_all():
