@@ -1,6 +1,7 @@
-"""What the ranks' traces prove: per-rank counts of batches and samples, duplicates across ranks, and the
-first point where the ranks' collective sequences diverge. Pure Python (no torch, no Lightning): it reads
-the events of ddpprobe/probes/trace.py, so its rules can be read and tested on their own."""
+"""What the ranks' traces prove: per-rank counts of batches and samples, duplicates across ranks, the first
+point where the ranks' collective sequences diverge, and the call site that made them diverge. Pure rules
+(no Lightning): the events are written and read by ddpprobe/probes/trace.py (``split_trace``), so these
+rules can be read and tested on their own."""
 
 from __future__ import annotations
 
@@ -9,96 +10,13 @@ import dataclasses
 from typing import Optional
 
 from ddpprobe.audit._stages import STAGE_LOOP
-from ddpprobe.probes.trace import describe_collective
+from ddpprobe.probes.trace import batch_samples, describe_collective, sample_label, split_trace
 
 __all__ = ["STAGE_LOOP", "Counts", "counts", "diagnose", "first_divergence", "sequence", "split", "trace_summary"]
 
 
-def split(events: list) -> dict:
-    """Group one rank's trace events: ``collectives`` (each with ``status`` ``"done"``, ``"raised"``
-    (and ``error``) or ``"pending"``: entered and never left), ``logs``, ``batches``, ``flight_recorder``
-    (entries, or None when not written), ``stage`` (``"end"``, ``"raised"``, or None: the rank never
-    finished its stage), ``stage_error``, ``callback_metrics`` (written by a rank that finished its stage,
-    else absent) and ``all_gathers`` (the ``all_gather`` events: ``self.all_gather``
-    calls with leaves that are not tensors). A ``log`` event from a ``*_step`` hook gets ``batch_ids``: the
-    samples of the batch its loop was running (None elsewhere)."""
-    collectives, by_seq, logs, batches = [], {}, [], []
-    out = {
-        "collectives": collectives,
-        "logs": logs,
-        "batches": batches,
-        "flight_recorder": None,
-        "flight_recorder_unavailable": None,
-        "stage": None,
-        "stage_error": None,
-        "all_gathers": [],
-    }
-    current: dict = {}  # loop -> the batch event it is running
-    for event in events:
-        kind = event.get("event")
-        if kind == "collective":
-            entry = {k: v for k, v in event.items() if k not in ("event", "t")}
-            entry["status"] = "pending"
-            by_seq[event["seq"]] = entry
-            collectives.append(entry)
-        elif kind in ("done", "raised") and event.get("seq") in by_seq:
-            by_seq[event["seq"]]["status"] = kind
-            by_seq[event["seq"]]["pg_seq_after"] = event.get("pg_seq")
-            if kind == "raised":
-                by_seq[event["seq"]]["error"] = event.get("error")
-        elif kind == "log":
-            running = current.get(_hook_loop(event.get("hook") or ""))
-            logs.append({**event, "batch_ids": _ids(running) if running else None})
-        elif kind == "batch":
-            batches.append(event)
-            current[event.get("stage")] = event
-        elif kind == "metrics":
-            out["callback_metrics"] = event.get("values") or {}
-        elif kind == "all_gather":
-            out["all_gathers"].append(event)
-        elif kind == "flight_recorder":
-            out["flight_recorder"] = event.get("entries") or []
-            out["flight_recorder_unavailable"] = event.get("unavailable")
-        elif kind == "stage" and event.get("status") in ("end", "raised"):
-            out["stage"] = event["status"]
-            out["stage_error"] = event.get("error")
-    return out
-
-
-# ---------------------------------------------------------------------------------------------------
-# Counts
-# ---------------------------------------------------------------------------------------------------
-
-
-def _hook_loop(hook: str) -> Optional[str]:
-    """The loop whose batch a ``*_step`` hook is running (``"val"`` for ``validation_step``), else None."""
-    if not hook.endswith("_step"):
-        return None
-    for part, loop in (("train", "train"), ("validation", "val"), ("test", "test"), ("predict", "predict")):
-        if part in hook:
-            return loop
-    return None
-
-
-def _ids(batch: dict) -> Optional[list]:
-    """The batch's samples as labels (ids, or ``#hash``), or None when it carries neither."""
-    if batch.get("ids") is None and batch.get("hashes") is None:
-        return None
-    return [_label(s) for s in _samples([batch])]
-
-
-def _samples(batches: list) -> list:
-    out = []
-    for batch in batches:
-        if batch.get("ids") is not None:
-            out += [("id", i) for i in batch["ids"]]
-        elif batch.get("hashes") is not None:
-            out += [("hash", h) for h in batch["hashes"]]
-    return out
-
-
-def _label(sample) -> str:
-    return str(sample[1]) if sample[0] == "id" else f"#{sample[1][:6]}"
+#: One rank's trace events grouped (the reader lives with the writer, ddpprobe/probes/trace.py).
+split = split_trace
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,22 +84,22 @@ def counts(world: list, single: Optional[dict], loop: str) -> Optional[Counts]:
     per_rank = [last_run(rank["batches"], loop) for rank in world]
     if not any(per_rank):
         return None
-    samples = [_samples(b) for b in per_rank]
+    samples = [batch_samples(b) for b in per_rank]
     identified = all(b.get("ids") is not None or b.get("hashes") is not None for bs in per_rank for b in bs)
     by = None
     if identified:
         by = "id" if all(b.get("ids") is not None for bs in per_rank for b in bs) else "content"
     tally = collections.Counter(s for rank in samples for s in rank) if identified else collections.Counter()
-    duplicated = {_label(s): c for s, c in tally.items() if c > 1}
+    duplicated = {sample_label(s): c for s, c in tally.items() if c > 1}
     union = set(tally)
     unsharded = bool(identified and len(world) > 1 and union and all(set(rank) == union for rank in samples))
     missing = None
     missing_labels: list = []
     if identified and single is not None:
-        single_samples = _samples(last_run(single["batches"], loop))
+        single_samples = batch_samples(last_run(single["batches"], loop))
         if single_samples:
             absent = [s for s in dict.fromkeys(single_samples) if s not in union]
-            missing, missing_labels = len(absent), [_label(s) for s in absent[:10]]
+            missing, missing_labels = len(absent), [sample_label(s) for s in absent[:10]]
     sanity = [sanity_run(rank["batches"], loop) for rank in world]
     return Counts(
         loop=loop,
@@ -282,6 +200,75 @@ def _signature(entry: dict) -> tuple:
     return (entry["op"], entry.get("dtype"), tuple(entry["shape"]) if entry.get("shape") is not None else None)
 
 
+def _divergence(kind: str, index: int, entries: list, message: str, ranks=None, absent=()) -> dict:
+    return {
+        "kind": kind,
+        "index": index,
+        "ranks": list(range(len(entries))) if ranks is None else ranks,
+        "absent": list(absent),
+        "entries": entries,
+        "message": f"collective #{index} of the run: {message}",
+    }
+
+
+def _missing(i: int, entries: list, sequences: list, ended: list) -> Optional[dict]:
+    """Some ranks have no collective at ``i``: they never entered the one the others entered."""
+    present = [r for r, e in enumerate(entries) if e is not None]
+    absent = [r for r, e in enumerate(entries) if e is None]
+    if not absent:
+        return None
+    states = {"end": "its stage finished", "raised": "its stage raised", None: "it ended without finishing its stage"}
+    why = []
+    for r in absent:
+        last = describe_collective(sequences[r][-1]) if sequences[r] else "none"
+        why.append(f"rank {r} never entered it ({states[ended[r]]}; its last collective: {last})")
+    waiting = [r for r in present if entries[r].get("status") != "done"]
+    message = (
+        f"rank(s) {present} entered {describe_collective(entries[present[0]])}; "
+        + "; ".join(why)
+        + (f"; rank(s) {waiting} waited there" if waiting else "")
+    )
+    return _divergence("missing", i, entries, message, ranks=present, absent=absent)
+
+
+def _mismatch(i: int, entries: list) -> Optional[dict]:
+    """The ranks called different collectives (op, dtype or shape) at ``i``."""
+    if len({_signature(e) for e in entries}) == 1:
+        return None
+    parts = [f"rank {r}: {describe_collective(e)}" for r, e in enumerate(entries)]
+    return _divergence("mismatch", i, entries, "the ranks called different collectives: " + "; ".join(parts))
+
+
+def _synced(entries: list) -> bool:
+    """A reduction (not a barrier) in which a logged value or a Metric's state takes part."""
+    return entries[0]["op"] != "barrier" and any(e.get("source") in ("self.log", "torchmetrics") for e in entries)
+
+
+def _keys(i: int, entries: list) -> Optional[dict]:
+    """The same collective carrying different logged keys at ``i``."""
+    if len({e.get("key") for e in entries}) == 1 or not _synced(entries):
+        return None
+    parts = [f"rank {r}: {describe_collective(e)}" for r, e in enumerate(entries)]
+    message = (
+        f"the same {entries[0]['op']} carries different keys, so each rank's value is reduced with another "
+        "key's: " + "; ".join(parts)
+    )
+    return _divergence("keys", i, entries, message)
+
+
+def _purpose(i: int, entries: list) -> Optional[dict]:
+    """The same collective made for different purposes at ``i`` (a step and an epoch sync of one key, a
+    ``self.log`` sync and a Metric's or the user's own collective)."""
+    if len({(e.get("source"), e.get("sync"), e.get("metric")) for e in entries}) == 1 or not _synced(entries):
+        return None
+    parts = [f"rank {r}'s {describe_collective(e)}" for r, e in enumerate(entries)]
+    message = (
+        f"the same {entries[0]['op']} serves different purposes on the ranks, so they reduce unrelated values "
+        "together: " + " paired with ".join(parts)
+    )
+    return _divergence("purpose", i, entries, message)
+
+
 def first_divergence(sequences: list, ended: list) -> Optional[dict]:
     """The first position where the ranks' collective sequences stop matching, or None.
 
@@ -290,91 +277,21 @@ def first_divergence(sequences: list, ended: list) -> Optional[dict]:
         ended: per rank, how its stage ended (``"end"``, ``"raised"`` or None: killed or still running).
 
     Returns:
-        ``{"kind", "index", "ranks", "entries", "message"}``; ``kind`` is ``"missing"`` (some ranks
-        never entered the collective the others entered: those wait), ``"mismatch"`` (different op,
-        dtype or shape at the same position), ``"keys"`` (the same op, dtype and shape logged under
-        different keys on different ranks: the values of one key are reduced with another's; the run
-        can finish and be wrong) or ``"purpose"`` (the same op, dtype and shape made for different
-        purposes: a step sync with an epoch sync of one key, a ``self.log`` sync with a Metric's or the
-        user's own collective). ``entries`` holds each rank's entry (None where it has none).
+        ``{"kind", "index", "ranks", "absent", "entries", "message"}``; ``kind`` is ``"missing"`` (some
+        ranks never entered the collective the others entered: those wait; ``ranks`` the ranks that did,
+        ``absent`` the others), ``"mismatch"`` (different op, dtype or shape at the same position),
+        ``"keys"`` (the same op, dtype and shape logged under different keys on different ranks: the
+        values of one key are reduced with another's; the run can finish and be wrong) or ``"purpose"``
+        (the same op, dtype and shape made for different purposes: a step sync with an epoch sync of one
+        key, a ``self.log`` sync with a Metric's or the user's own collective). ``entries`` holds each
+        rank's entry (None where it has none).
     """
-    longest = max((len(s) for s in sequences), default=0)
-    for i in range(longest):
+    for i in range(max((len(s) for s in sequences), default=0)):
         entries = [s[i] if i < len(s) else None for s in sequences]
-        present = [r for r, e in enumerate(entries) if e is not None]
-        absent = [r for r, e in enumerate(entries) if e is None]
-        if absent:
-            first = entries[present[0]]
-            why = []
-            for r in absent:
-                last = describe_collective(sequences[r][-1]) if sequences[r] else "none"
-                state = {
-                    "end": "its stage finished",
-                    "raised": "its stage raised",
-                    None: "it ended without finishing its stage",
-                }[ended[r]]
-                why.append(f"rank {r} never entered it ({state}; its last collective: {last})")
-            waiting = [r for r in present if entries[r].get("status") != "done"]
-            message = (
-                f"collective #{i} of the run: rank(s) {present} entered {describe_collective(first)}; "
-                + "; ".join(why)
-                + (f"; rank(s) {waiting} waited there" if waiting else "")
-            )
-            return {
-                "kind": "missing",
-                "index": i,
-                "ranks": present,
-                "absent": absent,
-                "entries": entries,
-                "message": message,
-            }
-        signatures = {_signature(e) for e in entries}
-        if len(signatures) > 1:
-            parts = [f"rank {r}: {describe_collective(e)}" for r, e in enumerate(entries)]
-            return {
-                "kind": "mismatch",
-                "index": i,
-                "ranks": list(range(len(entries))),
-                "absent": [],
-                "entries": entries,
-                "message": f"collective #{i} of the run: the ranks called different collectives: " + "; ".join(parts),
-            }
-        keys = {e.get("key") for e in entries}
-        if (
-            len(keys) > 1
-            and entries[0]["op"] != "barrier"
-            and any(e.get("source") in ("self.log", "torchmetrics") for e in entries)
-        ):
-            parts = [f"rank {r}: {describe_collective(e)}" for r, e in enumerate(entries)]
-            return {
-                "kind": "keys",
-                "index": i,
-                "ranks": list(range(len(entries))),
-                "absent": [],
-                "entries": entries,
-                "message": (
-                    f"collective #{i} of the run: the same {entries[0]['op']} carries different keys, so each "
-                    "rank's value is reduced with another key's: " + "; ".join(parts)
-                ),
-            }
-        purposes = {(e.get("source"), e.get("sync"), e.get("metric")) for e in entries}
-        if (
-            len(purposes) > 1
-            and entries[0]["op"] != "barrier"
-            and any(e.get("source") in ("self.log", "torchmetrics") for e in entries)
-        ):
-            parts = [f"rank {r}'s {describe_collective(e)}" for r, e in enumerate(entries)]
-            return {
-                "kind": "purpose",
-                "index": i,
-                "ranks": list(range(len(entries))),
-                "absent": [],
-                "entries": entries,
-                "message": (
-                    f"collective #{i} of the run: the same {entries[0]['op']} serves different purposes on the "
-                    "ranks, so they reduce unrelated values together: " + " paired with ".join(parts)
-                ),
-            }
+        found = _missing(i, entries, sequences, ended) or _mismatch(i, entries) or _keys(i, entries)
+        found = found or _purpose(i, entries)
+        if found is not None:
+            return found
     return None
 
 

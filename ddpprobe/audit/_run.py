@@ -21,7 +21,7 @@ from ddpprobe.audit._fixes import REMOVED_HOOKS
 from ddpprobe.audit._inputs import AuditInputError
 from ddpprobe.audit._result import AuditResult
 from ddpprobe.audit._verdict import Reference, padding_duplicates, rows
-from ddpprobe.probes.trace import FLIGHT_RECORDER_ENV, read_trace
+from ddpprobe.probes.trace import FLIGHT_RECORDER_ENV, read_trace, split_trace
 
 #: Lightning's hint that a logged value should be synced (rank 0's warnings are counted in the report).
 SYNC_DIST_HINT = "It is recommended to use `self.log("
@@ -33,7 +33,7 @@ class World:
 
     Attributes:
         records: each rank's ``audit_rank`` record (for a failed world, a stand-in read from its trace).
-        traces: each rank's trace, split (``ddpprobe.audit._evidence.split``).
+        traces: each rank's trace, split (ddpprobe/probes/trace.py ``split_trace``).
         stdout: what each rank printed.
         error: ``{"type", "message"}`` when the world failed, else None.
         weights: the weights file rank 0 saved after ``fit``, while the audit's folder exists, else None.
@@ -76,7 +76,7 @@ def run_one(params: dict, size: int, root: str, settings, progress: Optional[Cal
     except WorldError as exc:
         if size == 1:
             raise
-        traces = [_evidence.split(read_trace(trace_path(folder, r))) for r in range(size)]
+        traces = [split_trace(read_trace(trace_path(folder, r))) for r in range(size)]
         stdout = [exc.outputs.get(r, ("", ""))[0] for r in range(size)]
         return World(
             [_record_from_trace(t) for t in traces], traces, stdout, {"type": type(exc).__name__, "message": str(exc)}
@@ -87,7 +87,7 @@ def run_one(params: dict, size: int, root: str, settings, progress: Optional[Cal
     weights = os.path.join(folder, WEIGHTS_FILE)
     return World(
         [r.record for r in run],
-        [_evidence.split(read_trace(trace_path(folder, r))) for r in range(size)],
+        [split_trace(read_trace(trace_path(folder, r))) for r in range(size)],
         [r.stdout for r in run],
         weights=weights if os.path.exists(weights) else None,
     )

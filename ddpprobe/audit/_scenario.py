@@ -270,7 +270,7 @@ def audit_rank(
         CollectiveTrace(trace_path(trace_dir or info.rank_dir, info.rank), model) as trace,
     ):
         trainer = ddp_trainer(info, logger=logger, max_epochs=max_epochs, callbacks=[trace.batch_recorder()], **limits)
-        trace.write("stage", status="start", stage=stage, rank=info.rank, world_size=info.world_size)
+        trace.stage_started(stage, info.rank, info.world_size)
         try:
             if stage == "fit":
                 trainer.fit(model, **loaders)
@@ -281,10 +281,9 @@ def audit_rank(
                 getattr(trainer, stage)(model, verbose=False, **loaders)
         except Exception as exc:  # noqa: BLE001 - what the user's module raises is a finding
             raised = {"type": type(exc).__name__, "message": str(exc)}
-            trace.write("stage", status="raised", error=f"{type(exc).__name__}: {exc}"[:2000])
+            trace.stage_raised(exc)
         else:
-            trace.write("stage", status="end")
-            trace.write("metrics", values={k: _float(v) for k, v in sorted(trainer.callback_metrics.items())})
+            trace.stage_ended({k: _float(v) for k, v in sorted(trainer.callback_metrics.items())})
     _stdout_flush()
     if stage == "fit" and info.rank == 0 and raised is None:
         torch.save(model.state_dict(), os.path.join(trace_dir or info.rank_dir, WEIGHTS_FILE))

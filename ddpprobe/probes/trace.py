@@ -8,7 +8,8 @@ Used by the audit (ddpprobe/audit/) in its ranks::
         trainer = ddp_trainer(info, callbacks=[trace.batch_recorder()])
         trainer.validate(model, dataloaders=loader)
 
-One JSON object per line (``TRACE_SCHEMA`` version 1); ``event`` says which kind:
+One JSON object per line (``TRACE_SCHEMA`` version 1); ``event`` says which kind. This module writes every
+event and reads them back (:func:`read_trace`, :func:`split_trace`); the other rooms call it:
 
 ``collective`` (written *before* the call enters the backend)
     ``seq`` (0, 1, ... per rank, Python-level calls), ``op`` (``"all_reduce"``, ``"all_gather"``,
@@ -50,7 +51,7 @@ One JSON object per line (``TRACE_SCHEMA`` version 1); ``event`` says which kind
     ``leaves`` (up to 20 ``{"path", "type", "unchanged"}``: e.g. ``"['names'][0]"``, ``"str"``, and whether the
     very object came back: Lightning gathers tensors only, pytorch_lightning/core/module.py ``all_gather``,
     ``apply_to_collection(data, Tensor, ...)`` after converting numbers), ``unchanged`` (how many came back).
-``stage`` and ``metrics`` (written by the audit's rank, ddpprobe/audit/_scenario.py)
+``stage`` and ``metrics`` (:meth:`CollectiveTrace.stage_started`, ``stage_raised``, ``stage_ended``)
     ``stage``: ``status`` ``"start"`` (with ``stage``, ``rank``, ``world_size``), ``"end"`` or ``"raised"``
     (with ``error``); ``metrics``: ``values``, the rank's ``trainer.callback_metrics`` after a stage that
     ended, so a rank that finished is known even when another rank hangs and the world is killed.
@@ -205,6 +206,20 @@ class CollectiveTrace:
         line = json.dumps({"event": event, **fields, "t": round(time.time(), 6)}, default=str)
         self._file.write(line + "\n")
         self._file.flush()
+
+    def stage_started(self, stage: str, rank: int, world_size: int) -> None:
+        """Write ``stage`` with ``status="start"``."""
+        self.write("stage", status="start", stage=stage, rank=rank, world_size=world_size)
+
+    def stage_raised(self, exc: BaseException) -> None:
+        """Write ``stage`` with ``status="raised"`` and the error text (2,000 characters at most)."""
+        self.write("stage", status="raised", error=f"{type(exc).__name__}: {exc}"[:2000])
+
+    def stage_ended(self, callback_metrics: dict) -> None:
+        """Write ``stage`` with ``status="end"``, then ``metrics`` with the rank's ``callback_metrics``
+        (name -> float, or ``"nan"``/``"inf"`` strings)."""
+        self.write("stage", status="end")
+        self.write("metrics", values=callback_metrics)
 
     def __enter__(self) -> "CollectiveTrace":
         self._file = open(self.path, "a", encoding="utf-8")
@@ -617,6 +632,9 @@ def describe_collective(entry: dict) -> str:
     return text
 
 
+# -- reading ---------------------------------------------------------------------------------------
+
+
 def read_trace(path: str) -> list:
     """The events of a trace file, in order; a last line cut off by a killed rank is dropped."""
     events = []
@@ -630,3 +648,102 @@ def read_trace(path: str) -> list:
     except FileNotFoundError:
         pass
     return events
+
+
+def batch_samples(batches: list) -> list:
+    """The samples of ``batch`` events, in order: ``("id", 3)`` from ``ids``, ``("hash", "ab12...")`` from
+    ``hashes``."""
+    out = []
+    for batch in batches:
+        if batch.get("ids") is not None:
+            out += [("id", i) for i in batch["ids"]]
+        elif batch.get("hashes") is not None:
+            out += [("hash", h) for h in batch["hashes"]]
+    return out
+
+
+def sample_label(sample: tuple) -> str:
+    """A sample of :func:`batch_samples` as the report writes it: ``"3"``, or ``"#ab12cd"`` for a hash."""
+    return str(sample[1]) if sample[0] == "id" else f"#{sample[1][:6]}"
+
+
+def _step_loop(hook: str) -> Optional[str]:
+    """The loop whose batch a ``*_step`` hook is running (``"val"`` for ``validation_step``), else None."""
+    if not hook.endswith("_step"):
+        return None
+    for part, loop in (("train", "train"), ("validation", "val"), ("test", "test"), ("predict", "predict")):
+        if part in hook:
+            return loop
+    return None
+
+
+class _Reader:
+    """Folds one rank's events into :func:`split_trace`'s groups; one method per event."""
+
+    def __init__(self):
+        self.by_seq: dict = {}
+        self.current: dict = {}  # loop -> the batch event it is running
+        self.out = {
+            "collectives": [],
+            "logs": [],
+            "batches": [],
+            "flight_recorder": None,
+            "flight_recorder_unavailable": None,
+            "stage": None,
+            "stage_error": None,
+            "all_gathers": [],
+        }
+
+    def on_collective(self, event: dict) -> None:
+        entry = {k: v for k, v in event.items() if k not in ("event", "t")}
+        entry["status"] = "pending"
+        self.by_seq[event["seq"]] = entry
+        self.out["collectives"].append(entry)
+
+    def on_done(self, event: dict) -> None:
+        entry = self.by_seq.get(event.get("seq"))
+        if entry is not None:
+            entry["status"], entry["pg_seq_after"] = event["event"], event.get("pg_seq")
+            if event["event"] == "raised":
+                entry["error"] = event.get("error")
+
+    on_raised = on_done
+
+    def on_log(self, event: dict) -> None:
+        running = self.current.get(_step_loop(event.get("hook") or ""))
+        samples = batch_samples([running]) if running else []
+        self.out["logs"].append({**event, "batch_ids": [sample_label(s) for s in samples] or None})
+
+    def on_batch(self, event: dict) -> None:
+        self.out["batches"].append(event)
+        self.current[event.get("stage")] = event
+
+    def on_metrics(self, event: dict) -> None:
+        self.out["callback_metrics"] = event.get("values") or {}
+
+    def on_all_gather(self, event: dict) -> None:
+        self.out["all_gathers"].append(event)
+
+    def on_flight_recorder(self, event: dict) -> None:
+        self.out["flight_recorder"] = event.get("entries") or []
+        self.out["flight_recorder_unavailable"] = event.get("unavailable")
+
+    def on_stage(self, event: dict) -> None:
+        if event.get("status") in ("end", "raised"):
+            self.out["stage"], self.out["stage_error"] = event["status"], event.get("error")
+
+
+def split_trace(events: list) -> dict:
+    """Group one rank's trace events (:func:`read_trace`): ``collectives`` (each ``collective`` event with
+    ``status`` ``"done"``, ``"raised"`` (and ``error``) or ``"pending"``: entered and never left, and
+    ``pg_seq_after``), ``logs`` (``log`` events; one from a ``*_step`` hook gets ``batch_ids``: the samples
+    of the batch its loop was running, else None), ``batches``, ``flight_recorder`` (entries, or None when
+    not written) and ``flight_recorder_unavailable``, ``stage`` (``"end"``, ``"raised"``, or None: the rank
+    never finished its stage), ``stage_error``, ``callback_metrics`` (only when a ``metrics`` event was
+    written) and ``all_gathers`` (the ``all_gather`` events)."""
+    reader = _Reader()
+    for event in events:
+        handler = getattr(reader, f"on_{event.get('event')}", None)
+        if handler is not None:
+            handler(event)
+    return reader.out
