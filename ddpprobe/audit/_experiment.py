@@ -33,6 +33,38 @@ def _experiment_values(calls: list) -> dict:
     return out
 
 
+def _divergent(tag: str, hook, values: list, collectives_per_rank: list) -> tuple:
+    """Each rank wrote its own value: ``(verdict, cause, fixes)``."""
+    in_hook = [
+        [c for c in rank if c.get("hook") == hook and c.get("source") in ("user", "torchmetrics")]
+        for rank in collectives_per_rank
+    ]
+    cause = (
+        f"each rank computed {tag!r} in {hook} and wrote its own value "
+        f"({', '.join(format(v, '.6g') for v in values if v is not None)}); "
+        "logger.experiment is a no-op on every rank but 0, so the logger has rank 0's value only"
+    )
+    if hook and not any(in_hook):
+        cause += (
+            f"; no rank ran a collective in {hook}, so each value was computed from that rank's own outputs "
+            "(its shard of the data)"
+        )
+    return EXPERIMENT_DIVERGENT, cause, ["gather_dedupe", "metric_object"]
+
+
+def _differs(counts: dict) -> tuple:
+    """The ranks agree but differ from the single process: ``(verdict, cause, fixes)``, the cause proven
+    only by samples the ranks really repeated."""
+    dup = [c for c in counts.values() if c.get("duplicates") and not c.get("unsharded")]
+    if not dup:
+        return EXPERIMENT_DIFFERS, "unknown: the ranks agree but not with the single process", []
+    cause = (
+        f"the ranks wrote the same value, computed over {sum(dup[0]['samples'])} samples of which "
+        f"{dup[0]['duplicates']} repeat"
+    )
+    return EXPERIMENT_DIFFERS, cause, ["gather_dedupe"]
+
+
 def experiment_rows(
     single_calls: list,
     world_calls: list,
@@ -65,36 +97,12 @@ def experiment_rows(
         hook = next((v[key][1] for v in [*per_rank, single] if key in v and v[key][1]), None)
         single_value = single.get(key, (None, None))[0]
         known = [v for v in values if v is not None]
-        fixes = []
         if known and not all(close(v, known[0], rtol, atol) for v in known):
-            verdict = EXPERIMENT_DIVERGENT
-            in_hook = [
-                [c for c in rank if c.get("hook") == hook and c.get("source") in ("user", "torchmetrics")]
-                for rank in collectives_per_rank
-            ]
-            cause = (
-                f"each rank computed {tag!r} in {hook} and wrote its own value "
-                f"({', '.join(format(v, '.6g') for v in values if v is not None)}); "
-                "logger.experiment is a no-op on every rank but 0, so the logger has rank 0's value only"
-            )
-            if hook and not any(in_hook):
-                cause += (
-                    f"; no rank ran a collective in {hook}, so each value was computed from that rank's own "
-                    "outputs (its shard of the data)"
-                )
-            fixes = ["gather_dedupe", "metric_object"]
+            verdict, cause, fixes = _divergent(tag, hook, values, collectives_per_rank)
         elif single_value is not None and known and not close(known[0], single_value, rtol, atol):
-            verdict = EXPERIMENT_DIFFERS
-            dup = [c for c in counts.values() if c.get("duplicates") and not c.get("unsharded")]
-            cause = (
-                f"the ranks wrote the same value, computed over {sum(dup[0]['samples'])} samples of which "
-                f"{dup[0]['duplicates']} repeat"
-                if dup
-                else "unknown: the ranks agree but not with the single process"
-            )
-            fixes = ["gather_dedupe"] if dup else []
+            verdict, cause, fixes = _differs(counts)
         else:
-            verdict, cause = EXPERIMENT_EQUAL, ""
+            verdict, cause, fixes = EXPERIMENT_EQUAL, "", []
         out.append(
             {
                 "method": method,

@@ -239,51 +239,20 @@ def audit_rank(
     (see :func:`weights_digest`) and ``global_step`` (optimizer steps the stage made).
     """
     sys.path[:0] = [p for p in sys_path if p not in sys.path]
-    model_factory = resolve_ref(model_ref)
-    data_factory = resolve_ref(data_ref) if data_ref else lambda: None
-    seed_everything(seed, workers=True)
-    model = model_factory()
     try:
-        check_model(model, model_ref)
-        loaders = as_loaders(data_factory(), "fit" if weights else stage)
-        if weights:
-            model.load_state_dict(torch.load(weights, weights_only=True))
-            loaders = _validation_of(loaders)
+        model, loaders = _build(model_ref, data_ref, stage, seed, weights)
     except AuditInputError as exc:
         return {"input_error": str(exc) if str(exc).startswith("the model") else f"{data_ref}: {exc}"}
-
-    removed = [hook for hook in REMOVED_HOOKS if callable(getattr(model, hook, None))]
     logger = RecordingLogger(info.rank_dir)
     logger.model_ref[0] = model
-    limits = {}
-    if limit_batches is not None:
-        limits = {
-            "fit": {"limit_train_batches": limit_batches, "limit_val_batches": limit_batches},
-            "validate": {"limit_val_batches": limit_batches},
-            "test": {"limit_test_batches": limit_batches},
-            "predict": {"limit_predict_batches": limit_batches},
-        }[stage]
-    raised = None
-    predictions = None
     with (
         recorded_warnings() as warnings,
         CollectiveTrace(trace_path(trace_dir or info.rank_dir, info.rank), model) as trace,
     ):
+        limits = _limits(stage, limit_batches)
         trainer = ddp_trainer(info, logger=logger, max_epochs=max_epochs, callbacks=[trace.batch_recorder()], **limits)
         trace.stage_started(stage, info.rank, info.world_size)
-        try:
-            if stage == "fit":
-                trainer.fit(model, **loaders)
-            elif stage == "predict":
-                out = trainer.predict(model, return_predictions=True, **loaders)
-                predictions = len(out) if out is not None else 0
-            else:
-                getattr(trainer, stage)(model, verbose=False, **loaders)
-        except Exception as exc:  # noqa: BLE001 - what the user's module raises is a finding
-            raised = {"type": type(exc).__name__, "message": str(exc)}
-            trace.stage_raised(exc)
-        else:
-            trace.stage_ended({k: _float(v) for k, v in sorted(trainer.callback_metrics.items())})
+        raised, predictions = _run_stage(trainer, model, stage, loaders, trace)
     _stdout_flush()
     if stage == "fit" and info.rank == 0 and raised is None:
         torch.save(model.state_dict(), os.path.join(trace_dir or info.rank_dir, WEIGHTS_FILE))
@@ -292,7 +261,7 @@ def audit_rank(
         "model_class": f"{type(model).__module__}.{type(model).__qualname__}",
         "log_calls": _summarise_calls(trace.log_calls),
         "callback_metrics": {k: _float(v) for k, v in sorted(trainer.callback_metrics.items())},
-        "removed_hooks": removed,
+        "removed_hooks": [hook for hook in REMOVED_HOOKS if callable(getattr(model, hook, None))],
         "loaders": {kind: _loader_info(getattr(trainer, attr, None)) for kind, attr in TRAINER_LOADERS.items()},
         "raised": raised,
         "experiment_calls": logger._experiment.calls,
@@ -304,6 +273,56 @@ def audit_rank(
         "callbacks": callback_states(trainer),
         "global_step": int(trainer.global_step),
     }
+
+
+def _build(model_ref: str, data_ref: Optional[str], stage: str, seed: int, weights: str) -> tuple:
+    """``(model, Trainer keyword arguments)`` from the factories, after ``seed_everything(seed)``; with
+    ``weights``, the model holds them and the arguments are the data's validation loaders.
+
+    Raises:
+        AuditInputError: the model is not a LightningModule of this package, or the data is not usable.
+    """
+    model_factory = resolve_ref(model_ref)
+    data_factory = resolve_ref(data_ref) if data_ref else lambda: None
+    seed_everything(seed, workers=True)
+    model = model_factory()
+    check_model(model, model_ref)
+    loaders = as_loaders(data_factory(), "fit" if weights else stage)
+    if weights:
+        model.load_state_dict(torch.load(weights, weights_only=True))
+        loaders = _validation_of(loaders)
+    return model, loaders
+
+
+def _limits(stage: str, limit_batches: Optional[int]) -> dict:
+    """The Trainer's ``limit_*_batches`` for ``stage`` (none when ``limit_batches`` is None)."""
+    if limit_batches is None:
+        return {}
+    return {
+        "fit": {"limit_train_batches": limit_batches, "limit_val_batches": limit_batches},
+        "validate": {"limit_val_batches": limit_batches},
+        "test": {"limit_test_batches": limit_batches},
+        "predict": {"limit_predict_batches": limit_batches},
+    }[stage]
+
+
+def _run_stage(trainer, model, stage: str, loaders: dict, trace: CollectiveTrace) -> tuple:
+    """Run ``stage``; return ``(raised, predictions)``: ``{"type", "message"}`` where the user's module
+    raised (a finding, not an audit error), and for ``predict`` the number of prediction batches."""
+    predictions = None
+    try:
+        if stage == "fit":
+            trainer.fit(model, **loaders)
+        elif stage == "predict":
+            out = trainer.predict(model, return_predictions=True, **loaders)
+            predictions = len(out) if out is not None else 0
+        else:
+            getattr(trainer, stage)(model, verbose=False, **loaders)
+    except Exception as exc:  # noqa: BLE001 - what the user's module raises is a finding
+        trace.stage_raised(exc)
+        return {"type": type(exc).__name__, "message": str(exc)}, predictions
+    trace.stage_ended({k: _float(v) for k, v in sorted(trainer.callback_metrics.items())})
+    return None, predictions
 
 
 #: The file in a world's trace folder where rank 0 saves the weights a ``fit`` trained.
