@@ -121,6 +121,11 @@ def trained_apart(single: World, world: World) -> bool:
     return None not in digests and digests[0] != digests[1]
 
 
+def _weights_equal(single: World, world: World) -> bool:
+    digests = [single.records[0].get("weights_digest"), world.records[0].get("weights_digest")]
+    return None not in digests and digests[0] == digests[1]
+
+
 def _validates(world: World) -> bool:
     return any("validation" in (c.get("hook") or "") for c in world.records[0]["log_calls"])
 
@@ -183,6 +188,7 @@ def _reference(worlds: dict) -> Reference:
         same_weights=same.records[0] if same else None,
         same_weights_logs=same.traces[0]["logs"] if same else None,
         steps=[single.records[0].get("global_step"), worlds["world"].records[0].get("global_step")],
+        weights_equal=_weights_equal(single, worlds["world"]),
     )
 
 

@@ -362,62 +362,20 @@ class CollectiveTrace:
 
     def _wrap_log(self, original):
         trace, model = self, self.model
-        from torchmetrics import Metric
-
-        names = (
-            "prog_bar",
-            "logger",
-            "on_step",
-            "on_epoch",
-            "reduce_fx",
-            "enable_graph",
-            "sync_dist",
-            "sync_dist_group",
-            "add_dataloader_idx",
-            "batch_size",
-            "metric_attribute",
-            "rank_zero_only",
-        )
 
         @functools.wraps(original)
         def log(name, value, *args, **kwargs):
-            options = dict(zip(names, args))
+            options = dict(zip(LOG_OPTIONS, args))
             options.update(kwargs)
             fx = model._current_fx_name
-            call_site = trace._user_frame(sys._getframe(1))
             user = trace._user_code(sys._getframe(1))
-            reads_rank = sorted(set(user.f_code.co_names) & RANK_NAMES) if user is not None else []
             result_metric = _result_metric(model, fx, name)
             before = _cumulated(result_metric)
             out = original(name, value, *args, **kwargs)
             result_metric = result_metric or _result_metric(model, fx, name)
-            after = _cumulated(result_metric)
-            on_step, on_epoch = _levels(fx, options)
-            if isinstance(value, Metric):
-                number = step_value = _scalar(getattr(value, "_forward_cache", None))
-            else:
-                number = _scalar(value)
-                step_value = _scalar(getattr(result_metric, "_forward_cache", None)) if on_step else None
-            reduce_fx = options.get("reduce_fx", "mean")
-            call = {
-                "key": name,
-                "hook": fx,
-                "value": number,
-                "step_value": step_value,
-                "batch_size": (after - before)
-                if after is not None and before is not None
-                else (after if after is not None else None),
-                "on_step": bool(on_step),
-                "on_epoch": bool(on_epoch),
-                "sync_dist": bool(options.get("sync_dist", False)),
-                "reduce_fx": reduce_fx
-                if isinstance(reduce_fx, str)
-                else getattr(reduce_fx, "__name__", repr(reduce_fx)),
-                "rank_zero_only": bool(options.get("rank_zero_only", False)),
-                "metric_object": isinstance(value, Metric),
-                "call_site": call_site,
-                "reads_rank": reads_rank,
-            }
+            call = _log_event(name, value, fx, options, result_metric, before)
+            call["call_site"] = trace._user_frame(sys._getframe(1))
+            call["reads_rank"] = sorted(set(user.f_code.co_names) & RANK_NAMES) if user is not None else []
             trace.log_calls.append(call)
             trace.write("log", **call)
             return out
@@ -459,6 +417,50 @@ def _state_size(value) -> Optional[str]:
     if isinstance(value, torch.Tensor):
         return f"tensor {list(value.shape)}"
     return None
+
+
+#: ``LightningModule.log``'s parameters after ``name`` and ``value``, in order (for positional arguments).
+LOG_OPTIONS = (
+    "prog_bar",
+    "logger",
+    "on_step",
+    "on_epoch",
+    "reduce_fx",
+    "enable_graph",
+    "sync_dist",
+    "sync_dist_group",
+    "add_dataloader_idx",
+    "batch_size",
+    "metric_attribute",
+    "rank_zero_only",
+)
+
+
+def _log_event(name: str, value, fx, options: dict, result_metric, before: Optional[int]) -> dict:
+    """The fields of a ``log`` event but ``call_site`` and ``reads_rank``, after Lightning took the call."""
+    from torchmetrics import Metric
+
+    after = _cumulated(result_metric)
+    on_step, on_epoch = _levels(fx, options)
+    if isinstance(value, Metric):
+        number = step_value = _scalar(getattr(value, "_forward_cache", None))
+    else:
+        number = _scalar(value)
+        step_value = _scalar(getattr(result_metric, "_forward_cache", None)) if on_step else None
+    reduce_fx = options.get("reduce_fx", "mean")
+    return {
+        "key": name,
+        "hook": fx,
+        "value": number,
+        "step_value": step_value,
+        "batch_size": (after - before) if after is not None and before is not None else after,
+        "on_step": bool(on_step),
+        "on_epoch": bool(on_epoch),
+        "sync_dist": bool(options.get("sync_dist", False)),
+        "reduce_fx": reduce_fx if isinstance(reduce_fx, str) else getattr(reduce_fx, "__name__", repr(reduce_fx)),
+        "rank_zero_only": bool(options.get("rank_zero_only", False)),
+        "metric_object": isinstance(value, Metric),
+    }
 
 
 def _paired_leaves(data, out, path: str = "") -> list:

@@ -111,3 +111,33 @@ def test_the_floored_count_bug_is_named_only_when_the_recomputed_floored_mean_is
     assert FLOORED_COUNT_ISSUE in cause and fixes == ["mean_metric"], cause
     cause, _, _ = _verdict.differs_cause("v", calls, 3.0, 2.6, logs, [], counts, 2, "validate", None, 1e-5, 1e-6)
     assert cause.startswith("unknown") and FLOORED_COUNT_ISSUE not in cause, cause
+
+
+def _record(name: str, hook: str, value: float) -> dict:
+    call = {"name": name, "hook": hook, "on_step": False, "on_epoch": True, "sync_dist": True}
+    call.update({"reduce_fx": "mean", "rank_zero_only": False, "metric_object": False, "calls": 1})
+    return {"log_calls": [call], "callback_metrics": {name: value}}
+
+
+def test_a_fit_compares_like_with_like_training_keys_of_weights_trained_apart_are_not_compared():
+    """A ``fit`` whose W=1 and W=N weights differ: a validation key is compared with W=1 validating the W=N
+    weights (equal here: synced, equals single-process), a training key with nothing (its W=1 value came
+    from other weights: not a problem). With equal weights the training key is compared, and its cause
+    does not blame the training."""
+    world = [_record("val_v", "validation_step", 2.0), _record("val_v", "validation_step", 2.0)]
+    for rec in world:
+        rec["log_calls"] += _record("train_v", "training_step", 5.0)["log_calls"]
+        rec["callback_metrics"]["train_v"] = 5.0
+    single = _record("val_v", "validation_step", 1.0)
+    single["log_calls"] += _record("train_v", "training_step", 4.0)["log_calls"]
+    single["callback_metrics"]["train_v"] = 4.0
+    apart = _verdict.Reference(
+        record=single, trained_apart=True, same_weights=_record("val_v", "validation_step", 2.0), steps=[4, 2]
+    )
+    rows = {row.key: row for row in _verdict.rows(apart, world, 2, "fit")}
+    assert (rows["val_v"].verdict, rows["val_v"].single) == (_verdict.SYNCED_EQUAL, 2.0), rows["val_v"]
+    assert rows["train_v"].verdict == _verdict.TRAINED_APART and not rows["train_v"].problem, rows["train_v"]
+    assert "W=1 made 4 optimizer steps, W=2 2" in rows["train_v"].cause, rows["train_v"].cause
+    same = _verdict.Reference(record=single, weights_equal=True)
+    train = {row.key: row for row in _verdict.rows(same, world, 2, "fit")}["train_v"]
+    assert train.verdict == _verdict.SYNCED_DIFFERS and "training at W ranks" not in train.cause, train.cause
