@@ -141,3 +141,16 @@ def test_a_fit_compares_like_with_like_training_keys_of_weights_trained_apart_ar
     same = _verdict.Reference(record=single, weights_equal=True)
     train = {row.key: row for row in _verdict.rows(same, world, 2, "fit")}["train_v"]
     assert train.verdict == _verdict.SYNCED_DIFFERS and "training at W ranks" not in train.cause, train.cause
+
+
+def test_a_training_key_of_weights_trained_apart_that_the_ranks_disagree_on_is_judged_by_what_a_sync_gives():
+    """Ranks 0 and 1 logged ``train_v`` 3 and 6 without ``sync_dist`` in a ``fit`` trained apart: rank-divergent,
+    and the cause says what a sync of them gives (their mean, 4.5), comparing with no single-process value."""
+    world = [_record("train_v", "training_step", 3.0), _record("train_v", "training_step", 6.0)]
+    for rec in world:
+        rec["log_calls"][0]["sync_dist"] = False
+    apart = _verdict.Reference(record=_record("train_v", "training_step", 1.0), trained_apart=True, steps=[4, 2])
+    (row,) = _verdict.rows(apart, world, 2, "fit")
+    assert (row.verdict, row.single) == (_verdict.RANK_DIVERGENT, None), row
+    assert "a sync of the ranks' values (sync_dist=True, reduce_fx='mean') gives 4.5 on every rank" in row.cause
+    assert "single-process" not in row.cause.replace("no single-process run", ""), row.cause
