@@ -22,7 +22,11 @@ with one of these verdicts (``ddpprobe.audit.SYNCED_EQUAL`` etc.):
   count of upstream issue #21859 (the synced mean recomputed from the logged values with a floored
   count equals the measured one), a non-decomposable metric (the same samples with the same weights
   average to another number), else ``unknown`` with the evidence;
-- ``rank-divergent (not synced)``: each rank keeps its own value, the logger writes rank 0's;
+- ``rank-divergent (not synced)``: each rank keeps its own value, the logger writes rank 0's; the cause says
+  what a sync of the ranks' values gives and, on the same weights, whether that is the single-process value;
+- ``synced; not compared with single-process (the weights trained apart)``: a training key of a ``fit`` whose
+  W=1 and W=N weights differ (validation keys are then compared with a single process validating the W=N
+  weights);
 - ``logged on some ranks only (collective-mismatch hazard)``;
 - for values logged ``on_step``: ``step values synced`` or ``step values rank-local``;
 - ``no value on any rank`` when the distributed run ended before the epoch's values existed; ``no value on the
@@ -31,8 +35,12 @@ with one of these verdicts (``ddpprobe.audit.SYNCED_EQUAL`` etc.):
   ``key/dataloader_idx_N`` instead); never counted as equal.
 
 The ranks' collective sequences are aligned and the first divergence is reported: a collective some
-ranks never enter (who waits, at which line), different op/dtype/shape, or the same op carrying
-different keys on different ranks. Every fix line names the fact test that shows the fix works.
+ranks never enter (who waits, at which line), different op/dtype/shape, the same op carrying different
+keys, or serving different purposes (a step sync with an epoch sync), on different ranks; then the call
+site whose collectives the ranks made a different number of times, and a fix chosen from how the counts
+differ. The callbacks' end state and ``self.all_gather`` leaves that came back unchanged are reported per
+rank. Every fix line names the fact test that shows the fix works; where no fact proves one, only the
+evidence is printed.
 
 Command line: ``python -m ddpprobe audit mypkg.models:make_model --data mypkg.data:make_data``.
 """

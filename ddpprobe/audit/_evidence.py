@@ -1,7 +1,7 @@
 """What the ranks' traces prove: per-rank counts of batches and samples, duplicates across ranks, the first
-point where the ranks' collective sequences diverge, and the call site that made them diverge. Pure rules
-(no Lightning): the events are written and read by ddpprobe/probes/trace.py (``split_trace``), so these
-rules can be read and tested on their own."""
+point where the ranks' collective sequences diverge, and the call site that made them diverge. Rules on
+recorded events only (written and read by ddpprobe/probes/trace.py, ``split_trace``), so they can be read
+and tested on hand-written events without launching a world."""
 
 from __future__ import annotations
 
