@@ -273,6 +273,7 @@ def test_compute_under_if_global_rank_0_is_named_with_its_metric_and_line(backen
     assert (entry["source"], entry["metric"]) == ("torchmetrics", "BinaryAccuracy"), entry
     assert "on_validation_epoch_end" in entry["call_site"] and "compute()" in divergence["message"]
     assert entry["states"] == ["tp", "fp", "tn", "fn"] and divergence["absent"] == [1]
+    assert divergence["diagnosis"]["fixes"] == ["compute_everywhere"], divergence["diagnosis"]
     row = result.row("val_acc")
     assert row.logged_on == [] and row.verdict == ddp_audit.NOT_IN_WORLD and row.problem
     assert "[]" not in row.cause and "sync_dist=True" not in row.cause, row.cause
@@ -294,6 +295,7 @@ def test_the_same_all_reduce_under_different_keys_is_found_although_the_run_fini
     assert divergence is not None and divergence["kind"] == "keys", result.format()
     assert [e["key"] for e in divergence["entries"]] == ["loss_rank0", "loss_rank1"]
     assert all(e["op"] == "all_reduce" and e["dtype"] == "float32" for e in divergence["entries"])
+    assert divergence["diagnosis"]["fixes"] == ["same_keys"], divergence["diagnosis"]
     assert result.world_error is None and all(t["stage"] == "end" for t in result.trace["ranks"])
     whole = oracle.mean(oracle.values(range(n)))
     own = [oracle.mean(oracle.values(oracle.shard(n, world_size, r))) for r in range(world_size)]
@@ -332,6 +334,9 @@ def test_predict_with_all_gather_in_predict_step_leaves_the_rank_with_more_batch
     assert divergence["ranks"] == [0] and divergence["absent"] == [1]
     entry = divergence["entries"][0]
     assert entry["source"] == "user" and "predict_step" in entry["call_site"], entry
+    diagnosis = divergence["diagnosis"]  # one all_gather per batch: the count follows the batches
+    assert diagnosis["culprit"]["counts"] == result.counts["predict"]["batches"], diagnosis
+    assert diagnosis["fixes"] == ["predict_writer"], diagnosis
     assert result.exit_code == 1
 
 
