@@ -1,4 +1,5 @@
-"""Command line: ``python -m ddpprobe audit MODEL_FACTORY --data DATA_FACTORY [options]`` (or ``ddpprobe audit``).
+"""Command line: ``python -m ddpprobe audit MODEL_FACTORY [--data DATA_FACTORY] [options]`` (or ``ddpprobe audit``);
+without ``--data`` the module's own ``*_dataloader`` methods give the data.
 
 Exit codes: 0 no problem found; 1 a problem found (a logged key rank-divergent, differing from the
 single-process value or logged on some ranks only; the ranks' collectives diverging; data not sharded;
@@ -32,10 +33,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     audit.add_argument(
         "--data",
-        required=True,
+        default=None,
         metavar="DATA_FACTORY",
         help="'package.module:function' returning a LightningDataModule, a DataLoader, "
-        "or {'train': DataLoader, 'val': DataLoader}",
+        "or {'train': DataLoader, 'val': DataLoader} (default: the module's own *_dataloader methods)",
     )
     audit.add_argument(
         "--world-size", type=int, default=2, metavar="W", help="ranks of the distributed run, 2 or more (default 2)"

@@ -33,6 +33,38 @@ def _experiment_values(calls: list) -> dict:
     return out
 
 
+def _divergent(tag: str, hook, values: list, collectives_per_rank: list) -> tuple:
+    """Each rank wrote its own value: ``(verdict, cause, fixes)``."""
+    in_hook = [
+        [c for c in rank if c.get("hook") == hook and c.get("source") in ("user", "torchmetrics")]
+        for rank in collectives_per_rank
+    ]
+    cause = (
+        f"each rank computed {tag!r} in {hook} and wrote its own value "
+        f"({', '.join(format(v, '.6g') for v in values if v is not None)}); "
+        "logger.experiment is a no-op on every rank but 0, so the logger has rank 0's value only"
+    )
+    if hook and not any(in_hook):
+        cause += (
+            f"; no rank ran a collective in {hook}, so each value was computed from that rank's own outputs "
+            "(its shard of the data)"
+        )
+    return EXPERIMENT_DIVERGENT, cause, ["gather_dedupe", "metric_object"]
+
+
+def _differs(counts: dict) -> tuple:
+    """The ranks agree but differ from the single process: ``(verdict, cause, fixes)``, the cause proven
+    only by samples the ranks really repeated."""
+    dup = [c for c in counts.values() if c.get("duplicates") and not c.get("unsharded")]
+    if not dup:
+        return EXPERIMENT_DIFFERS, "unknown: the ranks agree but not with the single process", []
+    cause = (
+        f"the ranks wrote the same value, computed over {sum(dup[0]['samples'])} samples of which "
+        f"{dup[0]['duplicates']} repeat"
+    )
+    return EXPERIMENT_DIFFERS, cause, ["gather_dedupe"]
+
+
 def experiment_rows(
     single_calls: list,
     world_calls: list,
@@ -40,6 +72,7 @@ def experiment_rows(
     counts: dict,
     rtol: float = 1e-5,
     atol: float = 1e-6,
+    unmoved: list = (),
 ) -> list:
     """One row per value the module wrote to ``self.logger.experiment`` (``add_scalar(tag, value, ...)``),
     comparing what each rank's code wrote (only rank 0's reaches the logger) with the single process.
@@ -48,6 +81,8 @@ def experiment_rows(
         single_calls: the W=1 rank's ``experiment_attempts``; ``world_calls``: each W=N rank's.
         collectives_per_rank: each W=N rank's traced collectives (to say whether any ran in the hook).
         counts: ``{loop: Counts-as-dict}`` of the W=N run.
+        unmoved: ``self.all_gather`` calls that returned non-tensor leaves unchanged
+            (``_evidence.unmoved_leaves``): a value written from their hook gets no all_gather fix.
 
     Returns:
         ``[{"method", "tag", "hook", "single", "per_rank", "verdict", "cause", "fixes", "problem"}]``.
@@ -62,36 +97,12 @@ def experiment_rows(
         hook = next((v[key][1] for v in [*per_rank, single] if key in v and v[key][1]), None)
         single_value = single.get(key, (None, None))[0]
         known = [v for v in values if v is not None]
-        fixes = []
         if known and not all(close(v, known[0], rtol, atol) for v in known):
-            verdict = EXPERIMENT_DIVERGENT
-            in_hook = [
-                [c for c in rank if c.get("hook") == hook and c.get("source") in ("user", "torchmetrics")]
-                for rank in collectives_per_rank
-            ]
-            written = ", ".join(format(v, ".6g") for v in values if v is not None)
-            cause = (
-                f"each rank computed {tag!r} in {hook} and wrote its own value ({written}); "
-                "logger.experiment is a no-op on every rank but 0, so the logger has rank 0's value only"
-            )
-            if hook and not any(in_hook):
-                cause += (
-                    f"; no rank ran a collective in {hook}, so each value was computed from that rank's own "
-                    "outputs (its shard of the data)"
-                )
-            fixes = ["gather_dedupe", "metric_object"]
+            verdict, cause, fixes = _divergent(tag, hook, values, collectives_per_rank)
         elif single_value is not None and known and not close(known[0], single_value, rtol, atol):
-            verdict = EXPERIMENT_DIFFERS
-            dup = [c for c in counts.values() if c.get("duplicates") and not c.get("unsharded")]
-            cause = (
-                f"the ranks wrote the same value, computed over {sum(dup[0]['samples'])} samples of which "
-                f"{dup[0]['duplicates']} repeat"
-                if dup
-                else "unknown: the ranks agree but not with the single process"
-            )
-            fixes = ["gather_dedupe"] if dup else []
+            verdict, cause, fixes = _differs(counts)
         else:
-            verdict, cause = EXPERIMENT_EQUAL, ""
+            verdict, cause, fixes = EXPERIMENT_EQUAL, "", []
         out.append(
             {
                 "method": method,
@@ -124,4 +135,18 @@ def experiment_rows(
                     "(no rank ran a collective there); on this data the ranks' values happen to agree"
                 ),
             )
+    for row in out:
+        _unmoved_note(row, unmoved)
     return out
+
+
+def _unmoved_note(row: dict, unmoved) -> None:
+    """A value written from a hook whose ``self.all_gather`` returned leaves unchanged: say so, and drop the
+    all_gather fix (gathering again would not move them either)."""
+    from ddpprobe.audit._evidence import unmoved_text
+
+    here = [u for u in unmoved if u["hook"] == row["hook"]]
+    if not here or not row["problem"]:
+        return
+    row["cause"] += "; " + "; ".join(unmoved_text(u) for u in here)
+    row["fixes"] = [f for f in row["fixes"] if f != "gather_dedupe"]

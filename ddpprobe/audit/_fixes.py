@@ -1,5 +1,6 @@
-"""The advice the audit prints: each fix with the fact test that proves it, the fixes that fit a divergence of
-the ranks' collectives, and what Lightning 2.x does with a removed 1.x hook. Pure Python."""
+"""The advice the audit prints: each fix with the fact test that proves it, and what Lightning 2.x does with a
+removed 1.x hook. Pure Python. (Which fix fits a divergence of the ranks' collectives is decided from the
+evidence in ddpprobe/audit/_evidence.py ``diagnose``.)"""
 
 from __future__ import annotations
 
@@ -63,6 +64,11 @@ FIXES = {
         "call metric.compute() (and any collective) on every rank; print or use the result on rank 0 only",
         "tests/facts/test_collective_hazards_torchmetrics.py::test_metric_compute_on_every_rank_gives_every_rank_the_whole_set_value_and_self_print_prints_once",
     ),
+    "collective_everywhere": (
+        "make the collective on every rank (outside the branch on the rank) and branch on its result: "
+        "every rank then holds every rank's data",
+        "tests/facts/test_collectives.py::test_all_gather_stacks_every_ranks_tensor_along_a_new_first_dimension_in_rank_order",
+    ),
     "same_keys": (
         "log the same keys in the same order on every rank (put the rank in the value, not in the key)",
         "tests/facts/test_collective_hazards_keys.py::test_every_rank_logging_the_same_keys_in_the_same_order_gives_each_key_its_all_rank_mean",
@@ -93,23 +99,3 @@ REMOVED_HOOKS = {
     "validation_step_end": "silently never called; move its code into validation_step",
     "test_step_end": "silently never called; move its code into test_step",
 }
-
-
-def divergence_fixes(divergence: dict, stage: str = "validate") -> list:
-    """The :data:`FIXES` that fit a first divergence of the ranks' collectives in ``stage``."""
-    entries = [e for e in divergence["entries"] if e is not None]
-    sources = {e.get("source") for e in entries}
-    hooks = {e.get("hook") or "" for e in entries}
-    if divergence["kind"] == "keys":
-        return ["same_keys"]
-    if "torchmetrics" in sources and divergence["kind"] == "missing":
-        return ["compute_everywhere"]
-    if stage == "predict":
-        return ["predict_writer"]
-    if stage == "fit" and ("internal" in sources or "library" in sources or any("train" in h for h in hooks)):
-        return ["even_batches_fit"]
-    if "self.log" in sources and any(h.endswith("_step") for h in hooks):
-        return ["even_batches_step"]
-    if "self.log" in sources:
-        return ["rank_zero_only"]
-    return []

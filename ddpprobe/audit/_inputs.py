@@ -6,16 +6,13 @@ from __future__ import annotations
 
 from typing import Callable, Optional, Union
 
-#: Stages an audit can run (each is the Trainer method of that name).
-STAGES = ("validate", "fit", "test", "predict")
+from ddpprobe.audit._errors import AuditInputError
+from ddpprobe.audit._stages import STAGES
+
+__all__ = ["AuditInputError", "MAX_SEED", "STAGES", "check_options", "preflight", "resolve_ref"]
 
 #: Largest seed ``seed_everything`` accepts (2**32 - 1, numpy's limit; lightning_fabric/utilities/seed.py).
 MAX_SEED = 2**32 - 1
-
-
-class AuditInputError(ValueError):
-    """The audit cannot run what it was given: a factory that cannot be imported, or that returns the
-    wrong type, or a bad option. The message names the bad value and the fix. (CLI exit code 2.)"""
 
 
 def resolve_ref(ref: str):
@@ -37,8 +34,11 @@ def resolve_ref(ref: str):
     return obj
 
 
-def _ref(factory: Union[str, Callable], what: str) -> str:
-    """``"module:qualname"`` of a factory given as a string or an importable top-level callable."""
+def _ref(factory: Union[str, Callable, None], what: str) -> Optional[str]:
+    """``"module:qualname"`` of a factory given as a string or an importable top-level callable; None for
+    no data factory (the module's own ``*_dataloader`` methods)."""
+    if factory is None and what == "data":
+        return None
     if isinstance(factory, str):
         ref = factory if ":" in factory else ":".join(factory.rsplit(".", 1))
     elif callable(factory):
@@ -141,13 +141,25 @@ def missing_step(cls, stage: str) -> Optional[str]:
     return None
 
 
-def preflight(model_ref: str, data_ref: str, stage: str) -> str:
+def suggestible(cls, stage: str) -> Optional[str]:
+    """Like :func:`missing_step`, but a stage a refusal may suggest needs its own step method: ``predict``
+    without ``predict_step`` would call ``forward`` on whatever the batch is, which need not work."""
+    if stage == "predict" and missing_step(cls, stage) is None:
+        base = next((b for b in cls.__mro__ if b.__name__ == "LightningModule"), None)
+        if base is not None and getattr(cls, "predict_step", None) is getattr(base, "predict_step", None):
+            return "predict_step"
+    return missing_step(cls, stage)
+
+
+def preflight(model_ref: str, data_ref: Optional[str], stage: str) -> str:
     """Check the factories in this process, before any world starts; return the Lightning package to run.
 
     Chooses the package the model's module imports (:func:`declared_package`) before importing it,
     imports both factories, calls each once, confirms the package from what the model's class derives
     from (``ddpprobe._lightning.trainer_package_of``), chooses it for this process and every world it
-    launches (``ddpprobe._lightning.use``), and checks the data factory's return value for ``stage``.
+    launches (``ddpprobe._lightning.use``), and checks the data factory's return value for ``stage`` (without
+    a data factory, that the module defines the stage's ``*_dataloader`` method). A refusal suggests only
+    the stages the module and its data can run.
 
     Raises:
         AuditInputError: a factory cannot be imported, raises, or returns the wrong type; the model
@@ -174,7 +186,7 @@ def preflight(model_ref: str, data_ref: str, stage: str) -> str:
             f"{model!r:.80}, not a LightningModule; make the factory return an instance of your LightningModule "
             "subclass, e.g. `return MyModel()`"
         )
-    data = _call(data_ref, "data")
+    data = _call(data_ref, "data") if data_ref is not None else None
     data_package = _lightning.trainer_package_of(type(data))
     if data_package is not None and data_package != package:
         raise AuditInputError(
@@ -188,18 +200,70 @@ def preflight(model_ref: str, data_ref: str, stage: str) -> str:
             f"{exc}: the model {model_ref} needs {package}; run the audit in a fresh process "
             "(python -m ddpprobe audit ...)"
         ) from None
-    from ddpprobe.audit._scenario import InputError, _as_loaders
+    from ddpprobe.audit._loaders import as_loaders, has_loader, no_loader_error, runnable_stages
 
     missing = missing_step(type(model), stage)
     if missing:
-        others = [s for s in STAGES if s != stage and not missing_step(type(model), s)]
+        others = [s for s in runnable_stages(model, data, lambda s: suggestible(type(model), s)) if s != stage]
         raise AuditInputError(
             f"the model factory {model_ref} returned a {type(model).__qualname__} without {missing}, which "
             f"Trainer.{stage} needs (Lightning raises MisconfigurationException); define it, or audit a stage "
-            f"the module has: {', '.join('--stage ' + s for s in others) or 'none'}"
+            f"the module and its data can run: {', '.join('--stage ' + s for s in others) or 'none'}"
         )
     try:
-        _as_loaders(data, stage)
-    except InputError as exc:
+        as_loaders(data, stage)
+    except AuditInputError as exc:
         raise AuditInputError(f"{data_ref}: {exc}") from None
+    if not has_loader(model, data, stage):
+        raise AuditInputError(no_loader_error(model_ref, data_ref, stage))
     return package
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_options(stage: str, world_size, limit_batches, max_epochs, seed, backend: str, timeout: Optional[float]):
+    """Check the audit's options before any factory runs; return the launcher's resolved settings.
+
+    Raises:
+        AuditInputError: naming the bad value and the range it must be in.
+    """
+    from ddpprobe.launch import MAX_WORLD_SIZE, SettingsError, cuda_device_count, resolve_settings
+
+    if stage not in STAGES:
+        raise AuditInputError(f"stage={stage!r} is not supported; use one of {', '.join(STAGES)}")
+    if not _is_int(world_size) or world_size < 1:
+        raise AuditInputError(f"world_size={world_size!r} must be an int of 2 or more ranks")
+    if world_size == 1:
+        raise AuditInputError(
+            "world_size=1 would run the single-process world twice and compare nothing; use --world-size 2 or more"
+        )
+    if world_size > MAX_WORLD_SIZE:
+        raise AuditInputError(
+            f"world_size={world_size} (--world-size) is more ranks than a world can have; "
+            f"use 2 <= world_size <= {MAX_WORLD_SIZE}"
+        )
+    if limit_batches is not None and (not _is_int(limit_batches) or limit_batches < 1):
+        raise AuditInputError(f"limit_batches={limit_batches!r} must be a positive int number of batches")
+    if not _is_int(max_epochs) or max_epochs < 1:
+        # Lightning reads max_epochs=-1 as "train forever": the world would only end at its timeout.
+        raise AuditInputError(f"max_epochs={max_epochs!r} (--max-epochs) must be an int of 1 or more epochs")
+    if not _is_int(seed) or not 0 <= seed <= MAX_SEED:
+        # seed_everything raises for these in every rank (lightning_fabric/utilities/seed.py).
+        raise AuditInputError(f"seed={seed!r} (--seed) must be an int from 0 to {MAX_SEED}")
+    try:  # the same check run_world makes, made before the factories run instead of after the W=1 world
+        settings = resolve_settings(
+            backend=backend,
+            timeout=timeout,
+            names={"backend": "backend= / --backend", "timeout": "timeout= / --timeout"},
+        )
+    except SettingsError as exc:
+        raise AuditInputError(str(exc)) from None
+    if settings.backend == "nccl" and cuda_device_count() < world_size:
+        raise AuditInputError(
+            f"backend='nccl' (--backend) needs one CUDA device per rank: --world-size {world_size} but this machine "
+            f"has {cuda_device_count()} CUDA device(s); use --backend gloo or a --world-size of at most "
+            f"{cuda_device_count()} (2 or more)"
+        )
+    return settings

@@ -45,6 +45,14 @@ class AuditResult:
             logger; every other rank's experiment is a no-op), the single-process value, a verdict
             (``EXPERIMENT_DIVERGENT``, ``EXPERIMENT_LOCAL``, ``EXPERIMENT_DIFFERS``, ``EXPERIMENT_EQUAL``),
             cause and fixes.
+        weights: ``fit`` only: ``{"trained_apart", "steps", "same_weights"}``: whether the W=1 and W=N runs
+            ended with different weights, the optimizer steps each made (``[W=1, W=N]``), and whether a
+            single process validated the W=N weights (then validation keys are compared with that run and
+            training keys only across ranks), else None.
+        callbacks: each ``ModelCheckpoint`` / ``EarlyStopping``'s state at the end of the stage, per W=N rank
+            (``ddpprobe.audit._callbacks.callback_rows``: ``{"callback", "monitor", "fields", "differs"}``).
+        unmoved: the ``self.all_gather`` calls that returned non-tensor leaves unchanged
+            (``ddpprobe.audit._evidence.unmoved_leaves``: ``{"hook", "call_site", "leaves", "ranks"}``).
 
     The ``trace`` schema (version 1): ``level`` is ``"flight_recorder"`` when every rank left torch's
     Flight Recorder entries (the backend's own sequence, DDP's gradient all_reduces included) or
@@ -77,6 +85,9 @@ class AuditResult:
     lightning: str = "pytorch_lightning"
     predictions: Optional[list] = None
     experiment_rows: list = dataclasses.field(default_factory=list)
+    weights: Optional[dict] = None
+    callbacks: list = dataclasses.field(default_factory=list)
+    unmoved: list = dataclasses.field(default_factory=list)
 
     @property
     def problems(self) -> list:
@@ -88,6 +99,11 @@ class AuditResult:
         ]
         tags = list(dict.fromkeys(f"{r['tag']}: {r['verdict']}" for r in self.experiment_rows if r["problem"]))
         out += [f"logger.experiment {t}" for t in tags]
+        out += [
+            f"{c['callback']}(monitor={c['monitor']!r}) ended with different {', '.join(c['differs'])} on the ranks"
+            for c in self.callbacks
+            if c["differs"]
+        ]
         divergence = (self.trace or {}).get("first_divergence")
         if divergence:
             out.append(f"the ranks' collectives diverge: {divergence['message']}")

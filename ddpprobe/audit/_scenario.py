@@ -11,20 +11,20 @@ from __future__ import annotations
 import math
 import os
 import sys
+from typing import Optional
 
 import torch
 from torch.utils.data import DataLoader
 
 from ddpprobe._lightning import pl
+from ddpprobe.audit._errors import AuditInputError
 from ddpprobe.audit._fixes import REMOVED_HOOKS
 from ddpprobe.audit._inputs import resolve_ref
+from ddpprobe.audit._loaders import as_loaders, describe
+from ddpprobe.audit._stages import TRAINER_LOADERS
 from ddpprobe.launch import RankInfo
 from ddpprobe.probes.common import ddp_trainer, recorded_warnings, seed_everything
 from ddpprobe.probes.trace import CollectiveTrace
-
-
-class InputError(Exception):
-    """A factory returned something the audit cannot run (reported back as ``record["input_error"]``)."""
 
 
 def _float(value):
@@ -148,51 +148,8 @@ def _summarise_calls(calls: list) -> list:
     return list(summary.values())
 
 
-def _describe(value) -> str:
-    return f"{type(value).__module__}.{type(value).__qualname__} {value!r}"[:200]
-
-
-def _as_loaders(data, stage: str) -> dict:
-    """Turn what the data factory returned into ``Trainer`` keyword arguments for ``stage``.
-
-    Accepted: a ``LightningDataModule``; a ``DataLoader`` (the stage's loader: validation for
-    ``validate``, training for ``fit``, test for ``test``, prediction for ``predict``); a dict with
-    keys ``"train"``, ``"val"``, ``"test"``, ``"predict"``; for ``fit`` a ``(train, val)`` tuple.
-    """
-    if isinstance(data, pl.LightningDataModule):
-        return {"datamodule": data}
-    if isinstance(data, DataLoader):
-        return {
-            {"validate": "dataloaders", "test": "dataloaders", "predict": "dataloaders", "fit": "train_dataloaders"}[
-                stage
-            ]: data
-        }
-    if isinstance(data, (tuple, list)) and stage == "fit" and len(data) == 2:
-        data = {"train": data[0], "val": data[1]}
-    if isinstance(data, dict) and data and set(data) <= {"train", "val", "test", "predict"}:
-        if stage == "fit":
-            if "train" not in data:
-                raise InputError(
-                    "the data factory returned a dict without 'train'; stage 'fit' needs a training loader"
-                )
-            return {"train_dataloaders": data["train"], **({"val_dataloaders": data["val"]} if "val" in data else {})}
-        key = {"validate": "val", "test": "test", "predict": "predict"}[stage]
-        if key not in data:
-            raise InputError(f"the data factory returned a dict without {key!r}; stage {stage!r} needs it")
-        return {"dataloaders": data[key]}
-    raise InputError(
-        f"the data factory returned {_describe(data)}; return a LightningDataModule, a DataLoader, or a dict "
-        "{'train': DataLoader, 'val': DataLoader}"
-        + (
-            "; several loaders of one stage go in the dict, e.g. {'val': [DataLoader, DataLoader]}"
-            if isinstance(data, (list, tuple))
-            else ""
-        )
-    )
-
-
 def check_model(model, model_ref: str) -> None:
-    """Raise ``InputError`` unless ``model`` is a LightningModule of the package this process runs."""
+    """Raise ``AuditInputError`` unless ``model`` is a LightningModule of the package this process runs."""
     if isinstance(model, pl.LightningModule):
         return
     from ddpprobe import _lightning
@@ -205,7 +162,7 @@ def check_model(model, model_ref: str) -> None:
         )
     else:
         fix = "make the factory return an instance of your LightningModule subclass, e.g. `return MyModel()`"
-    raise InputError(f"the model factory {model_ref} returned {_describe(model)}, not a LightningModule; {fix}")
+    raise AuditInputError(f"the model factory {model_ref} returned {describe(model)}, not a LightningModule; {fix}")
 
 
 def _loader_info(loaders) -> list:
@@ -241,18 +198,20 @@ def trace_path(trace_dir: str, rank: int) -> str:
 def audit_rank(
     info: RankInfo,
     model_ref: str,
-    data_ref: str,
+    data_ref: Optional[str],
     stage: str = "validate",
     limit_batches=None,
     max_epochs: int = 1,
     seed: int = 0,
     sys_path: list = (),
     trace_dir: str = "",
+    weights: str = "",
 ) -> dict:
     """Scenario: build ``model_ref()`` and ``data_ref()``, run ``stage`` under DDP, record what happened.
 
     Args:
-        model_ref, data_ref: ``"package.module:function"`` of the factories (called with no arguments).
+        model_ref, data_ref: ``"package.module:function"`` of the factories (called with no arguments);
+            ``data_ref`` None: the module's own ``*_dataloader`` methods give the data.
         stage: ``"validate"``, ``"fit"``, ``"test"`` or ``"predict"``.
         limit_batches: ``limit_{train,val,test,predict}_batches`` for the Trainer (None: all batches).
         max_epochs: epochs for ``fit``.
@@ -263,7 +222,11 @@ def audit_rank(
             not find the user's package).
         trace_dir: folder for this rank's trace (``rank<r>.jsonl``, ddpprobe/probes/trace.py), written
             while the stage runs; default: the rank's own folder. The audit gives a folder of its own,
-            which outlives a world that dies or hangs (the launcher removes the rank folders).
+            which outlives a world that dies or hangs (the launcher removes the rank folders). After
+            ``fit``, rank 0 saves the trained weights there (``weights.pt``).
+        weights: a ``state_dict`` file (``weights.pt`` of a ``fit``) loaded into the model before ``stage``
+            runs, so a single process can validate the weights a distributed ``fit`` trained; the data
+            factory's validation loader is used (stage ``"validate"`` only).
 
     Record keys: ``input_error`` (a message, and nothing else, when a factory returned the wrong
     type), ``model_class``, ``log_calls`` (one entry per distinct call site: name, hook, on_step,
@@ -272,68 +235,158 @@ def audit_rank(
     ``raised`` (``{"type", "message"}`` if the stage raised, else None), ``experiment_calls`` and
     ``logger_metrics`` (what reached the logger; rank 0 only), ``experiment_attempts`` (the
     ``logger.experiment`` calls this rank's code made, reaching the logger on rank 0 only), ``warnings``,
-    ``predictions`` (``predict`` only: number of prediction batches this rank returned).
+    ``predictions`` (``predict`` only: number of prediction batches this rank returned), ``weights_digest``
+    (see :func:`weights_digest`) and ``global_step`` (optimizer steps the stage made).
     """
     sys.path[:0] = [p for p in sys_path if p not in sys.path]
-    model_factory, data_factory = resolve_ref(model_ref), resolve_ref(data_ref)
-    seed_everything(seed, workers=True)
-    model = model_factory()
     try:
-        check_model(model, model_ref)
-        loaders = _as_loaders(data_factory(), stage)
-    except InputError as exc:
+        model, loaders = _build(model_ref, data_ref, stage, seed, weights)
+    except AuditInputError as exc:
         return {"input_error": str(exc) if str(exc).startswith("the model") else f"{data_ref}: {exc}"}
-
-    removed = [hook for hook in REMOVED_HOOKS if callable(getattr(model, hook, None))]
     logger = RecordingLogger(info.rank_dir)
     logger.model_ref[0] = model
-    limits = {}
-    if limit_batches is not None:
-        limits = {
-            "fit": {"limit_train_batches": limit_batches, "limit_val_batches": limit_batches},
-            "validate": {"limit_val_batches": limit_batches},
-            "test": {"limit_test_batches": limit_batches},
-            "predict": {"limit_predict_batches": limit_batches},
-        }[stage]
-    raised = None
-    predictions = None
     with (
         recorded_warnings() as warnings,
         CollectiveTrace(trace_path(trace_dir or info.rank_dir, info.rank), model) as trace,
     ):
+        limits = _limits(stage, limit_batches)
         trainer = ddp_trainer(info, logger=logger, max_epochs=max_epochs, callbacks=[trace.batch_recorder()], **limits)
-        trace.write("stage", status="start", stage=stage, rank=info.rank, world_size=info.world_size)
-        try:
-            if stage == "fit":
-                trainer.fit(model, **loaders)
-            elif stage == "predict":
-                out = trainer.predict(model, return_predictions=True, **loaders)
-                predictions = len(out) if out is not None else 0
-            else:
-                getattr(trainer, stage)(model, verbose=False, **loaders)
-        except Exception as exc:  # noqa: BLE001 - what the user's module raises is a finding
-            raised = {"type": type(exc).__name__, "message": str(exc)}
-            trace.write("stage", status="raised", error=f"{type(exc).__name__}: {exc}"[:2000])
-        else:
-            trace.write("stage", status="end")
+        trace.stage_started(stage, info.rank, info.world_size)
+        raised, predictions = _run_stage(trainer, model, stage, loaders, trace)
     _stdout_flush()
-    loader_kinds = {
-        "train": "train_dataloader",
-        "val": "val_dataloaders",
-        "test": "test_dataloaders",
-        "predict": "predict_dataloaders",
-    }
+    if stage == "fit" and info.rank == 0 and raised is None:
+        torch.save(model.state_dict(), os.path.join(trace_dir or info.rank_dir, WEIGHTS_FILE))
     return {
         "input_error": None,
         "model_class": f"{type(model).__module__}.{type(model).__qualname__}",
         "log_calls": _summarise_calls(trace.log_calls),
         "callback_metrics": {k: _float(v) for k, v in sorted(trainer.callback_metrics.items())},
-        "removed_hooks": removed,
-        "loaders": {kind: _loader_info(getattr(trainer, attr, None)) for kind, attr in loader_kinds.items()},
+        "removed_hooks": [hook for hook in REMOVED_HOOKS if callable(getattr(model, hook, None))],
+        "loaders": {kind: _loader_info(getattr(trainer, attr, None)) for kind, attr in TRAINER_LOADERS.items()},
         "raised": raised,
         "experiment_calls": logger._experiment.calls,
         "experiment_attempts": logger._experiment.calls or logger._noop_experiment.calls,
         "logger_metrics": logger.metrics,
         "warnings": warnings,
         "predictions": predictions,
+        "weights_digest": weights_digest(model),
+        "callbacks": callback_states(trainer),
+        "global_step": int(trainer.global_step),
     }
+
+
+def _build(model_ref: str, data_ref: Optional[str], stage: str, seed: int, weights: str) -> tuple:
+    """``(model, Trainer keyword arguments)`` from the factories, after ``seed_everything(seed)``; with
+    ``weights``, the model holds them and the arguments are the data's validation loaders.
+
+    Raises:
+        AuditInputError: the model is not a LightningModule of this package, or the data is not usable.
+    """
+    model_factory = resolve_ref(model_ref)
+    data_factory = resolve_ref(data_ref) if data_ref else lambda: None
+    seed_everything(seed, workers=True)
+    model = model_factory()
+    check_model(model, model_ref)
+    loaders = as_loaders(data_factory(), "fit" if weights else stage)
+    if weights:
+        model.load_state_dict(torch.load(weights, weights_only=True))
+        loaders = _validation_of(loaders)
+    return model, loaders
+
+
+def _limits(stage: str, limit_batches: Optional[int]) -> dict:
+    """The Trainer's ``limit_*_batches`` for ``stage`` (none when ``limit_batches`` is None)."""
+    if limit_batches is None:
+        return {}
+    return {
+        "fit": {"limit_train_batches": limit_batches, "limit_val_batches": limit_batches},
+        "validate": {"limit_val_batches": limit_batches},
+        "test": {"limit_test_batches": limit_batches},
+        "predict": {"limit_predict_batches": limit_batches},
+    }[stage]
+
+
+def _run_stage(trainer, model, stage: str, loaders: dict, trace: CollectiveTrace) -> tuple:
+    """Run ``stage``; return ``(raised, predictions)``: ``{"type", "message"}`` where the user's module
+    raised (a finding, not an audit error), and for ``predict`` the number of prediction batches."""
+    predictions = None
+    try:
+        if stage == "fit":
+            trainer.fit(model, **loaders)
+        elif stage == "predict":
+            out = trainer.predict(model, return_predictions=True, **loaders)
+            predictions = len(out) if out is not None else 0
+        else:
+            getattr(trainer, stage)(model, verbose=False, **loaders)
+    except Exception as exc:  # noqa: BLE001 - what the user's module raises is a finding
+        trace.stage_raised(exc)
+        return {"type": type(exc).__name__, "message": str(exc)}, predictions
+    trace.stage_ended({k: _float(v) for k, v in sorted(trainer.callback_metrics.items())})
+    return None, predictions
+
+
+#: The file in a world's trace folder where rank 0 saves the weights a ``fit`` trained.
+WEIGHTS_FILE = "weights.pt"
+
+
+def _score(value):
+    return _float(value) if value is not None else None
+
+
+def callback_states(trainer) -> list:
+    """Each ``ModelCheckpoint``'s and ``EarlyStopping``'s state at the end of the stage, in the Trainer's
+    order: ``{"callback", "monitor", ...}`` with, for ``ModelCheckpoint``, ``best_model_path``,
+    ``best_model_score``, ``best_k_models`` (path -> score) and ``files`` (the checkpoint files that exist in
+    its ``dirpath``, which every rank takes from rank 0: ``ModelCheckpoint.setup`` broadcasts it), as file
+    names; for ``EarlyStopping``, ``wait_count``,
+    ``stopped_epoch`` and ``stopping_reason`` (the ``EarlyStoppingReason`` name)."""
+    out = []
+    for cb in trainer.callbacks:
+        if isinstance(cb, pl.callbacks.ModelCheckpoint):
+            files = (
+                sorted(f for f in os.listdir(cb.dirpath) if f.endswith(".ckpt"))
+                if cb.dirpath and os.path.isdir(cb.dirpath)
+                else []
+            )
+            out.append(
+                {
+                    "callback": "ModelCheckpoint",
+                    "monitor": cb.monitor,
+                    "best_model_path": os.path.basename(cb.best_model_path) if cb.best_model_path else "",
+                    "best_model_score": _score(cb.best_model_score),
+                    "best_k_models": {os.path.basename(k): _score(v) for k, v in cb.best_k_models.items()},
+                    "files": files,
+                }
+            )
+        elif isinstance(cb, pl.callbacks.EarlyStopping):
+            reason = getattr(cb, "stopping_reason", None)
+            out.append(
+                {
+                    "callback": "EarlyStopping",
+                    "monitor": cb.monitor,
+                    "wait_count": int(cb.wait_count),
+                    "stopped_epoch": int(cb.stopped_epoch),
+                    "stopping_reason": getattr(reason, "name", None if reason is None else str(reason)),
+                }
+            )
+    return out
+
+
+def weights_digest(model) -> str:
+    """SHA-1 (12 hex digits) over the model's ``state_dict`` tensors: equal digests, equal weights."""
+    import hashlib
+
+    digest = hashlib.sha1()
+    for name, tensor in model.state_dict().items():
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().float().numpy().tobytes())
+    return digest.hexdigest()[:12]
+
+
+def _validation_of(loaders: dict) -> dict:
+    """``Trainer.validate`` keyword arguments from ``fit``'s: the datamodule, or the validation loaders."""
+    if "datamodule" in loaders:
+        return loaders
+    if "val_dataloaders" in loaders:
+        return {"dataloaders": loaders["val_dataloaders"]}
+    return {}

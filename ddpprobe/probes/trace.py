@@ -8,7 +8,8 @@ Used by the audit (ddpprobe/audit/) in its ranks::
         trainer = ddp_trainer(info, callbacks=[trace.batch_recorder()])
         trainer.validate(model, dataloaders=loader)
 
-One JSON object per line (``TRACE_SCHEMA`` version 1); ``event`` says which kind:
+One JSON object per line (``TRACE_SCHEMA`` version 1); ``event`` says which kind. This module writes every
+event and reads them back (:func:`read_trace`, :func:`split_trace`); the other rooms call it:
 
 ``collective`` (written *before* the call enters the backend)
     ``seq`` (0, 1, ... per rank, Python-level calls), ``op`` (``"all_reduce"``, ``"all_gather"``,
@@ -20,9 +21,12 @@ One JSON object per line (``TRACE_SCHEMA`` version 1); ``event`` says which kind
     user's code, e.g. ``self.all_gather``; ``"library"``: Lightning's or torch's own, e.g. a barrier
     of the Trainer or a broadcast in ``DistributedDataParallel.forward``), ``origin`` (the function that
     called ``torch.distributed``: ``"torch/nn/parallel/distributed.py:1580 in _sync_buffers"``),
-    ``key`` (the logged name, where there is one), ``metric`` and ``states`` (the ``Metric`` class and
-    its state names), ``hook`` (the LightningModule hook running, or the hook the key was logged
-    from), ``call_site`` (``"file.py:42 in validation_step"``: the innermost frame of the user's code,
+    ``key`` (the logged name, where there is one), ``sync`` (for ``self.log``: ``"step"``, the sync of a
+    step value in ``self.log`` itself, or ``"epoch"``, the sync of the epoch value at the epoch's end),
+    ``metric``, ``states`` and ``state_sizes`` (the ``Metric`` class, its state names, and each state's size
+    at the sync: ``"list of 3"``, ``"tensor [2]"``), ``hook`` (the hook the key was logged from, else the
+    hook running), ``running`` (the LightningModule or callback hook running, ``_current_fx_name``),
+    ``call_site`` (``"file.py:42 in validation_step"``: the innermost frame of the user's code,
     else None), ``pg_seq`` (the default process group's sequence number before the call; the Flight
     Recorder numbers the backend's collectives ``pg_seq + 1 ...``).
 ``done`` / ``raised``
@@ -33,12 +37,24 @@ One JSON object per line (``TRACE_SCHEMA`` version 1); ``event`` says which kind
     ``Metric``'s batch value from its ``forward``; else None), ``step_value`` (with ``on_step``: the step
     value Lightning keeps, after the ``sync_dist`` all_reduce where there is one), ``batch_size`` (what
     Lightning added to the key's cumulated batch size; None where it keeps none), ``on_step``, ``on_epoch``,
-    ``sync_dist``, ``reduce_fx``, ``rank_zero_only``, ``metric_object``, ``call_site``.
+    ``sync_dist``, ``reduce_fx``, ``rank_zero_only``, ``metric_object``, ``call_site``, ``reads_rank`` (the
+    names of ``RANK_NAMES`` the calling function's code uses, e.g. ``["global_rank"]``).
 ``batch``
-    a batch a loop ran: ``stage`` (``"train"``, ``"val"``, ``"test"``, ``"predict"``), ``batch_idx``,
+    a batch a loop ran: ``stage`` (``"train"``, ``"val"``, ``"test"``, ``"predict"``), ``sanity`` (true for
+    the sanity check's validation batches before ``fit`` trains), ``epoch`` (``trainer.current_epoch``),
+    ``batch_idx``,
     ``dataloader_idx``, ``size``, ``ids`` (the batch's ``id``/``ids``/``idx``/``index`` field) or
     ``hashes`` (one content hash per sample, from the rows of its tensors), ``sampler`` (the type
     name of the loader's sampler, first batch only).
+``all_gather``
+    a ``self.all_gather`` call whose data held leaves that are not tensors: ``hook``, ``call_site``,
+    ``leaves`` (up to 20 ``{"path", "type", "unchanged"}``: e.g. ``"['names'][0]"``, ``"str"``, and whether the
+    very object came back: Lightning gathers tensors only, pytorch_lightning/core/module.py ``all_gather``,
+    ``apply_to_collection(data, Tensor, ...)`` after converting numbers), ``unchanged`` (how many came back).
+``stage`` and ``metrics`` (:meth:`CollectiveTrace.stage_started`, ``stage_raised``, ``stage_ended``)
+    ``stage``: ``status`` ``"start"`` (with ``stage``, ``rank``, ``world_size``), ``"end"`` or ``"raised"``
+    (with ``error``); ``metrics``: ``values``, the rank's ``trainer.callback_metrics`` after a stage that
+    ended, so a rank that finished is known even when another rank hangs and the world is killed.
 ``flight_recorder``
     written at the end of a stage that returned or raised (not by a killed rank): ``entries``, torch's
     Flight Recorder entries for this rank (``collective_seq_id``, ``profiling_name`` such as
@@ -99,6 +115,10 @@ COLLECTIVES = (
     "all_to_all_single",
     "monitored_barrier",
 )
+
+#: Names that read the rank (attributes or functions): a ``self.log`` call whose function uses one of them
+#: may log a value that depends on the rank (``log`` events' ``reads_rank``).
+RANK_NAMES = frozenset({"global_rank", "local_rank", "node_rank", "get_rank", "rank"})
 
 #: Batch fields taken as a sample's identity.
 ID_FIELDS = ("id", "ids", "idx", "index", "indices", "sample_id")
@@ -182,19 +202,28 @@ class CallClassifier:
         loop, is placed there."""
         self.log_sites[(key, hook)] = call_site
 
-    def user_frame(self, frame) -> Optional[str]:
-        """``"file.py:42 in validation_step"``: the innermost frame at or above ``frame`` outside torch,
-        torchmetrics, Lightning, ddpprobe and the standard library; None if there is none."""
+    def user_code(self, frame):
+        """The innermost frame at or above ``frame`` of the user's code (outside torch, torchmetrics,
+        Lightning, ddpprobe and the standard library), or None if there is none."""
         while frame is not None:
             filename = frame.f_code.co_filename
             if not filename.startswith(self.library) and not filename.startswith("<"):
-                return f"{os.path.basename(filename)}:{frame.f_lineno} in {frame.f_code.co_name}"
+                return frame
             frame = frame.f_back
         return None
 
+    def user_frame(self, frame) -> Optional[str]:
+        """``"file.py:42 in validation_step"`` of :meth:`user_code`, or None."""
+        frame = self.user_code(frame)
+        if frame is None:
+            return None
+        return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno} in {frame.f_code.co_name}"
+
     def context(self, frame, loops_are_library: bool = False) -> dict:
-        """``{"source", "key", "metric", "states", "hook", "call_site", "origin"}`` of the collective
-        called from ``frame`` (the caller of the ``torch.distributed`` function).
+        """``{"source", "key", "sync", "metric", "states", "state_sizes", "hook", "running", "call_site",
+        "origin"}`` of the collective called from ``frame`` (the caller of the ``torch.distributed``
+        function): ``sync`` is ``"epoch"`` for a logged key's sync at ``compute()``, ``"step"`` for its
+        step sync; ``state_sizes`` each Metric state's size at the sync; ``running`` the hook running.
 
         With ``loops_are_library``, a collective reached from the user's code only through the Trainer or
         one of its loops (``trainer.fit(...)`` in the user's script, then Lightning's own broadcast or a
@@ -203,7 +232,7 @@ class CallClassifier:
         stops at that loop."""
         from torchmetrics import Metric
 
-        key = hook = metric = states = None
+        key = hook = metric = states = sync = state_sizes = None
         source = None
         through_loop = reached_user = False
         f = frame
@@ -217,9 +246,11 @@ class CallClassifier:
                     break
                 if kind == "_ResultMetric" and key is None:
                     key, hook = owner.meta.name, owner.meta.fx
+                    sync = "epoch" if f.f_code.co_name == "compute" else "step"
                     source = source or "self.log"
                 elif isinstance(owner, Metric) and metric is None and kind != "_ResultMetric":
                     metric, states = type(owner).__name__, list(getattr(owner, "_defaults", {}))
+                    state_sizes = {name: _state_size(getattr(owner, name, None)) for name in states}
                     source = "torchmetrics"
             f = f.f_back
         call_site = None if through_loop else self.user_frame(frame)
@@ -231,14 +262,16 @@ class CallClassifier:
             call_site = self.log_sites.get((key, hook))
         if source is None:
             source = "user" if call_site else "library"
-        if hook is None:
-            hook = getattr(self.model, "_current_fx_name", None)
+        running = getattr(self.model, "_current_fx_name", None)
         return {
             "source": source,
             "key": key,
+            "sync": sync,
             "metric": metric,
             "states": states,
-            "hook": hook,
+            "state_sizes": state_sizes,
+            "hook": hook if hook is not None else running,
+            "running": running,
             "call_site": call_site,
             "origin": origin,
         }
@@ -275,6 +308,20 @@ class CollectiveTrace:
         self._file.write(line + "\n")
         self._file.flush()
 
+    def stage_started(self, stage: str, rank: int, world_size: int) -> None:
+        """Write ``stage`` with ``status="start"``."""
+        self.write("stage", status="start", stage=stage, rank=rank, world_size=world_size)
+
+    def stage_raised(self, exc: BaseException) -> None:
+        """Write ``stage`` with ``status="raised"`` and the error text (2,000 characters at most)."""
+        self.write("stage", status="raised", error=f"{type(exc).__name__}: {exc}"[:2000])
+
+    def stage_ended(self, callback_metrics: dict) -> None:
+        """Write ``stage`` with ``status="end"``, then ``metrics`` with the rank's ``callback_metrics``
+        (name -> float, or ``"nan"``/``"inf"`` strings)."""
+        self.write("stage", status="end")
+        self.write("metrics", values=callback_metrics)
+
     def __enter__(self) -> "CollectiveTrace":
         self._file = open(self.path, "a", encoding="utf-8")
         self.write("start", schema=TRACE_SCHEMA, pid=os.getpid())
@@ -285,6 +332,8 @@ class CollectiveTrace:
                 setattr(torch.distributed, name, self._wrap(name, original))
         self._original_log = self.model.log
         self.model.log = self._wrap_log(self.model.log)
+        self._original_all_gather = self.model.all_gather
+        self.model.all_gather = self._wrap_all_gather(self.model.all_gather)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -292,6 +341,7 @@ class CollectiveTrace:
             setattr(torch.distributed, name, original)
         self._originals.clear()
         self.model.log = self._original_log
+        self.model.all_gather = self._original_all_gather
         self.dump_flight_recorder()
         self._file.close()
 
@@ -308,6 +358,9 @@ class CollectiveTrace:
         self.write("flight_recorder", entries=[{k: e.get(k) for k in keep} for e in entries])
 
     # -- where a call comes from -------------------------------------------------------------------
+
+    def _user_code(self, frame):
+        return self.classifier.user_code(frame)
 
     def _user_frame(self, frame) -> Optional[str]:
         return self.classifier.user_frame(frame)
@@ -358,69 +411,118 @@ class CollectiveTrace:
 
     def _wrap_log(self, original):
         trace, model = self, self.model
-        from torchmetrics import Metric
-
-        names = (
-            "prog_bar",
-            "logger",
-            "on_step",
-            "on_epoch",
-            "reduce_fx",
-            "enable_graph",
-            "sync_dist",
-            "sync_dist_group",
-            "add_dataloader_idx",
-            "batch_size",
-            "metric_attribute",
-            "rank_zero_only",
-        )
 
         @functools.wraps(original)
         def log(name, value, *args, **kwargs):
-            options = dict(zip(names, args))
+            options = dict(zip(LOG_OPTIONS, args))
             options.update(kwargs)
             fx = model._current_fx_name
-            call_site = trace._user_frame(sys._getframe(1))
+            user = trace._user_code(sys._getframe(1))
             result_metric = _result_metric(model, fx, name)
             before = _cumulated(result_metric)
             out = original(name, value, *args, **kwargs)
             result_metric = result_metric or _result_metric(model, fx, name)
-            after = _cumulated(result_metric)
-            on_step, on_epoch = _levels(fx, options)
-            if isinstance(value, Metric):
-                number = step_value = _scalar(getattr(value, "_forward_cache", None))
-            else:
-                number = _scalar(value)
-                step_value = _scalar(getattr(result_metric, "_forward_cache", None)) if on_step else None
-            reduce_fx = options.get("reduce_fx", "mean")
-            call = {
-                "key": name,
-                "hook": fx,
-                "value": number,
-                "step_value": step_value,
-                "batch_size": (after - before)
-                if after is not None and before is not None
-                else (after if after is not None else None),
-                "on_step": bool(on_step),
-                "on_epoch": bool(on_epoch),
-                "sync_dist": bool(options.get("sync_dist", False)),
-                "reduce_fx": reduce_fx
-                if isinstance(reduce_fx, str)
-                else getattr(reduce_fx, "__name__", repr(reduce_fx)),
-                "rank_zero_only": bool(options.get("rank_zero_only", False)),
-                "metric_object": isinstance(value, Metric),
-                "call_site": call_site,
-            }
+            call = _log_event(name, value, fx, options, result_metric, before)
+            call["call_site"] = trace._user_frame(sys._getframe(1))
+            call["reads_rank"] = sorted(set(user.f_code.co_names) & RANK_NAMES) if user is not None else []
             trace.log_calls.append(call)
-            trace.classifier.note_log(name, fx, call_site)
+            trace.classifier.note_log(name, fx, call["call_site"])
             trace.write("log", **call)
             return out
 
         return log
 
+    def _wrap_all_gather(self, original):
+        trace, model = self, self.model
+
+        @functools.wraps(original)
+        def all_gather(data, *args, **kwargs):
+            out = original(data, *args, **kwargs)
+            leaves = [
+                {"path": path, "type": type(leaf).__name__, "unchanged": returned is leaf}
+                for path, leaf, returned in _paired_leaves(data, out)
+                if not isinstance(leaf, torch.Tensor)
+            ]
+            if leaves:
+                trace.write(
+                    "all_gather",
+                    hook=model._current_fx_name,
+                    call_site=trace._user_frame(sys._getframe(1)),
+                    leaves=leaves[:20],
+                    unchanged=sum(1 for leaf in leaves if leaf["unchanged"]),
+                )
+            return out
+
+        return all_gather
+
     def batch_recorder(self):
         """A Lightning ``Callback`` that writes a ``batch`` event for every batch of every loop."""
         return _BatchRecorder(self)
+
+
+def _state_size(value) -> Optional[str]:
+    """A ``Metric`` state's size in words: ``"list of 3"`` or ``"tensor [2]"``."""
+    if isinstance(value, list):
+        return f"list of {len(value)}"
+    if isinstance(value, torch.Tensor):
+        return f"tensor {list(value.shape)}"
+    return None
+
+
+#: ``LightningModule.log``'s parameters after ``name`` and ``value``, in order (for positional arguments).
+LOG_OPTIONS = (
+    "prog_bar",
+    "logger",
+    "on_step",
+    "on_epoch",
+    "reduce_fx",
+    "enable_graph",
+    "sync_dist",
+    "sync_dist_group",
+    "add_dataloader_idx",
+    "batch_size",
+    "metric_attribute",
+    "rank_zero_only",
+)
+
+
+def _log_event(name: str, value, fx, options: dict, result_metric, before: Optional[int]) -> dict:
+    """The fields of a ``log`` event but ``call_site`` and ``reads_rank``, after Lightning took the call."""
+    from torchmetrics import Metric
+
+    after = _cumulated(result_metric)
+    on_step, on_epoch = _levels(fx, options)
+    if isinstance(value, Metric):
+        number = step_value = _scalar(getattr(value, "_forward_cache", None))
+    else:
+        number = _scalar(value)
+        step_value = _scalar(getattr(result_metric, "_forward_cache", None)) if on_step else None
+    reduce_fx = options.get("reduce_fx", "mean")
+    return {
+        "key": name,
+        "hook": fx,
+        "value": number,
+        "step_value": step_value,
+        "batch_size": (after - before) if after is not None and before is not None else after,
+        "on_step": bool(on_step),
+        "on_epoch": bool(on_epoch),
+        "sync_dist": bool(options.get("sync_dist", False)),
+        "reduce_fx": reduce_fx if isinstance(reduce_fx, str) else getattr(reduce_fx, "__name__", repr(reduce_fx)),
+        "rank_zero_only": bool(options.get("rank_zero_only", False)),
+        "metric_object": isinstance(value, Metric),
+    }
+
+
+def _paired_leaves(data, out, path: str = "") -> list:
+    """``[(path, leaf of data, what came back in its place)]`` over the dicts, lists and tuples of ``data``
+    (``out`` walked alongside; a leaf whose place in ``out`` is missing pairs with None)."""
+    if isinstance(data, dict):
+        returned = out if isinstance(out, dict) else {}
+        return [p for k, v in data.items() for p in _paired_leaves(v, returned.get(k), f"{path}[{k!r}]")]
+    if isinstance(data, (list, tuple)):
+        returned = out if isinstance(out, (list, tuple)) and len(out) == len(data) else [None] * len(data)
+        return [p for i, (v, o) in enumerate(zip(data, returned)) for p in _paired_leaves(v, o, f"{path}[{i}]")]
+    return [(path or "(the value)", data, out)]
 
 
 def _scalar(value) -> Optional[float]:
@@ -502,7 +604,14 @@ class _BatchRecorder(pl.Callback):
         self.samplers: set = set()
 
     def _record(self, trainer, stage: str, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
-        fields = {"stage": stage, "batch_idx": batch_idx, "dataloader_idx": dataloader_idx, **describe_batch(batch)}
+        fields = {
+            "stage": stage,
+            "sanity": bool(getattr(trainer, "sanity_checking", False)),
+            "epoch": int(getattr(trainer, "current_epoch", 0)),
+            "batch_idx": batch_idx,
+            "dataloader_idx": dataloader_idx,
+            **describe_batch(batch),
+        }
         if (stage, dataloader_idx) not in self.samplers:
             self.samplers.add((stage, dataloader_idx))
             fields["sampler"] = _sampler_name(trainer, stage, dataloader_idx)
@@ -548,8 +657,9 @@ def _sampler_name(trainer, stage: str, dataloader_idx: int) -> Optional[str]:
 
 def describe_collective(entry: dict) -> str:
     """One collective (a ``collective`` event of this trace, or an entry of the audit's sequences) in words, as
-    the audit's divergence report and the guard's errors print it: ``all_reduce float32 [] (self.log sync of
-    'val_loss', logged in validation_step) at module.py:12 in validation_step``."""
+    the audit's divergence report and the guard's errors print it: ``all_reduce float32 [] (self.log epoch sync
+    of 'val_loss', logged in validation_step) at module.py:12 in validation_step``; an entry without ``sync``
+    (the guard's) leaves out whether it synced a step or an epoch value."""
     shape = "" if entry.get("shape") is None else f" {list(entry['shape'])}"
     text = f"{entry['op']}{(' ' + entry['dtype']) if entry.get('dtype') else ''}{shape}"
     source = entry.get("source")
@@ -559,7 +669,8 @@ def describe_collective(entry: dict) -> str:
             text += f", logged as {entry['key']!r}"
         text += ")"
     elif source == "self.log":
-        text += f" (self.log sync of {entry.get('key')!r}, logged in {entry.get('hook')})"
+        level = {"step": "step ", "epoch": "epoch "}.get(entry.get("sync"), "")
+        text += f" (self.log {level}sync of {entry.get('key')!r}, logged in {entry.get('hook')})"
     elif source == "internal":
         text += " (not called from Python: e.g. DDP's gradient all_reduce in backward)"
     elif source == "library":
@@ -571,6 +682,9 @@ def describe_collective(entry: dict) -> str:
     if entry.get("call_site"):
         text += f" at {entry['call_site']}"
     return text
+
+
+# -- reading ---------------------------------------------------------------------------------------
 
 
 def read_trace(path: str) -> list:
@@ -586,3 +700,102 @@ def read_trace(path: str) -> list:
     except FileNotFoundError:
         pass
     return events
+
+
+def batch_samples(batches: list) -> list:
+    """The samples of ``batch`` events, in order: ``("id", 3)`` from ``ids``, ``("hash", "ab12...")`` from
+    ``hashes``."""
+    out = []
+    for batch in batches:
+        if batch.get("ids") is not None:
+            out += [("id", i) for i in batch["ids"]]
+        elif batch.get("hashes") is not None:
+            out += [("hash", h) for h in batch["hashes"]]
+    return out
+
+
+def sample_label(sample: tuple) -> str:
+    """A sample of :func:`batch_samples` as the report writes it: ``"3"``, or ``"#ab12cd"`` for a hash."""
+    return str(sample[1]) if sample[0] == "id" else f"#{sample[1][:6]}"
+
+
+def _step_loop(hook: str) -> Optional[str]:
+    """The loop whose batch a ``*_step`` hook is running (``"val"`` for ``validation_step``), else None."""
+    if not hook.endswith("_step"):
+        return None
+    for part, loop in (("train", "train"), ("validation", "val"), ("test", "test"), ("predict", "predict")):
+        if part in hook:
+            return loop
+    return None
+
+
+class _Reader:
+    """Folds one rank's events into :func:`split_trace`'s groups; one method per event."""
+
+    def __init__(self):
+        self.by_seq: dict = {}
+        self.current: dict = {}  # loop -> the batch event it is running
+        self.out = {
+            "collectives": [],
+            "logs": [],
+            "batches": [],
+            "flight_recorder": None,
+            "flight_recorder_unavailable": None,
+            "stage": None,
+            "stage_error": None,
+            "all_gathers": [],
+        }
+
+    def on_collective(self, event: dict) -> None:
+        entry = {k: v for k, v in event.items() if k not in ("event", "t")}
+        entry["status"] = "pending"
+        self.by_seq[event["seq"]] = entry
+        self.out["collectives"].append(entry)
+
+    def on_done(self, event: dict) -> None:
+        entry = self.by_seq.get(event.get("seq"))
+        if entry is not None:
+            entry["status"], entry["pg_seq_after"] = event["event"], event.get("pg_seq")
+            if event["event"] == "raised":
+                entry["error"] = event.get("error")
+
+    on_raised = on_done
+
+    def on_log(self, event: dict) -> None:
+        running = self.current.get(_step_loop(event.get("hook") or ""))
+        samples = batch_samples([running]) if running else []
+        self.out["logs"].append({**event, "batch_ids": [sample_label(s) for s in samples] or None})
+
+    def on_batch(self, event: dict) -> None:
+        self.out["batches"].append(event)
+        self.current[event.get("stage")] = event
+
+    def on_metrics(self, event: dict) -> None:
+        self.out["callback_metrics"] = event.get("values") or {}
+
+    def on_all_gather(self, event: dict) -> None:
+        self.out["all_gathers"].append(event)
+
+    def on_flight_recorder(self, event: dict) -> None:
+        self.out["flight_recorder"] = event.get("entries") or []
+        self.out["flight_recorder_unavailable"] = event.get("unavailable")
+
+    def on_stage(self, event: dict) -> None:
+        if event.get("status") in ("end", "raised"):
+            self.out["stage"], self.out["stage_error"] = event["status"], event.get("error")
+
+
+def split_trace(events: list) -> dict:
+    """Group one rank's trace events (:func:`read_trace`): ``collectives`` (each ``collective`` event with
+    ``status`` ``"done"``, ``"raised"`` (and ``error``) or ``"pending"``: entered and never left, and
+    ``pg_seq_after``), ``logs`` (``log`` events; one from a ``*_step`` hook gets ``batch_ids``: the samples
+    of the batch its loop was running, else None), ``batches``, ``flight_recorder`` (entries, or None when
+    not written) and ``flight_recorder_unavailable``, ``stage`` (``"end"``, ``"raised"``, or None: the rank
+    never finished its stage), ``stage_error``, ``callback_metrics`` (only when a ``metrics`` event was
+    written) and ``all_gathers`` (the ``all_gather`` events)."""
+    reader = _Reader()
+    for event in events:
+        handler = getattr(reader, f"on_{event.get('event')}", None)
+        if handler is not None:
+            handler(event)
+    return reader.out

@@ -158,7 +158,7 @@ def test_seed_module_batch_f1_with_sync_dist_is_synced_but_differs_from_single_p
     )
     assert row.single == pytest.approx(single, abs=1e-6)
     assert row.verdict == ddp_audit.SYNCED_DIFFERS and row.sync_dist and row.problem
-    assert "non-decomposable" in row.cause and "sampler padding" not in row.cause, row.cause
+    assert "non-decomposable" in row.cause and "repeated samples" not in row.cause, row.cause
     assert result.loaders["val"] == {
         "dataset_size": n,
         "per_rank": n // world_size,

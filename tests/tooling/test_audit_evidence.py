@@ -151,14 +151,14 @@ def test_uneven_user_shards_an_epoch_mean_is_floored_not_non_decomposable(backen
     row = result.row("val_mean")
     assert row.per_rank == pytest.approx([floored] * world_size) and row.single == pytest.approx(correct)
     assert ddp_audit.FLOORED_COUNT_ISSUE in row.cause and "non-decomposable" not in row.cause, row.cause
-    assert result.counts["val"]["batches"] == [3, 2]
+    assert result.counts["val"]["batches"] == [len(range(r, n, world_size)) for r in range(world_size)]
 
 
 def test_uneven_user_shards_a_synced_step_value_leaves_rank_0_alone_in_its_last_collective(backend):
     """Issue-14 input 4 with ``on_step=True, sync_dist=True``: rank 0 runs a third batch and enters the
     step value's sync; rank 1 has finished. The trace names the key, the hook and the line, says which
     rank never entered, and the audit fails (exit code 1)."""
-    world_size = 2
+    n, world_size = 5, 2
     result = _audit("make_step_synced_model", "make_sharded_iterable_5", world_size, backend)
 
     divergence = result.trace["first_divergence"]
@@ -167,35 +167,49 @@ def test_uneven_user_shards_a_synced_step_value_leaves_rank_0_alone_in_its_last_
     entry = divergence["entries"][0]
     assert (entry["key"], entry["hook"], entry["source"]) == ("val_step_mean", "validation_step", "self.log")
     assert "reported_cases.py" in entry["call_site"], entry
-    assert result.counts["val"]["batches"] == [3, 2]
+    assert result.counts["val"]["batches"] == [len(range(r, n, world_size)) for r in range(world_size)]
     assert result.exit_code == 1 and any("diverge" in p for p in result.problems)
 
 
 def test_uneven_user_shards_a_step_and_epoch_synced_value_aborts_a_rank_and_the_trace_still_names_the_key(backend):
     """Issue-14 input 4 with ``on_step=True, on_epoch=True, sync_dist=True``: rank 0's third step sync
     pairs with rank 1's epoch sync and gloo aborts rank 0 (tests/facts/test_uneven_shards.py shows the
-    abort). The world fails, yet the traces the ranks wrote as they ran give the first mismatch with
-    the key, the hook and the line; the steps both ranks ran are synced; the epoch value never came."""
-    result = _audit("make_step_and_epoch_synced_model", "make_sharded_iterable_5", 2, backend)
+    abort). The world fails, yet the traces the ranks wrote as they ran give the first divergence with
+    the key, the hook and the line: the same float32 all_reduce serving rank 0's step sync and rank 1's
+    epoch sync (a ``"purpose"`` divergence, found before the op mismatch it leads to); the steps both
+    ranks ran are synced; the epoch value never came."""
+    n, world_size = 5, 2
+    result = _audit("make_step_and_epoch_synced_model", "make_sharded_iterable_5", world_size, backend)
+    batches = [len(range(r, n, world_size)) for r in range(world_size)]  # batches of 1
 
     assert result.world_error is not None and result.world_error["type"] == "RankDied", result.world_error
     divergence = result.trace["first_divergence"]
-    assert divergence is not None and divergence["kind"] == "mismatch", result.format()
+    assert divergence is not None and divergence["kind"] == "purpose", result.format()
     assert {e["key"] for e in divergence["entries"]} == {"val_both"}
     assert all("reported_cases.py" in e["call_site"] for e in divergence["entries"])
+    assert [e["sync"] for e in divergence["entries"]] == ["step", "epoch"], divergence["entries"]
+    assert {(e["op"], e["dtype"]) for e in divergence["entries"]} == {("all_reduce", "float32")}
+    message = divergence["message"]
+    assert (
+        "rank 0's all_reduce float32 [] (self.log step sync of 'val_both', logged in validation_step)" in message
+        and "paired with rank 1's all_reduce float32 [] (self.log epoch sync of 'val_both'" in message
+    ), message
+    assert divergence["diagnosis"]["fixes"] == ["even_batches_step"], divergence["diagnosis"]
     steps = result.row("val_both", level="step")
-    assert steps.verdict == ddp_audit.STEP_SYNCED and steps.evidence["steps per rank"] == [3, 2], steps
+    assert steps.verdict == ddp_audit.STEP_SYNCED and steps.evidence["steps per rank"] == batches, steps
     assert result.row("val_both", level="epoch").verdict == ddp_audit.NO_VALUE
-    assert result.counts["val"]["batches"] == [3, 2] and result.exit_code == 1
+    assert result.counts["val"]["batches"] == batches and result.exit_code == 1
 
 
 @pytest.mark.waits_for_timeout
-def test_uneven_user_shards_in_fit_the_trace_shows_gradient_sync_against_the_epoch_loss_sync(backend):
-    """Issue-14 input 4, ``--stage fit``, epoch-level ``train_loss`` with ``sync_dist=True``: rank 0's
-    third backward all-reduces gradients (a collective Python never sees; the Flight Recorder does)
-    while rank 1, done, syncs ``train_loss``. The key without a value is not called "synced"; the
-    trace gives the first divergence."""
-    world_size = 2
+def test_uneven_user_shards_in_fit_the_trace_shows_rank_0s_third_training_step_against_rank_1s_epoch_loss_sync(backend):
+    """Issue-14 input 4, ``--stage fit``, epoch-level ``train_loss`` with ``sync_dist=True``: rank 0 runs a
+    third training batch, whose first collective is the training loop's own per-step broadcast
+    (pytorch_lightning/loops/training_epoch_loop.py ``_broadcast_sigterm_tensor``, before the backward's
+    gradient all_reduce), while rank 1, done with its 2 batches, enters the epoch sync of ``train_loss``.
+    The key without a value is not called "synced"; the first divergence pairs those two entries, and
+    the diagnosis names the per-batch count and the equal-batches fix."""
+    n, world_size = 5, 2
     result = _audit(
         "make_train_loss_model", "make_sharded_iterable_5_fit", world_size, backend, "fit", timeout=HANG_TIMEOUT
     )
@@ -204,7 +218,12 @@ def test_uneven_user_shards_in_fit_the_trace_shows_gradient_sync_against_the_epo
     assert row.verdict not in (ddp_audit.SYNCED_DIFFERS, ddp_audit.SYNCED_EQUAL), row
     divergence = result.trace["first_divergence"]
     assert divergence is not None, result.format()
-    assert result.counts["train"]["batches"] == [3, 2]
+    assert (divergence["kind"], divergence["ranks"]) == ("mismatch", list(range(world_size))), divergence
+    step, epoch_sync = divergence["entries"]
+    assert (step["op"], step["source"]) == ("broadcast", "library") and "training_epoch_loop" in step["origin"], step
+    assert (epoch_sync["source"], epoch_sync["key"], epoch_sync["sync"]) == ("self.log", "train_loss", "epoch")
+    assert divergence["diagnosis"]["fixes"] == ["even_batches_fit"], divergence["diagnosis"]
+    assert result.counts["train"]["batches"] == [len(range(r, n, world_size)) for r in range(world_size)]
     assert result.exit_code == 1
 
 
@@ -255,6 +274,7 @@ def test_compute_under_if_global_rank_0_is_named_with_its_metric_and_line(backen
     assert (entry["source"], entry["metric"]) == ("torchmetrics", "BinaryAccuracy"), entry
     assert "on_validation_epoch_end" in entry["call_site"] and "compute()" in divergence["message"]
     assert entry["states"] == ["tp", "fp", "tn", "fn"] and divergence["absent"] == [1]
+    assert divergence["diagnosis"]["fixes"] == ["compute_everywhere"], divergence["diagnosis"]
     row = result.row("val_acc")
     assert row.logged_on == [] and row.verdict == ddp_audit.NOT_IN_WORLD and row.problem
     assert "[]" not in row.cause and "sync_dist=True" not in row.cause, row.cause
@@ -276,6 +296,7 @@ def test_the_same_all_reduce_under_different_keys_is_found_although_the_run_fini
     assert divergence is not None and divergence["kind"] == "keys", result.format()
     assert [e["key"] for e in divergence["entries"]] == ["loss_rank0", "loss_rank1"]
     assert all(e["op"] == "all_reduce" and e["dtype"] == "float32" for e in divergence["entries"])
+    assert divergence["diagnosis"]["fixes"] == ["same_keys"], divergence["diagnosis"]
     assert result.world_error is None and all(t["stage"] == "end" for t in result.trace["ranks"])
     whole = oracle.mean(oracle.values(range(n)))
     own = [oracle.mean(oracle.values(oracle.shard(n, world_size, r))) for r in range(world_size)]
@@ -314,6 +335,9 @@ def test_predict_with_all_gather_in_predict_step_leaves_the_rank_with_more_batch
     assert divergence["ranks"] == [0] and divergence["absent"] == [1]
     entry = divergence["entries"][0]
     assert entry["source"] == "user" and "predict_step" in entry["call_site"], entry
+    diagnosis = divergence["diagnosis"]  # one all_gather per batch: the count follows the batches
+    assert diagnosis["culprit"]["counts"] == result.counts["predict"]["batches"], diagnosis
+    assert diagnosis["fixes"] == ["predict_writer"], diagnosis
     assert result.exit_code == 1
 
 

@@ -45,13 +45,27 @@ def test_a_collective_one_rank_never_enters_is_the_first_divergence_naming_who_w
 
 
 def test_the_same_all_reduce_under_different_keys_is_a_divergence_and_a_shape_mismatch_is_another():
-    keys = [_rank([("all_reduce", [], "a", "done")]), _rank([("all_reduce", [], "b", "done")])]
-    shapes = [_rank([("all_reduce", [], "a", "done")]), _rank([("all_reduce", [3], "a", "done")])]
+    same = ("all_reduce", [], "a", "done")
+    keys = [_rank([same, same]), _rank([same, ("all_reduce", [], "b", "done")])]
+    shapes = [_rank([same, same]), _rank([same, ("all_reduce", [3], "a", "done")])]
     for ranks, kind in ((keys, "keys"), (shapes, "mismatch")):
         found = _evidence.first_divergence([_evidence.sequence(r, False) for r in ranks], ["end", "end"])
-        assert found["kind"] == kind, found
+        assert (found["kind"], found["index"], found["ranks"], found["absent"]) == (kind, 1, [0, 1], []), found
     same = [_rank([("all_reduce", [], "a", "done")])] * 2
     assert _evidence.first_divergence([_evidence.sequence(r, False) for r in same], ["end", "end"]) is None
+
+
+def test_a_step_sync_paired_with_an_epoch_sync_of_the_same_key_is_a_divergence_of_purpose():
+    """Rank 0's third step sync of ``v`` and rank 1's epoch sync of ``v``: the same float32 all_reduce, the
+    same key, two purposes; the divergence says which paired with which."""
+    ranks = [_rank([("all_reduce", [], "v", "done")] * 3), _rank([("all_reduce", [], "v", "done")] * 3)]
+    for r, levels in enumerate((["step", "step", "step"], ["step", "step", "epoch"])):
+        for entry, level in zip(ranks[r]["collectives"], levels):
+            entry["sync"] = level
+    found = _evidence.first_divergence([_evidence.sequence(r, False) for r in ranks], ["end", "end"])
+    assert (found["kind"], found["index"], found["ranks"]) == ("purpose", 2, [0, 1]), found
+    assert "rank 0's all_reduce float32 [] (self.log step sync of 'v'" in found["message"], found["message"]
+    assert "paired with rank 1's all_reduce float32 [] (self.log epoch sync of 'v'" in found["message"]
 
 
 def test_counts_name_repeats_only_when_a_sample_ran_twice_and_unsharded_when_every_rank_ran_all():
@@ -62,6 +76,21 @@ def test_counts_name_repeats_only_when_a_sample_ran_twice_and_unsharded_when_eve
     assert (padded.samples, padded.duplicates, padded.duplicated, padded.unsharded) == ([3, 3], 1, {"0": 2}, False)
     assert (uneven.samples, uneven.duplicates, uneven.missing_vs_single) == ([3, 2], 0, 0)
     assert unsharded.unsharded and unsharded.samples == [5, 5]
+
+
+def test_a_sample_is_repeated_only_when_two_ranks_ran_it_in_the_same_run_of_the_loop():
+    """The sanity check's batches (``sanity``) and each earlier epoch are counted apart: rank 0 ran ids 0, 2
+    and rank 1 ids 1, 3 in each of two epochs, after a sanity check of ids 0 and 1: nothing repeats."""
+    shards = [[0, 2], [1, 3]]
+
+    def rank(r):
+        events = [{"event": "batch", "stage": "val", "sanity": True, "epoch": 0, "size": 1, "ids": [r]}]
+        for epoch in (0, 1):
+            events.append({"event": "batch", "stage": "val", "epoch": epoch, "size": 2, "ids": shards[r]})
+        return _evidence.split(events)
+
+    found = _evidence.counts([rank(0), rank(1)], None, "val")
+    assert (found.samples, found.duplicates, found.epochs, found.sanity_batches) == ([2, 2], 0, [2, 2], [1, 1])
 
 
 def test_the_floored_count_bug_is_named_only_when_the_recomputed_floored_mean_is_the_measured_value():
@@ -82,3 +111,46 @@ def test_the_floored_count_bug_is_named_only_when_the_recomputed_floored_mean_is
     assert FLOORED_COUNT_ISSUE in cause and fixes == ["mean_metric"], cause
     cause, _, _ = _verdict.differs_cause("v", calls, 3.0, 2.6, logs, [], counts, 2, "validate", None, 1e-5, 1e-6)
     assert cause.startswith("unknown") and FLOORED_COUNT_ISSUE not in cause, cause
+
+
+def _record(name: str, hook: str, value: float) -> dict:
+    call = {"name": name, "hook": hook, "on_step": False, "on_epoch": True, "sync_dist": True}
+    call.update({"reduce_fx": "mean", "rank_zero_only": False, "metric_object": False, "calls": 1})
+    return {"log_calls": [call], "callback_metrics": {name: value}}
+
+
+def test_a_fit_compares_like_with_like_training_keys_of_weights_trained_apart_are_not_compared():
+    """A ``fit`` whose W=1 and W=N weights differ: a validation key is compared with W=1 validating the W=N
+    weights (equal here: synced, equals single-process), a training key with nothing (its W=1 value came
+    from other weights: not a problem). With equal weights the training key is compared, and its cause
+    does not blame the training."""
+    world = [_record("val_v", "validation_step", 2.0), _record("val_v", "validation_step", 2.0)]
+    for rec in world:
+        rec["log_calls"] += _record("train_v", "training_step", 5.0)["log_calls"]
+        rec["callback_metrics"]["train_v"] = 5.0
+    single = _record("val_v", "validation_step", 1.0)
+    single["log_calls"] += _record("train_v", "training_step", 4.0)["log_calls"]
+    single["callback_metrics"]["train_v"] = 4.0
+    apart = _verdict.Reference(
+        record=single, trained_apart=True, same_weights=_record("val_v", "validation_step", 2.0), steps=[4, 2]
+    )
+    rows = {row.key: row for row in _verdict.rows(apart, world, 2, "fit")}
+    assert (rows["val_v"].verdict, rows["val_v"].single) == (_verdict.SYNCED_EQUAL, 2.0), rows["val_v"]
+    assert rows["train_v"].verdict == _verdict.TRAINED_APART and not rows["train_v"].problem, rows["train_v"]
+    assert "W=1 made 4 optimizer steps, W=2 2" in rows["train_v"].cause, rows["train_v"].cause
+    same = _verdict.Reference(record=single, weights_equal=True)
+    train = {row.key: row for row in _verdict.rows(same, world, 2, "fit")}["train_v"]
+    assert train.verdict == _verdict.SYNCED_DIFFERS and "training at W ranks" not in train.cause, train.cause
+
+
+def test_a_training_key_of_weights_trained_apart_that_the_ranks_disagree_on_is_judged_by_what_a_sync_gives():
+    """Ranks 0 and 1 logged ``train_v`` 3 and 6 without ``sync_dist`` in a ``fit`` trained apart: rank-divergent,
+    and the cause says what a sync of them gives (their mean, 4.5), comparing with no single-process value."""
+    world = [_record("train_v", "training_step", 3.0), _record("train_v", "training_step", 6.0)]
+    for rec in world:
+        rec["log_calls"][0]["sync_dist"] = False
+    apart = _verdict.Reference(record=_record("train_v", "training_step", 1.0), trained_apart=True, steps=[4, 2])
+    (row,) = _verdict.rows(apart, world, 2, "fit")
+    assert (row.verdict, row.single) == (_verdict.RANK_DIVERGENT, None), row
+    assert "a sync of the ranks' values (sync_dist=True, reduce_fx='mean') gives 4.5 on every rank" in row.cause
+    assert "single-process" not in row.cause.replace("no single-process run", ""), row.cause

@@ -84,7 +84,7 @@ def test_keys_named_after_the_rank_raise_collective_mismatch_on_every_rank_namin
     errors = _guard_errors(failure.value, "CollectiveMismatch", list(range(world_size)))
     for message in errors.values():
         for r in range(world_size):
-            _line(r, f"(self.log sync of 'loss_rank{r}', logged in {hook})", message)
+            _line(r, f"(self.log epoch sync of 'loss_rank{r}', logged in {hook})", message)
         assert KEY_MIX in message, message
 
 
@@ -102,7 +102,7 @@ def test_the_mismatch_names_the_line_each_key_was_logged_from(run_world):
         for r in (0, 1):
             _line(
                 r,
-                f"barrier (self.log sync of 'loss_rank{r}', logged in validation_step) at guarded.py:{line} "
+                f"barrier (self.log epoch sync of 'loss_rank{r}', logged in validation_step) at guarded.py:{line} "
                 "in validation_step",
                 message,
             )
@@ -121,7 +121,7 @@ def test_the_same_keys_in_a_different_order_raise_collective_mismatch_at_the_fir
     errors = _guard_errors(failure.value, "CollectiveMismatch", list(range(world_size)))
     for message in errors.values():
         for r in range(world_size):
-            _line(r, f"(self.log sync of '{'a' if r % 2 == 0 else 'b'}'", message)
+            _line(r, f"(self.log epoch sync of '{'a' if r % 2 == 0 else 'b'}'", message)
         assert KEY_MIX in message, message
 
 
@@ -141,8 +141,8 @@ def test_a_key_only_some_ranks_log_raises_collective_mismatch_on_every_rank_not_
     errors = _guard_errors(failure.value, "CollectiveMismatch", list(range(world_size)))
     for message in errors.values():
         for r in range(last):
-            _line(r, "(self.log sync of 'extra'", message)
-        _line(last, "(self.log sync of 'shared'", message)
+            _line(r, "(self.log epoch sync of 'extra'", message)
+        _line(last, "(self.log epoch sync of 'shared'", message)
 
 
 # ---------------------------------------------------------------------------------------------

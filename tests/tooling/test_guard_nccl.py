@@ -35,7 +35,10 @@ def test_nccl_a_key_only_some_ranks_log_raises_collective_mismatch_instead_of_wa
 
     err = failure.value
     assert _types(err) == ["CollectiveMismatch"] * 2, oracle.side_by_side("error type", _types(err))
-    assert "(self.log sync of 'extra'" in err.rank_errors[0] and "(self.log sync of 'shared'" in err.rank_errors[0]
+    assert (
+        "(self.log epoch sync of 'extra'" in err.rank_errors[0]
+        and "(self.log epoch sync of 'shared'" in err.rank_errors[0]
+    )
 
 
 def test_nccl_uneven_batches_in_fit_raise_collective_mismatch_before_the_gradient_all_reduce(run_world):

@@ -1,0 +1,261 @@
+"""Running the audit's worlds and assembling their records into an :class:`~ddpprobe.audit.AuditResult`.
+
+Each world is a :func:`ddpprobe.run_world` of ``ddpprobe.audit._scenario.audit_rank``: the single process
+(W=1), the distributed run (W=N) and, after a ``fit`` whose weights trained differently at W=1, a single
+process validating the weights the distributed run trained (``same_weights``), so validation values are
+compared on the same weights. Each rank writes its trace into a folder of the audit's own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import tempfile
+from typing import Callable, Optional
+
+from ddpprobe.audit import _evidence
+from ddpprobe.audit._callbacks import callback_rows
+from ddpprobe.audit._experiment import experiment_rows
+from ddpprobe.audit._fixes import REMOVED_HOOKS
+from ddpprobe.audit._inputs import AuditInputError
+from ddpprobe.audit._result import AuditResult
+from ddpprobe.audit._verdict import Reference, padding_duplicates, rows
+from ddpprobe.probes.trace import FLIGHT_RECORDER_ENV, read_trace, split_trace
+
+#: Lightning's hint that a logged value should be synced (rank 0's warnings are counted in the report).
+SYNC_DIST_HINT = "It is recommended to use `self.log("
+
+
+@dataclasses.dataclass
+class World:
+    """One world's outcome.
+
+    Attributes:
+        records: each rank's ``audit_rank`` record (for a failed world, a stand-in read from its trace).
+        traces: each rank's trace, split (ddpprobe/probes/trace.py ``split_trace``).
+        stdout: what each rank printed.
+        error: ``{"type", "message"}`` when the world failed, else None.
+        weights: the weights file rank 0 saved after ``fit``, while the audit's folder exists, else None.
+    """
+
+    records: list
+    traces: list
+    stdout: list
+    error: Optional[dict] = None
+    weights: Optional[str] = None
+
+
+def run_one(params: dict, size: int, root: str, settings, progress: Optional[Callable], what: str = "") -> World:
+    """Run one world of ``size`` ranks of ``audit_rank(**params)``, its traces in a new folder under ``root``.
+
+    Raises:
+        ddpprobe.WorldError: the single-process world (``size == 1``) failed: the module cannot run at all.
+        AuditInputError: a factory returned something the audit cannot run (found in the ranks).
+    """
+    from ddpprobe.audit._scenario import WEIGHTS_FILE, audit_rank, trace_path
+    from ddpprobe.launch import WorldError, run_world
+
+    if progress is not None:
+        ranks = "single process" if size == 1 else f"{size} ranks"
+        progress(
+            f"running {params['stage']} of {params['model_ref']} at W={size} ({ranks}{what}, at most "
+            f"{settings.timeout:g} s; --timeout changes it)"
+        )
+    folder = tempfile.mkdtemp(dir=root)
+    try:
+        run = run_world(
+            audit_rank,
+            size,
+            backend=settings.backend,
+            timeout=settings.timeout,
+            env=FLIGHT_RECORDER_ENV,
+            trace_dir=folder,
+            **params,
+        )
+    except WorldError as exc:
+        if size == 1:
+            raise
+        traces = [split_trace(read_trace(trace_path(folder, r))) for r in range(size)]
+        stdout = [exc.outputs.get(r, ("", ""))[0] for r in range(size)]
+        return World(
+            [_record_from_trace(t) for t in traces], traces, stdout, {"type": type(exc).__name__, "message": str(exc)}
+        )
+    for rank in run:
+        if rank.record.get("input_error"):
+            raise AuditInputError(rank.record["input_error"])
+    weights = os.path.join(folder, WEIGHTS_FILE)
+    return World(
+        [r.record for r in run],
+        [split_trace(read_trace(trace_path(folder, r))) for r in range(size)],
+        [r.stdout for r in run],
+        weights=weights if os.path.exists(weights) else None,
+    )
+
+
+def run_worlds(params: dict, world_size: int, settings, progress: Optional[Callable]) -> dict:
+    """``{"single": World, "world": World, "same_weights": World or None}``: W=1, W=N, and after a ``fit``
+    whose trained weights differ between the two, W=1 validating the weights the W=N run trained."""
+    root = tempfile.mkdtemp(prefix="ddpprobe-audit-")
+    try:
+        single = run_one(params, 1, root, settings, progress)
+        world = run_one(params, world_size, root, settings, progress)
+        same = None
+        if params["stage"] == "fit" and trained_apart(single, world) and world.weights and _validates(world):
+            same = run_one(
+                {**params, "stage": "validate", "weights": world.weights},
+                1,
+                root,
+                settings,
+                progress,
+                " validating the weights the W=N fit trained",
+            )
+        return {"single": single, "world": world, "same_weights": same}
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def trained_apart(single: World, world: World) -> bool:
+    """The W=1 and W=N runs ended with different weights (``audit_rank``'s ``weights_digest``)."""
+    digests = [single.records[0].get("weights_digest"), world.records[0].get("weights_digest")]
+    return None not in digests and digests[0] != digests[1]
+
+
+def _weights_equal(single: World, world: World) -> bool:
+    digests = [single.records[0].get("weights_digest"), world.records[0].get("weights_digest")]
+    return None not in digests and digests[0] == digests[1]
+
+
+def _validates(world: World) -> bool:
+    return any("validation" in (c.get("hook") or "") for c in world.records[0]["log_calls"])
+
+
+def _record_from_trace(rank: dict) -> dict:
+    """A stand-in for the record of a rank whose world failed: what its trace holds."""
+    from ddpprobe.audit._scenario import _summarise_calls
+
+    error = rank["stage_error"]
+    return {
+        "log_calls": _summarise_calls(rank["logs"]),
+        "callback_metrics": rank.get("callback_metrics") or {},
+        "loaders": {},
+        "raised": {"type": error.partition(":")[0], "message": error.partition(": ")[2]} if error else None,
+        "removed_hooks": [],
+        "experiment_calls": [],
+        "experiment_attempts": [],
+        "logger_metrics": [],
+        "warnings": [],
+    }
+
+
+def _stdout_lines(text: str) -> list:
+    return [line for line in text.splitlines() if line.strip()]
+
+
+def _loaders(world: World, world_size: int) -> dict:
+    out = {}
+    for kind, entries in (world.records[0].get("loaders") or {}).items():
+        if entries:
+            size = entries[0]["dataset_size"]
+            out[kind] = {
+                "dataset_size": size,
+                "per_rank": entries[0]["per_rank"],
+                "padding_duplicates": padding_duplicates(size, world_size),
+                "sampler": entries[0].get("sampler"),
+            }
+    return out
+
+
+def _counts(worlds: dict, stage: str) -> dict:
+    loop = _evidence.STAGE_LOOP[stage]
+    found = {}
+    for kind in [loop, "val"] if stage == "fit" else [loop]:
+        counts = _evidence.counts(worlds["world"].traces, worlds["single"].traces[0], kind)
+        if counts is not None:
+            found[kind] = counts
+    return found
+
+
+def _reference(worlds: dict) -> Reference:
+    """What each key is compared with: the W=1 run, or for a ``fit`` trained apart, the W=1 validation of
+    the W=N weights for validation keys and nothing for training keys."""
+    single, same = worlds["single"], worlds["same_weights"]
+    apart = trained_apart(single, worlds["world"])
+    return Reference(
+        record=single.records[0],
+        logs=single.traces[0]["logs"],
+        trained_apart=apart,
+        same_weights=same.records[0] if same else None,
+        same_weights_logs=same.traces[0]["logs"] if same else None,
+        steps=[single.records[0].get("global_step"), worlds["world"].records[0].get("global_step")],
+        weights_equal=_weights_equal(single, worlds["world"]),
+    )
+
+
+def assemble(worlds: dict, inputs: dict, limit_batches: Optional[int], rtol: float, atol: float) -> AuditResult:
+    """The :class:`AuditResult` of the worlds ``run_worlds`` ran for ``inputs`` (``model``, ``data``,
+    ``stage``, ``world_size``, ``backend``, ``lightning``), with ``limit_batches`` and the tolerances."""
+    stage, world_size = inputs["stage"], inputs["world_size"]
+    single, world = worlds["single"], worlds["world"]
+    counts = _counts(worlds, stage)
+    traces = world.traces
+    unmoved = _evidence.unmoved_leaves(traces)
+    first = world.records[0]
+    return AuditResult(
+        **inputs,
+        rows=rows(
+            _reference(worlds),
+            world.records,
+            world_size,
+            stage,
+            limit_batches,
+            rtol=rtol,
+            atol=atol,
+            world_logs=[t["logs"] for t in traces],
+            counts=counts,
+            completed=all(t["stage"] == "end" for t in traces),
+            collectives=[t["collectives"] for t in traces],
+            ended=[t["stage"] for t in traces],
+            unmoved=unmoved,
+        ),
+        stdout_lines={
+            "single": [len(_stdout_lines(single.stdout[0]))],
+            "world": [len(_stdout_lines(text)) for text in world.stdout],
+        },
+        stdout_samples=[_stdout_lines(text)[:5] for text in world.stdout],
+        removed_hooks=[
+            {"hook": h, "effect": REMOVED_HOOKS[h]}
+            for h in (first.get("removed_hooks") or single.records[0]["removed_hooks"])
+        ],
+        loaders=_loaders(world, world_size),
+        raised={"single": single.records[0]["raised"], "world": [rec.get("raised") for rec in world.records]},
+        experiment_calls=first.get("experiment_calls") or [],
+        logger_metrics=first.get("logger_metrics") or [],
+        sync_dist_warnings=sorted(
+            {w["message"] for w in first.get("warnings") or [] if SYNC_DIST_HINT in w["message"]}
+        ),
+        counts={kind: c.to_dict() for kind, c in counts.items()},
+        trace=_evidence.trace_summary(traces, stage),
+        world_error=world.error,
+        predictions=[rec.get("predictions") for rec in world.records] if stage == "predict" else None,
+        experiment_rows=experiment_rows(
+            single.records[0].get("experiment_attempts") or [],
+            [rec.get("experiment_attempts") or [] for rec in world.records],
+            [t["collectives"] for t in traces],
+            {kind: c.to_dict() for kind, c in counts.items()},
+            rtol,
+            atol,
+            unmoved=unmoved,
+        ),
+        weights=_weights(worlds) if stage == "fit" else None,
+        callbacks=callback_rows(world.records),
+        unmoved=unmoved,
+    )
+
+
+def _weights(worlds: dict) -> dict:
+    return {
+        "trained_apart": trained_apart(worlds["single"], worlds["world"]),
+        "steps": [worlds["single"].records[0].get("global_step"), worlds["world"].records[0].get("global_step")],
+        "same_weights": worlds["same_weights"] is not None,
+    }
