@@ -155,15 +155,29 @@ def test_strategy_reduce_writes_the_result_into_the_input_tensor_and_a_clone_kee
     world = run_world(outside_log_reductions.strategy_reduce, world_size, values=values)
 
     truncated = _truncated_mean(INT64[:world_size], world_size)
-    for rank in range(world_size):  # every rank's own tensor differs from the reduced one somewhere
-        oracle.assert_distinct(own_minus_reduced=max(abs(a - b) for a, b in zip(INT64[rank], truncated)), zero=0)
+    float_sums = _column_sums(FLOATS[:world_size])
+    reduced = {
+        ("int64", "default"): truncated,
+        ("int64", "mean"): truncated,
+        ("int64", "sum"): _column_sums(INT64[:world_size]),
+        ("float32", "default"): [s / world_size for s in float_sums],
+        ("float32", "mean"): [s / world_size for s in float_sums],
+        ("float32", "sum"): float_sums,
+    }
+    own = {"int64": INT64, "float32": FLOATS}
+    for (kind, _), value in reduced.items():  # every rank's own tensor differs from the reduced one somewhere
+        for rank in range(world_size):
+            oracle.assert_distinct(own_minus_reduced=max(abs(a - b) for a, b in zip(own[kind][rank], value)), zero=0)
     same = [rec["reduced"]["int64"]["mean"]["same_object"] for rec in world.records]
     semantics.number("ranks whose input was overwritten", sum(same), vs=("ranks", world_size))
-    for kind in ("int64", "float32"):
-        for op in ("default", "mean", "sum"):
-            returned, after = _got(world, kind, op), _got(world, kind, op, "input_after")
-            assert _got(world, kind, op, "same_object") == [True] * world_size, oracle.side_by_side("is x", returned)
-            assert after == returned, oracle.side_by_side(f"{kind} {op} x after", after)
+    for (kind, op), value in reduced.items():
+        returned, after = _got(world, kind, op), _got(world, kind, op, "input_after")
+        assert _got(world, kind, op, "same_object") == [True] * world_size, oracle.side_by_side("is x", returned)
+        # x itself now holds the all-rank result, not the rank's own table entry
+        assert [a["value"] for a in after] == [pytest.approx(value, rel=1e-6)] * world_size, (
+            oracle.side_by_side(f"{kind} {op} x after", after) + f"  expected {value}"
+        )
+        assert after == returned, oracle.side_by_side(f"{kind} {op} x after", after)
     for rank, rec in enumerate(world.records):
         entry = rec["reduced"]["int64_clone"]["mean"]
         assert entry["same_object"] is False
