@@ -110,4 +110,7 @@ def test_reading_trainer_log_dir_on_every_rank_and_passing_it_to_the_rank_zero_o
 
     read = [rec["read"] for rec in world.records]
     semantics.number("ranks whose function ran", sum(bool(r) for r in read), vs=("ranks", world_size))
-    assert read == [[world.records[0]["trainer_log_dir"]]] + [[]] * (world_size - 1), oracle.side_by_side("read", read)
+    # the world folder starts empty, so rank 0's logger takes version 0 and the broadcast hands it to every rank
+    trainer_dirs = [rec["trainer_log_dir"] for rec in world.records]
+    assert trainer_dirs == [_version(0)] * world_size, oracle.side_by_side("trainer.log_dir", trainer_dirs)
+    assert read == [[_version(0)]] + [[]] * (world_size - 1), oracle.side_by_side("read", read)
