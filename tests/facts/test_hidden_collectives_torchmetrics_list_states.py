@@ -137,6 +137,7 @@ def test_a_list_state_without_dist_reduce_fx_and_different_counts_drops_entries_
     for rank in more:
         assert gloo.error_kind(err.rank_errors[rank]) == gloo.PEER_GONE, err.rank_errors[rank]
         assert "gather_all_tensors" in err.tracebacks[rank], err.tracebacks[rank]
+        assert gloo.collective_in(err.tracebacks[rank]) == "barrier", err.tracebacks[rank]
     kept = [_items(r, fewest)[k] for k in range(fewest) for r in range(world_size)]
     expected = {"list": [{"dtype": "float32", "values": [float(v) for v in item]} for item in kept]}
     finished = [hazards.read_announced(err.outputs[r][0]) for r in range(world_size) if r not in more]
