@@ -180,6 +180,8 @@ def test_a_rank_that_never_updated_sends_a_float32_placeholder_and_is_aborted_wh
     semantics.number("ranks that died", str(err.ranks), vs=("ranks that never updated", "[0]"))
     assert err.ranks == [0] and err.exitcodes == {0: -6}, f"{err.ranks} {err.exitcodes}\n{err}"
     assert SIZE_MISMATCH in err.rank_errors[0], err.rank_errors[0]
+    # the size check, not a timeout: no timeout words in rank 0's report
+    assert gloo.error_kind(err.rank_errors[0]) == gloo.SIZE_MISMATCH, err.rank_errors[0]
 
 
 @pytest.mark.parametrize("updates", [[0, 2], [0, 2, 1]], ids=["0-2", "0-2-1"])
