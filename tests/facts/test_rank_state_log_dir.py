@@ -17,7 +17,7 @@ import pytest
 
 from ddpprobe import RankFailed
 from ddpprobe.probes import rank_state
-from tests.support import oracle
+from tests.support import gloo, oracle
 
 PG_TIMEOUT_S, WORLD_TIMEOUT_S = 4, 40
 
@@ -98,6 +98,9 @@ def test_reading_trainer_log_dir_inside_a_rank_zero_only_function_fails_every_ra
         message = err.rank_errors[rank]
         assert timed_out in message or "Connection closed by peer" in message, err.rank_errors
     assert "log_dir" in err.tracebacks[0], err.tracebacks[0]
+    # rank 0 waits in the broadcast of Trainer.log_dir, the others in the barrier after the function
+    stuck_in = [gloo.collective_in(err.tracebacks[rank]) for rank in range(world_size)]
+    assert stuck_in == ["broadcast"] + ["barrier"] * (world_size - 1), oracle.side_by_side("stuck in", stuck_in)
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
