@@ -434,9 +434,11 @@ class HalfPrecisionProbe(pl.LightningModule):
         self.layer = torch.nn.Linear(2, 1)
         self.plain = None
         self.step_dtypes = None
+        self.value_dtype = None
 
     def validation_step(self, batch, batch_idx):
         value = torch.tensor(half_value(self.global_rank), dtype=torch.float16)
+        self.value_dtype = str(value.dtype).replace("torch.", "")
         self.log("half_mean", value, on_step=True, on_epoch=True, sync_dist=True, batch_size=1)
         self.log("half_sum", value, on_step=True, on_epoch=True, sync_dist=True, reduce_fx="sum", batch_size=1)
         plain = value.clone()
@@ -447,7 +449,8 @@ class HalfPrecisionProbe(pl.LightningModule):
 def half_precision(info: RankInfo) -> dict:
     """Scenario: ``trainer.validate`` a ``HalfPrecisionProbe`` over ``IdDataset(W)`` (one batch of one).
 
-    Record keys: ``plain`` (``{"dtype", "value"}`` of the float16 all_reduce), ``logged`` (``{key: float}``
+    Record keys: ``value_dtype`` (the dtype of the tensor given to ``self.log``), ``plain`` (``{"dtype",
+    "value"}`` of the float16 all_reduce), ``logged`` (``{key: float}``
     of ``trainer.logged_metrics``: ``half_mean_step``, ``half_mean_epoch``, ``half_sum_step``,
     ``half_sum_epoch``), ``logged_dtypes`` (``{key: dtype}``), ``warnings``.
     """
@@ -457,6 +460,7 @@ def half_precision(info: RankInfo) -> dict:
         trainer.validate(model, dataloaders=id_loader(info.world_size, 1), verbose=False)
     logged = dict(trainer.logged_metrics)
     return {
+        "value_dtype": model.value_dtype,
         "plain": model.plain,
         "logged": floats(logged),
         "logged_dtypes": {k: str(v.dtype).replace("torch.", "") for k, v in sorted(logged.items())},
