@@ -30,6 +30,10 @@ BOOLS = [[True, True, False], [False, True, False], [False, True, False]]
 FLOATS = [[0.5, -1.0], [1.25, 2.0], [2.25, 0.5]]
 #: One Python number per rank.
 INTS, PY_FLOATS, PY_BOOLS = [3, 4, 1], [0.5, 1.25, 2.25], [True, False, False]
+#: The calls the probe makes on each input (``outside_log_reductions.OPS``).
+OPS_NAMES = tuple(outside_log_reductions.OPS)
+#: The collectives one ``_sync_ddp`` runs: ``torch.distributed.barrier``, then ``all_reduce``.
+SYNC_DDP_COLLECTIVES = ("barrier", "all_reduce")
 
 
 def _tables(world_size, *kinds):
@@ -189,8 +193,10 @@ def test_strategy_reduce_writes_the_result_into_the_input_tensor_and_a_clone_kee
 def test_strategy_reduce_returns_a_python_number_unreduced(run_world, semantics, world_size):
     """``DDPStrategy.reduce`` reduces tensors only (``if isinstance(tensor, Tensor)``): a Python ``int``,
     ``float`` or ``bool`` comes back as given, with no collective, so each rank keeps its *own* number,
-    silently, for every op. Wrap it in a tensor to reduce it."""
-    values = _tables(world_size, "python_int", "python_float", "python_bool")
+    silently, for every op. Wrap it in a tensor to reduce it: a float32 tensor reduced next to them runs
+    ``_sync_ddp``'s barrier and all_reduce, two collectives per call (counted with the default process
+    group's sequence number)."""
+    values = _tables(world_size, "python_int", "python_float", "python_bool", "float32")
     world = run_world(outside_log_reductions.strategy_reduce, world_size, values=values)
 
     oracle.assert_distinct(rank0_own=INTS[0], mean=sum(INTS[:world_size]) / world_size)
@@ -201,10 +207,17 @@ def test_strategy_reduce_returns_a_python_number_unreduced(run_world, semantics,
         vs=("mean", sum(INTS[:world_size]) / world_size),
     )
     for kind, type_name in (("python_int", "int"), ("python_float", "float"), ("python_bool", "bool")):
-        for op in ("default", "mean", "sum"):
+        for op in OPS_NAMES:
             got = _got(world, kind, op)
             expected = [{"type": type_name, "dtype": None, "value": v} for v in values[kind]]
             assert got == expected, oracle.side_by_side(f"reduce({kind}) {op}", got) + f"  expected {expected}"
+            ran = _got(world, kind, op, "collectives")
+            assert ran == [0] * world_size, oracle.side_by_side(f"collectives reduce({kind}) {op} ran", ran)
+    for op in OPS_NAMES:
+        ran = _got(world, "float32", op, "collectives")
+        assert ran == [len(SYNC_DDP_COLLECTIVES)] * world_size, oracle.side_by_side(
+            f"collectives reduce(float32 tensor) {op} ran", ran
+        )
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
