@@ -31,7 +31,8 @@ TENSOR_KINDS = {
     "float64": torch.float64,
     "int64_clone": torch.int64,
 }
-NUMBER_KINDS = {"python_int": int, "python_float": float, "python_bool": bool}
+#: ``"python_bool_all"`` is a second bool table (e.g. True on every rank).
+NUMBER_KINDS = {"python_int": int, "python_float": float, "python_bool": bool, "python_bool_all": bool}
 
 #: The calls the probe makes: name -> keyword arguments of the reduction (``{}``: its default op).
 OPS = {"default": {}, "mean": {"reduce_op": "mean"}, "sum": {"reduce_op": "sum"}}
@@ -100,7 +101,7 @@ def strategy_reduce(info: RankInfo, values: dict) -> dict:
     ``trainer.strategy.reduce(x)``, ``reduce(x, reduce_op="mean")`` and ``reduce(x, reduce_op="sum")`` on
     ``x`` built from ``values[kind][rank]`` for every ``kind`` given: a tensor from a list for the kinds of
     ``TENSOR_KINDS`` (``"int64"``, ``"bool"``, ``"float32"``, ``"float64"``, ``"int64_clone"``), a number for
-    ``"python_int"``, ``"python_float"``, ``"python_bool"``.
+    ``"python_int"``, ``"python_float"``, ``"python_bool"``, ``"python_bool_all"``.
 
     Record keys: ``reduced`` (``{kind: {"default"|"mean"|"sum": {"returned", "input_after", "same_object",
     "collectives", "error"}}}``; ``returned`` and ``input_after`` are ``{"type", "dtype", "value"}``,

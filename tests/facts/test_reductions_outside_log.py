@@ -30,6 +30,8 @@ BOOLS = [[True, True, False], [False, True, False], [False, True, False]]
 FLOATS = [[0.5, -1.0], [1.25, 2.0], [2.25, 0.5]]
 #: One Python number per rank.
 INTS, PY_FLOATS, PY_BOOLS = [3, 4, 1], [0.5, 1.25, 2.25], [True, False, False]
+#: A bool that every rank holds True.
+PY_BOOLS_ALL = [True, True, True]
 #: The calls the probe makes on each input (``outside_log_reductions.OPS``).
 OPS_NAMES = tuple(outside_log_reductions.OPS)
 #: The collectives one ``_sync_ddp`` runs: ``torch.distributed.barrier``, then ``all_reduce``.
@@ -46,6 +48,7 @@ def _tables(world_size, *kinds):
         "python_int": INTS,
         "python_float": PY_FLOATS,
         "python_bool": PY_BOOLS,
+        "python_bool_all": PY_BOOLS_ALL,
     }
     return {kind: tables[kind][:world_size] for kind in kinds}
 
@@ -227,13 +230,14 @@ def test_fabric_all_reduce_turns_numbers_into_int32_float32_uint8_tensors_and_tr
     """``Fabric.all_reduce`` converts numbers first (``convert_to_tensors``: int -> int32, float -> float32,
     bool -> uint8) and reduces every tensor with the same ``_sync_ddp``: every rank gets a tensor; the int
     mean is ``int(sum / W)`` in int32, the float mean exact in float32, the bool mean the count of True
-    ranks divided by W and truncated in uint8 (0 unless every rank is True: ``all``), the bool sum that
-    count. An int64 tensor input is truncated as under ``trainer.strategy.reduce``."""
-    values = _tables(world_size, "python_int", "python_float", "python_bool", "int64")
+    ranks divided by W and truncated in uint8 (0 unless every rank is True, then 1: ``all``), the bool sum
+    that count. An int64 tensor input is truncated as under ``trainer.strategy.reduce``."""
+    values = _tables(world_size, "python_int", "python_float", "python_bool", "python_bool_all", "int64")
     world = run_world(outside_log_reductions.fabric_all_reduce, world_size, values=values)
 
     int_sum, float_sum = sum(INTS[:world_size]), sum(PY_FLOATS[:world_size])
-    true_ranks = sum(PY_BOOLS[:world_size])
+    true_ranks, all_true = sum(PY_BOOLS[:world_size]), sum(PY_BOOLS_ALL[:world_size])
+    assert math.trunc(all_true / world_size) == 1 and math.trunc(true_ranks / world_size) == 0
     oracle.assert_distinct(truncated=int(int_sum / world_size), exact=int_sum / world_size)
     oracle.assert_distinct(bool_mean=math.trunc(true_ranks / world_size), any_=1.0, fraction=true_ranks / world_size)
     semantics.number(
@@ -244,6 +248,9 @@ def test_fabric_all_reduce_turns_numbers_into_int32_float32_uint8_tensors_and_tr
         ("python_int", "sum"): {"type": "Tensor", "dtype": "int32", "value": int_sum},
         ("python_bool", "mean"): {"type": "Tensor", "dtype": "uint8", "value": math.trunc(true_ranks / world_size)},
         ("python_bool", "sum"): {"type": "Tensor", "dtype": "uint8", "value": true_ranks},
+        # True on every rank: the count is W, so the truncated mean is 1 (``all``) and the sum W
+        ("python_bool_all", "mean"): {"type": "Tensor", "dtype": "uint8", "value": math.trunc(all_true / world_size)},
+        ("python_bool_all", "sum"): {"type": "Tensor", "dtype": "uint8", "value": all_true},
         ("int64", "mean"): {
             "type": "Tensor",
             "dtype": "int64",
