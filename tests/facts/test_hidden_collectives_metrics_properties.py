@@ -300,6 +300,8 @@ def test_reading_on_every_rank_then_branching_keeps_every_collective_paired(run_
     expected_then = extras if then == "reduce" else float(ids)
     values = [rec["callback_metrics"][hidden.KEY] for rec in world.records]
     semantics.number("value on rank 0", values[0], vs=("rank 0's shard", own[0]))
+    ran = [rec["read_collectives"] for rec in world.records]
+    assert ran == [ONE_SYNC] * world_size, oracle.side_by_side("collectives the read ran", ran)
     assert values == [sum(own)] * world_size, oracle.side_by_side("value", values)
     assert [rec["then_value"] for rec in world.records] == [expected_then] * world_size, oracle.side_by_side(
         "then", [rec["then_value"] for rec in world.records]
