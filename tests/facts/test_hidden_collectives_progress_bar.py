@@ -186,5 +186,9 @@ def test_without_the_bar_or_reading_the_metrics_first_on_every_rank_every_collec
     values = [rec["callback_metrics"][hidden.KEY] for rec in world.records]
     got = [rec["then_value"] for rec in world.records]
     semantics.number("value on rank 0", values[0], vs=("rank 0's shard", e["own"][0]))
+    # the read first thing in the hook: cached on rank 0 (the bar synced there), the sync itself elsewhere
+    first = [rec["first_read_collectives"] for rec in world.records]
+    expected_first = [[]] + [["barrier", "all_reduce"]] * (world_size - 1) if read_first else [[]] * world_size
+    assert first == expected_first, oracle.side_by_side("collectives the first read ran", first)
     assert values == [sum(e["own"])] * world_size, oracle.side_by_side("value", values)
     assert got == [expected_then] * world_size, oracle.side_by_side(then, got) + f"   expected {expected_then}"
