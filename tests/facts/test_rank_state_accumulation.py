@@ -108,6 +108,9 @@ def test_outputs_loss_in_on_train_batch_end_is_the_rank_local_loss_divided_by_ac
     returned = [[oracle.mean(oracle.values(b)) for b in rank] for rank in batches]
     expected = [[loss / ACCUMULATE for loss in rank] for rank in returned]
     oracle.assert_distinct(divided=expected[0][-1], returned=returned[0][-1])
+    for i in range(len(returned[0])):  # a synced loss would differ from every rank's own at every micro-batch
+        synced = oracle.mean(rank[i] for rank in returned) / ACCUMULATE
+        oracle.assert_distinct(synced=synced, **{f"rank{r}_own": expected[r][i] for r in range(world_size)})
     got = [rec["outputs_loss"] for rec in world.records]
     semantics.number("rank 0's outputs['loss'] at the last micro-batch", got[0][-1], vs=("returned", returned[0][-1]))
     for rank in range(world_size):
