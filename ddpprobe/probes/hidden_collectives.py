@@ -134,6 +134,7 @@ class MetricsReadProbe(pl.LightningModule):
         self.trace = None
         self.read = None
         self.read_seqs = None
+        self.first_read_seqs = None
         self.then_value = None
         self.seen_ids: list = []
 
@@ -165,7 +166,9 @@ class MetricsReadProbe(pl.LightningModule):
             value = torch.tensor(hook_value(self.global_rank))
             self.log(HOOK_KEY, value, on_step=False, on_epoch=True, sync_dist=True, reduce_fx="sum")
         if self.read_first:
+            first = self.trace._seq
             dict(self.trainer.callback_metrics)
+            self.first_read_seqs = [first, self.trace._seq]
         before = self.trace._seq
         if self.reader == "every_rank" or (self.reader == "rank0" and self.trainer.is_global_zero):
             self.read = floats(getattr(self.trainer, self.prop))
@@ -204,6 +207,7 @@ def metrics_read(
 
     Record keys (announced): ``read`` (``{key: float}`` the read returned here, None where this rank did
     not read), ``read_collectives`` (the ``torch.distributed`` calls the read ran: ``[op, ...]``),
+    ``first_read_collectives`` (those the ``read_first`` read of ``callback_metrics`` ran; ``[]`` without it),
     ``then_value`` (what the collective
     after the read returned: a float, or a list for ``all_gather``), ``callback_metrics`` (after the run),
     ``seen_ids``.
@@ -223,10 +227,12 @@ def metrics_read(
             trainer.validate(model, dataloaders=loader, verbose=False)
     events = [e for e in read_trace(path) if e["event"] == "collective"]
     low, high = model.read_seqs if model.read_seqs else (0, 0)
+    first_low, first_high = model.first_read_seqs if model.first_read_seqs else (0, 0)
     return announce(
         {
             "read": model.read,
             "read_collectives": [e["op"] for e in events if low <= e["seq"] < high],
+            "first_read_collectives": [e["op"] for e in events if first_low <= e["seq"] < first_high],
             "then_value": model.then_value,
             "callback_metrics": floats(trainer.callback_metrics),
             "seen_ids": model.seen_ids,
@@ -434,9 +440,11 @@ class HalfPrecisionProbe(pl.LightningModule):
         self.layer = torch.nn.Linear(2, 1)
         self.plain = None
         self.step_dtypes = None
+        self.value_dtype = None
 
     def validation_step(self, batch, batch_idx):
         value = torch.tensor(half_value(self.global_rank), dtype=torch.float16)
+        self.value_dtype = str(value.dtype).replace("torch.", "")
         self.log("half_mean", value, on_step=True, on_epoch=True, sync_dist=True, batch_size=1)
         self.log("half_sum", value, on_step=True, on_epoch=True, sync_dist=True, reduce_fx="sum", batch_size=1)
         plain = value.clone()
@@ -447,7 +455,8 @@ class HalfPrecisionProbe(pl.LightningModule):
 def half_precision(info: RankInfo) -> dict:
     """Scenario: ``trainer.validate`` a ``HalfPrecisionProbe`` over ``IdDataset(W)`` (one batch of one).
 
-    Record keys: ``plain`` (``{"dtype", "value"}`` of the float16 all_reduce), ``logged`` (``{key: float}``
+    Record keys: ``value_dtype`` (the dtype of the tensor given to ``self.log``), ``plain`` (``{"dtype",
+    "value"}`` of the float16 all_reduce), ``logged`` (``{key: float}``
     of ``trainer.logged_metrics``: ``half_mean_step``, ``half_mean_epoch``, ``half_sum_step``,
     ``half_sum_epoch``), ``logged_dtypes`` (``{key: dtype}``), ``warnings``.
     """
@@ -457,6 +466,7 @@ def half_precision(info: RankInfo) -> dict:
         trainer.validate(model, dataloaders=id_loader(info.world_size, 1), verbose=False)
     logged = dict(trainer.logged_metrics)
     return {
+        "value_dtype": model.value_dtype,
         "plain": model.plain,
         "logged": floats(logged),
         "logged_dtypes": {k: str(v.dtype).replace("torch.", "") for k, v in sorted(logged.items())},

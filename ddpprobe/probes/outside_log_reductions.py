@@ -20,6 +20,7 @@ import torch
 from ddpprobe._lightning import fabric, pl
 from ddpprobe.launch import RankInfo
 from ddpprobe.probes.common import ddp_trainer, id_loader
+from ddpprobe.probes.trace import _pg_seq
 
 #: ``kind -> torch dtype`` of the tensor inputs; the other kinds are Python numbers. ``"int64_clone"`` is an
 #: int64 tensor passed as ``x.clone()``: its record's ``input_after`` is the original ``x``.
@@ -30,7 +31,8 @@ TENSOR_KINDS = {
     "float64": torch.float64,
     "int64_clone": torch.int64,
 }
-NUMBER_KINDS = {"python_int": int, "python_float": float, "python_bool": bool}
+#: ``"python_bool_all"`` is a second bool table (e.g. True on every rank).
+NUMBER_KINDS = {"python_int": int, "python_float": float, "python_bool": bool, "python_bool_all": bool}
 
 #: The calls the probe makes: name -> keyword arguments of the reduction (``{}``: its default op).
 OPS = {"default": {}, "mean": {"reduce_op": "mean"}, "sum": {"reduce_op": "sum"}}
@@ -50,10 +52,13 @@ def _make(kind: str, value):
 
 
 def _reduce_each(reduce, values: dict, rank: int) -> dict:
-    """``{kind: {op: {"returned", "input_after", "same_object", "error"}}}`` for one reduction function.
+    """``{kind: {op: {"returned", "input_after", "same_object", "collectives", "error"}}}`` for one reduction
+    function.
 
     Each call gets a fresh input built from ``values[kind][rank]``, so the calls do not feed each other.
     ``same_object`` is whether the returned object is the one built from the table (``input_after``).
+    ``collectives`` is how many collectives the call ran on the default process group (its sequence number
+    after the call minus before; None where the backend does not number them).
     ``error`` is ``{"type", "message"}`` when the call raised (the other fields are then None).
     """
     out: dict = {}
@@ -62,13 +67,17 @@ def _reduce_each(reduce, values: dict, rank: int) -> dict:
         for op, kwargs in OPS.items():
             given = _make(kind, per_rank[rank])
             passed = given.clone() if kind.endswith("_clone") else given
-            entry = {"returned": None, "input_after": None, "same_object": None, "error": None}
+            entry = {"returned": None, "input_after": None, "same_object": None, "collectives": None, "error": None}
+            before = _pg_seq()
             try:
                 returned = reduce(passed, **kwargs)
             except Exception as exc:  # noqa: BLE001 - what the reduction raises is the record
                 entry["error"] = {"type": type(exc).__name__, "message": str(exc)}
             else:
                 entry.update(returned=_plain(returned), input_after=_plain(given), same_object=returned is given)
+            after = _pg_seq()
+            if before is not None and after is not None:
+                entry["collectives"] = after - before
             out[kind][op] = entry
     return out
 
@@ -92,11 +101,12 @@ def strategy_reduce(info: RankInfo, values: dict) -> dict:
     ``trainer.strategy.reduce(x)``, ``reduce(x, reduce_op="mean")`` and ``reduce(x, reduce_op="sum")`` on
     ``x`` built from ``values[kind][rank]`` for every ``kind`` given: a tensor from a list for the kinds of
     ``TENSOR_KINDS`` (``"int64"``, ``"bool"``, ``"float32"``, ``"float64"``, ``"int64_clone"``), a number for
-    ``"python_int"``, ``"python_float"``, ``"python_bool"``.
+    ``"python_int"``, ``"python_float"``, ``"python_bool"``, ``"python_bool_all"``.
 
     Record keys: ``reduced`` (``{kind: {"default"|"mean"|"sum": {"returned", "input_after", "same_object",
-    "error"}}}``; ``returned`` and ``input_after`` are ``{"type", "dtype", "value"}``, ``same_object`` whether
-    the returned object is the input).
+    "collectives", "error"}}}``; ``returned`` and ``input_after`` are ``{"type", "dtype", "value"}``,
+    ``same_object`` whether the returned object is the input, ``collectives`` the number of collectives the
+    call ran, see ``_reduce_each``).
     """
     model = _ReduceProbe(values)
     trainer = ddp_trainer(info)

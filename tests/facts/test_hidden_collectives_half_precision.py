@@ -43,6 +43,8 @@ def test_a_float16_value_logged_with_sync_dist_is_synced_in_float32_and_does_not
     assert total > FLOAT16_MAX
     oracle.assert_distinct(sum=total, mean=mean, **{f"rank{r}": v for r, v in enumerate(values)})
     expected = {"half_mean_step": mean, "half_mean_epoch": mean, "half_sum_step": total, "half_sum_epoch": total}
+    given = [rec["value_dtype"] for rec in world.records]
+    assert given == ["float16"] * world_size, oracle.side_by_side("dtype given to self.log", given)
     got = [rec["logged"] for rec in world.records]
     semantics.number("half_sum_step", got[0]["half_sum_step"], vs=("float16 max", FLOAT16_MAX))
     assert got == [pytest.approx(expected, rel=1e-6)] * world_size, oracle.side_by_side("logged", got)

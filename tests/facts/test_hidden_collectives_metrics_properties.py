@@ -137,7 +137,9 @@ def test_in_on_validation_epoch_end_a_read_syncs_only_the_keys_logged_in_that_ho
     key was synced by the evaluation loop before the hook (``_store_dataloader_outputs``), so reading it
     runs no collective; a key logged in ``on_validation_epoch_end`` itself, before the read
     (``hook_value``), is synced by the read: one barrier and one all_reduce. Both read the sums over
-    every rank (padding included: ``DistributedSampler(shuffle=False)`` repeats sample 0)."""
+    every rank (padding included: ``DistributedSampler(shuffle=False)`` repeats sample 0 at W = 2, samples
+    0 and 1 at W = 3; only at W = 3 does the padded sum differ from the unpadded one, since sample 0's
+    ``id ** 2`` is 0)."""
     world = run_world(
         hidden.metrics_read,
         world_size,
@@ -152,6 +154,8 @@ def test_in_on_validation_epoch_end_a_read_syncs_only_the_keys_logged_in_that_ho
     own = _own_sums(world_size, shuffle=False)
     hook_total = sum(hidden.hook_value(r) for r in range(world_size))
     oracle.assert_distinct(whole_set=sum(own), **{f"rank{r}_shard": v for r, v in enumerate(own)})
+    if world_size == 3:  # W = 2 repeats only sample 0, whose value 0 leaves the sum unchanged
+        oracle.assert_distinct(padded_sum=sum(own), unpadded_sum=sum(oracle.values(range(N))))
     oracle.assert_distinct(hook_total=hook_total, **{f"rank{r}_hook": hidden.hook_value(r) for r in range(world_size)})
     _assert_shards(world, shuffle=False)
     expected = {hidden.KEY: sum(own), **({hidden.HOOK_KEY: hook_total} if log_in_hook else {})}
@@ -296,6 +300,8 @@ def test_reading_on_every_rank_then_branching_keeps_every_collective_paired(run_
     expected_then = extras if then == "reduce" else float(ids)
     values = [rec["callback_metrics"][hidden.KEY] for rec in world.records]
     semantics.number("value on rank 0", values[0], vs=("rank 0's shard", own[0]))
+    ran = [rec["read_collectives"] for rec in world.records]
+    assert ran == [ONE_SYNC] * world_size, oracle.side_by_side("collectives the read ran", ran)
     assert values == [sum(own)] * world_size, oracle.side_by_side("value", values)
     assert [rec["then_value"] for rec in world.records] == [expected_then] * world_size, oracle.side_by_side(
         "then", [rec["then_value"] for rec in world.records]

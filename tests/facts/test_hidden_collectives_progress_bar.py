@@ -36,7 +36,9 @@ from ddpprobe.runif import run_if
 from tests.support import gloo, oracle, upstream
 
 N, BATCH_SIZE = 7, 2
-PG_TIMEOUT_S, WORLD_TIMEOUT_S = 4, 20
+#: The all_gather case fails only after about 8 s (two process-group timeouts; 12.5 s at W = 3 under
+#: ``pytest -n 2``), so the world timeout leaves it three times that on a loaded machine.
+PG_TIMEOUT_S, WORLD_TIMEOUT_S = 4, 40
 
 
 def _expected(world_size: int) -> dict:
@@ -184,5 +186,9 @@ def test_without_the_bar_or_reading_the_metrics_first_on_every_rank_every_collec
     values = [rec["callback_metrics"][hidden.KEY] for rec in world.records]
     got = [rec["then_value"] for rec in world.records]
     semantics.number("value on rank 0", values[0], vs=("rank 0's shard", e["own"][0]))
+    # the read first thing in the hook: cached on rank 0 (the bar synced there), the sync itself elsewhere
+    first = [rec["first_read_collectives"] for rec in world.records]
+    expected_first = [[]] + [["barrier", "all_reduce"]] * (world_size - 1) if read_first else [[]] * world_size
+    assert first == expected_first, oracle.side_by_side("collectives the first read ran", first)
     assert values == [sum(e["own"])] * world_size, oracle.side_by_side("value", values)
     assert got == [expected_then] * world_size, oracle.side_by_side(then, got) + f"   expected {expected_then}"

@@ -137,6 +137,7 @@ def test_a_list_state_without_dist_reduce_fx_and_different_counts_drops_entries_
     for rank in more:
         assert gloo.error_kind(err.rank_errors[rank]) == gloo.PEER_GONE, err.rank_errors[rank]
         assert "gather_all_tensors" in err.tracebacks[rank], err.tracebacks[rank]
+        assert gloo.collective_in(err.tracebacks[rank]) == "barrier", err.tracebacks[rank]
     kept = [_items(r, fewest)[k] for k in range(fewest) for r in range(world_size)]
     expected = {"list": [{"dtype": "float32", "values": [float(v) for v in item]} for item in kept]}
     finished = [hazards.read_announced(err.outputs[r][0]) for r in range(world_size) if r not in more]
@@ -179,6 +180,8 @@ def test_a_rank_that_never_updated_sends_a_float32_placeholder_and_is_aborted_wh
     semantics.number("ranks that died", str(err.ranks), vs=("ranks that never updated", "[0]"))
     assert err.ranks == [0] and err.exitcodes == {0: -6}, f"{err.ranks} {err.exitcodes}\n{err}"
     assert SIZE_MISMATCH in err.rank_errors[0], err.rank_errors[0]
+    # the size check, not a timeout: no timeout words in rank 0's report
+    assert gloo.error_kind(err.rank_errors[0]) == gloo.SIZE_MISMATCH, err.rank_errors[0]
 
 
 @pytest.mark.parametrize("updates", [[0, 2], [0, 2, 1]], ids=["0-2", "0-2-1"])

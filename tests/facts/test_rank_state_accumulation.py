@@ -29,8 +29,9 @@ import pytest
 from ddpprobe.probes import accumulation
 from tests.support import oracle
 
-#: Per rank 10 samples in batches of 2: 5 micro-batches, so 3 optimizer steps with groups (0, 1), (2, 3), (4,).
-N_PER_RANK, BATCH, ACCUMULATE = 10, 2, 2
+#: Per rank 9 samples in batches of 2: 5 micro-batches, so 3 optimizer steps with groups (0, 1), (2, 3), (4,). The
+#: last micro-batch holds 1 sample, so the epoch mean over samples and the mean of the batch means differ.
+N_PER_RANK, BATCH, ACCUMULATE = 9, 2, 2
 METRICS_CSV = "lightning_logs/version_0/metrics.csv"
 
 
@@ -73,7 +74,10 @@ def test_the_logger_gets_the_last_micro_batchs_synced_value_at_each_optimizer_st
         if len(g) > 1:
             oracle.assert_distinct(last=last[k], group_mean=oracle.mean(synced[i] for i in g), first=synced[g[0]])
     epoch_mean = oracle.mean(oracle.values(i for rank in batches for b in rank for i in b))
-    oracle.assert_distinct(epoch=epoch_mean, mean_of_logged_steps=oracle.mean(last))
+    mean_of_batch_means = oracle.mean(m for rank in batch_means for m in rank)
+    oracle.assert_distinct(
+        epoch=epoch_mean, mean_of_batch_means=mean_of_batch_means, mean_of_logged_steps=oracle.mean(last)
+    )
 
     rows = _rows(world[0].files[METRICS_CSV])
     step_rows = [(int(r["step"]), float(r["v_step"])) for r in rows if r["v_step"]]
@@ -104,6 +108,9 @@ def test_outputs_loss_in_on_train_batch_end_is_the_rank_local_loss_divided_by_ac
     returned = [[oracle.mean(oracle.values(b)) for b in rank] for rank in batches]
     expected = [[loss / ACCUMULATE for loss in rank] for rank in returned]
     oracle.assert_distinct(divided=expected[0][-1], returned=returned[0][-1])
+    for i in range(len(returned[0])):  # a synced loss would differ from every rank's own at every micro-batch
+        synced = oracle.mean(rank[i] for rank in returned) / ACCUMULATE
+        oracle.assert_distinct(synced=synced, **{f"rank{r}_own": expected[r][i] for r in range(world_size)})
     got = [rec["outputs_loss"] for rec in world.records]
     semantics.number("rank 0's outputs['loss'] at the last micro-batch", got[0][-1], vs=("returned", returned[0][-1]))
     for rank in range(world_size):

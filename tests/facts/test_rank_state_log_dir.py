@@ -17,7 +17,7 @@ import pytest
 
 from ddpprobe import RankFailed
 from ddpprobe.probes import rank_state
-from tests.support import oracle
+from tests.support import gloo, oracle
 
 PG_TIMEOUT_S, WORLD_TIMEOUT_S = 4, 40
 
@@ -98,6 +98,9 @@ def test_reading_trainer_log_dir_inside_a_rank_zero_only_function_fails_every_ra
         message = err.rank_errors[rank]
         assert timed_out in message or "Connection closed by peer" in message, err.rank_errors
     assert "log_dir" in err.tracebacks[0], err.tracebacks[0]
+    # rank 0 waits in the broadcast of Trainer.log_dir, the others in the barrier after the function
+    stuck_in = [gloo.collective_in(err.tracebacks[rank]) for rank in range(world_size)]
+    assert stuck_in == ["broadcast"] + ["barrier"] * (world_size - 1), oracle.side_by_side("stuck in", stuck_in)
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
@@ -110,4 +113,7 @@ def test_reading_trainer_log_dir_on_every_rank_and_passing_it_to_the_rank_zero_o
 
     read = [rec["read"] for rec in world.records]
     semantics.number("ranks whose function ran", sum(bool(r) for r in read), vs=("ranks", world_size))
-    assert read == [[world.records[0]["trainer_log_dir"]]] + [[]] * (world_size - 1), oracle.side_by_side("read", read)
+    # the world folder starts empty, so rank 0's logger takes version 0 and the broadcast hands it to every rank
+    trainer_dirs = [rec["trainer_log_dir"] for rec in world.records]
+    assert trainer_dirs == [_version(0)] * world_size, oracle.side_by_side("trainer.log_dir", trainer_dirs)
+    assert read == [[_version(0)]] + [[]] * (world_size - 1), oracle.side_by_side("read", read)

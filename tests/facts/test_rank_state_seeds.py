@@ -66,6 +66,14 @@ def _replayed_stream(seed: int, steps: int) -> tuple:
     return noise, masks
 
 
+def _replayed_initial_weight(seed: int) -> list:
+    """The 4 weights of ``NoiseProbe``'s ``Linear(2, 2)`` built right after ``torch.manual_seed(seed)``,
+    replayed by torch in a forked generator state."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return torch.nn.Linear(2, 2).weight.detach().flatten().tolist()
+
+
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_seed_everything_gives_every_rank_the_same_noise_and_dropout_masks_on_different_samples(
     run_world, semantics, world_size
@@ -73,10 +81,17 @@ def test_seed_everything_gives_every_rank_the_same_noise_and_dropout_masks_on_di
     """After ``seed_everything(7)`` before the Trainer, every rank's ``torch.rand`` in ``training_step``, its
     dropout masks and the noise its dataset draws (no workers: in the rank itself) are identical, step by
     step, while the ranks hold different samples: the "independent noise per rank" a user expects is the
-    same noise W times. The initial weights are equal too (same seed, same draws)."""
+    same noise W times. The initial weights are equal too (same seed, same draws): on every rank they are
+    the weights torch draws for a ``Linear(2, 2)`` right after ``torch.manual_seed(7)``, so the ranks agree
+    because each one was seeded with 7, not because they started from one default state."""
     world = run_world(rank_state.seeded_randomness, world_size, seed=SEED)
 
     records = world.records
+    seeded_weight = _replayed_initial_weight(SEED)
+    initial = [rec["initial_weight"] for rec in records]
+    assert initial == [seeded_weight] * world_size, (
+        oracle.side_by_side("initial_weight", initial) + f"  expected {seeded_weight}"
+    )
     ids = [rec["ids"] for rec in records]
     assert all(ids[a] != ids[b] for a, b in _pairs(ids)), oracle.side_by_side("ids", ids)
     noise = [rec["noise"] for rec in records]

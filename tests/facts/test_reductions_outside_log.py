@@ -30,6 +30,12 @@ BOOLS = [[True, True, False], [False, True, False], [False, True, False]]
 FLOATS = [[0.5, -1.0], [1.25, 2.0], [2.25, 0.5]]
 #: One Python number per rank.
 INTS, PY_FLOATS, PY_BOOLS = [3, 4, 1], [0.5, 1.25, 2.25], [True, False, False]
+#: A bool that every rank holds True.
+PY_BOOLS_ALL = [True, True, True]
+#: The calls the probe makes on each input (``outside_log_reductions.OPS``).
+OPS_NAMES = tuple(outside_log_reductions.OPS)
+#: The collectives one ``_sync_ddp`` runs: ``torch.distributed.barrier``, then ``all_reduce``.
+SYNC_DDP_COLLECTIVES = ("barrier", "all_reduce")
 
 
 def _tables(world_size, *kinds):
@@ -42,6 +48,7 @@ def _tables(world_size, *kinds):
         "python_int": INTS,
         "python_float": PY_FLOATS,
         "python_bool": PY_BOOLS,
+        "python_bool_all": PY_BOOLS_ALL,
     }
     return {kind: tables[kind][:world_size] for kind in kinds}
 
@@ -155,15 +162,29 @@ def test_strategy_reduce_writes_the_result_into_the_input_tensor_and_a_clone_kee
     world = run_world(outside_log_reductions.strategy_reduce, world_size, values=values)
 
     truncated = _truncated_mean(INT64[:world_size], world_size)
-    for rank in range(world_size):  # every rank's own tensor differs from the reduced one somewhere
-        oracle.assert_distinct(own_minus_reduced=max(abs(a - b) for a, b in zip(INT64[rank], truncated)), zero=0)
+    float_sums = _column_sums(FLOATS[:world_size])
+    reduced = {
+        ("int64", "default"): truncated,
+        ("int64", "mean"): truncated,
+        ("int64", "sum"): _column_sums(INT64[:world_size]),
+        ("float32", "default"): [s / world_size for s in float_sums],
+        ("float32", "mean"): [s / world_size for s in float_sums],
+        ("float32", "sum"): float_sums,
+    }
+    own = {"int64": INT64, "float32": FLOATS}
+    for (kind, _), value in reduced.items():  # every rank's own tensor differs from the reduced one somewhere
+        for rank in range(world_size):
+            oracle.assert_distinct(own_minus_reduced=max(abs(a - b) for a, b in zip(own[kind][rank], value)), zero=0)
     same = [rec["reduced"]["int64"]["mean"]["same_object"] for rec in world.records]
     semantics.number("ranks whose input was overwritten", sum(same), vs=("ranks", world_size))
-    for kind in ("int64", "float32"):
-        for op in ("default", "mean", "sum"):
-            returned, after = _got(world, kind, op), _got(world, kind, op, "input_after")
-            assert _got(world, kind, op, "same_object") == [True] * world_size, oracle.side_by_side("is x", returned)
-            assert after == returned, oracle.side_by_side(f"{kind} {op} x after", after)
+    for (kind, op), value in reduced.items():
+        returned, after = _got(world, kind, op), _got(world, kind, op, "input_after")
+        assert _got(world, kind, op, "same_object") == [True] * world_size, oracle.side_by_side("is x", returned)
+        # x itself now holds the all-rank result, not the rank's own table entry
+        assert [a["value"] for a in after] == [pytest.approx(value, rel=1e-6)] * world_size, (
+            oracle.side_by_side(f"{kind} {op} x after", after) + f"  expected {value}"
+        )
+        assert after == returned, oracle.side_by_side(f"{kind} {op} x after", after)
     for rank, rec in enumerate(world.records):
         entry = rec["reduced"]["int64_clone"]["mean"]
         assert entry["same_object"] is False
@@ -175,8 +196,10 @@ def test_strategy_reduce_writes_the_result_into_the_input_tensor_and_a_clone_kee
 def test_strategy_reduce_returns_a_python_number_unreduced(run_world, semantics, world_size):
     """``DDPStrategy.reduce`` reduces tensors only (``if isinstance(tensor, Tensor)``): a Python ``int``,
     ``float`` or ``bool`` comes back as given, with no collective, so each rank keeps its *own* number,
-    silently, for every op. Wrap it in a tensor to reduce it."""
-    values = _tables(world_size, "python_int", "python_float", "python_bool")
+    silently, for every op. Wrap it in a tensor to reduce it: a float32 tensor reduced next to them runs
+    ``_sync_ddp``'s barrier and all_reduce, two collectives per call (counted with the default process
+    group's sequence number)."""
+    values = _tables(world_size, "python_int", "python_float", "python_bool", "float32")
     world = run_world(outside_log_reductions.strategy_reduce, world_size, values=values)
 
     oracle.assert_distinct(rank0_own=INTS[0], mean=sum(INTS[:world_size]) / world_size)
@@ -187,10 +210,17 @@ def test_strategy_reduce_returns_a_python_number_unreduced(run_world, semantics,
         vs=("mean", sum(INTS[:world_size]) / world_size),
     )
     for kind, type_name in (("python_int", "int"), ("python_float", "float"), ("python_bool", "bool")):
-        for op in ("default", "mean", "sum"):
+        for op in OPS_NAMES:
             got = _got(world, kind, op)
             expected = [{"type": type_name, "dtype": None, "value": v} for v in values[kind]]
             assert got == expected, oracle.side_by_side(f"reduce({kind}) {op}", got) + f"  expected {expected}"
+            ran = _got(world, kind, op, "collectives")
+            assert ran == [0] * world_size, oracle.side_by_side(f"collectives reduce({kind}) {op} ran", ran)
+    for op in OPS_NAMES:
+        ran = _got(world, "float32", op, "collectives")
+        assert ran == [len(SYNC_DDP_COLLECTIVES)] * world_size, oracle.side_by_side(
+            f"collectives reduce(float32 tensor) {op} ran", ran
+        )
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
@@ -200,13 +230,14 @@ def test_fabric_all_reduce_turns_numbers_into_int32_float32_uint8_tensors_and_tr
     """``Fabric.all_reduce`` converts numbers first (``convert_to_tensors``: int -> int32, float -> float32,
     bool -> uint8) and reduces every tensor with the same ``_sync_ddp``: every rank gets a tensor; the int
     mean is ``int(sum / W)`` in int32, the float mean exact in float32, the bool mean the count of True
-    ranks divided by W and truncated in uint8 (0 unless every rank is True: ``all``), the bool sum that
-    count. An int64 tensor input is truncated as under ``trainer.strategy.reduce``."""
-    values = _tables(world_size, "python_int", "python_float", "python_bool", "int64")
+    ranks divided by W and truncated in uint8 (0 unless every rank is True, then 1: ``all``), the bool sum
+    that count. An int64 tensor input is truncated as under ``trainer.strategy.reduce``."""
+    values = _tables(world_size, "python_int", "python_float", "python_bool", "python_bool_all", "int64")
     world = run_world(outside_log_reductions.fabric_all_reduce, world_size, values=values)
 
     int_sum, float_sum = sum(INTS[:world_size]), sum(PY_FLOATS[:world_size])
-    true_ranks = sum(PY_BOOLS[:world_size])
+    true_ranks, all_true = sum(PY_BOOLS[:world_size]), sum(PY_BOOLS_ALL[:world_size])
+    assert math.trunc(all_true / world_size) == 1 and math.trunc(true_ranks / world_size) == 0
     oracle.assert_distinct(truncated=int(int_sum / world_size), exact=int_sum / world_size)
     oracle.assert_distinct(bool_mean=math.trunc(true_ranks / world_size), any_=1.0, fraction=true_ranks / world_size)
     semantics.number(
@@ -217,6 +248,9 @@ def test_fabric_all_reduce_turns_numbers_into_int32_float32_uint8_tensors_and_tr
         ("python_int", "sum"): {"type": "Tensor", "dtype": "int32", "value": int_sum},
         ("python_bool", "mean"): {"type": "Tensor", "dtype": "uint8", "value": math.trunc(true_ranks / world_size)},
         ("python_bool", "sum"): {"type": "Tensor", "dtype": "uint8", "value": true_ranks},
+        # True on every rank: the count is W, so the truncated mean is 1 (``all``) and the sum W
+        ("python_bool_all", "mean"): {"type": "Tensor", "dtype": "uint8", "value": math.trunc(all_true / world_size)},
+        ("python_bool_all", "sum"): {"type": "Tensor", "dtype": "uint8", "value": all_true},
         ("int64", "mean"): {
             "type": "Tensor",
             "dtype": "int64",
