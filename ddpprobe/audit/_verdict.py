@@ -616,9 +616,34 @@ def _rank_divergent(ins: _Inputs, key: _Key) -> tuple:
             "over ranks does not"
         )
         return RANK_DIVERGENT, cause, ["mean_metric"], evidence
+    return _rank_divergent_unexplained(key, cause, unweighted, weighted, evidence)
+
+
+def _rank_divergent_unexplained(key: _Key, cause: str, unweighted: float, weighted, evidence: dict) -> tuple:
+    """Rank-local values whose mean (plain or sample-weighted) is not the single-process value. "Not a
+    per-sample mean" is proven only when the ranks ran exactly the single process's samples; with repeated
+    samples (padding) a per-sample mean synced over the ranks is the padded set's mean too, so the cause is
+    ``unknown`` with both candidates, and the fix that holds for either (drop the repeats) is the one given."""
+    c = key.counts
+    shown = f"averaging the ranks' values gives {unweighted:.6g}" + (
+        f" (weighted by their samples {weighted:.6g})" if weighted is not None else ""
+    )
+    shown += f", not the single-process {key.single:.6g}"
+    if c is not None and c.identified and c.duplicates and not c.unsharded:
+        repeats = ", ".join(f"{k} x{v}" for k, v in c.duplicated.items())
+        cause += (
+            f"; {shown}; unknown whether sync_dist=True would give it: the ranks ran {sum(c.samples)} samples, "
+            f"{c.duplicates} of them repeats ({repeats}), and a per-sample mean synced over the ranks counts the "
+            "repeats too. Candidates: (1) the repeated samples: for: they ran; against: nothing recorded. "
+            "(2) not a per-sample mean: for: nothing recorded; against: nothing recorded"
+        )
+        return RANK_DIVERGENT, cause, ["dedupe"], evidence
+    if c is None or not c.identified or c.duplicates or c.missing_vs_single:
+        cause += f"; {shown}; unknown why: which samples the ranks ran is not known to be the single process's"
+        return RANK_DIVERGENT, cause, [], evidence
     cause += (
-        f"; averaging the ranks' values gives {unweighted:.6g}, not the single-process {key.single:.6g}: not a "
-        "per-sample mean, so sync_dist=True cannot fix it"
+        f"; {shown}, although the ranks ran exactly the single process's samples: not a per-sample mean, so "
+        "sync_dist=True cannot fix it"
     )
     return RANK_DIVERGENT, cause, ["metric_object"], evidence
 

@@ -58,6 +58,23 @@ def make_ids_8() -> DataLoader:
     return DataLoader(IdDataset(8), batch_size=2)
 
 
+def make_ids_9() -> DataLoader:
+    """``IdDataset(9)`` in batches of 2: at W=2 ``DistributedSampler`` pads with one repeat of sample 0."""
+    return DataLoader(IdDataset(9), batch_size=2)
+
+
+class UnsyncedMeanModule(MeanModule):
+    """Logs each batch's mean ``value`` as ``val_mean`` without ``sync_dist``: a per-sample mean kept
+    rank-local, as a newcomer's ``val_acc`` is."""
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val_mean", batch["value"].float().mean(), batch_size=len(batch["id"]))
+
+
+def make_unsynced_mean_model() -> UnsyncedMeanModule:
+    return UnsyncedMeanModule()
+
+
 class RankBranchGatherModule(MeanModule):
     """In ``on_validation_epoch_end`` rank 0 alone calls ``self.all_gather`` (``if self.global_rank == 0``)."""
 

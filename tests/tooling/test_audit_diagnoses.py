@@ -152,6 +152,47 @@ def test_a_list_state_synced_element_by_element_is_named_with_each_ranks_count_s
 # --- 4. causes only when proven ---------------------------------------------------------------------
 
 
+def test_a_rank_local_per_sample_mean_without_padding_is_fixed_by_sync_dist():
+    """``val_mean`` (each batch's mean ``value``, no ``sync_dist``), 8 samples at W=2: each rank keeps the mean
+    of its shard; the two shards hold 4 samples each and no repeat, so the mean of the ranks' values is the
+    single-process mean and ``sync_dist=True`` is the fix the audit gives."""
+    n, world_size = 8, 2
+    result = _audit("make_unsynced_mean_model", "make_ids_8")
+
+    per_rank = [oracle.mean(oracle.values(oracle.shard(n, world_size, r))) for r in range(world_size)]
+    single = oracle.mean(oracle.values(range(n)))
+    oracle.assert_distinct(rank0=per_rank[0], single=single)
+    row = result.row("val_mean")
+    assert row.per_rank == pytest.approx(per_rank) and row.single == pytest.approx(single), row
+    assert row.verdict == ddp_audit.RANK_DIVERGENT and row.fixes == ["sync_dist"], row
+    assert "the mean of the ranks' values equals single-process, so sync_dist=True gives it" in row.cause, row.cause
+
+
+def test_a_rank_local_per_sample_mean_with_padding_is_not_called_non_decomposable_the_cause_is_unknown():
+    """The same module on 9 samples at W=2: ``DistributedSampler`` pads rank 1's shard with a repeat of
+    sample 0, so the ranks' values average to the padded set's mean, not the single process's. A per-sample
+    mean synced over the ranks would count the repeat too, so the records cannot tell "not a per-sample
+    mean" from "the repeated sample": the audit says unknown with both candidates, not "sync_dist=True
+    cannot fix it", and gives the fix that holds for either (drop the repeats)."""
+    n, world_size = 9, 2
+    result = _audit("make_unsynced_mean_model", "make_ids_9")
+
+    shards = [oracle.shard(n, world_size, r) for r in range(world_size)]
+    per_rank = [oracle.mean(oracle.values(s)) for s in shards]
+    padded = oracle.mean(oracle.values(shards[0] + shards[1]))
+    single = oracle.mean(oracle.values(range(n)))
+    oracle.assert_distinct(padded=padded, single=single)
+    assert sum(oracle.duplicates(n, world_size).values()) == 1
+    row = result.row("val_mean")
+    assert row.per_rank == pytest.approx(per_rank) and row.single == pytest.approx(single), row
+    assert oracle.mean(row.per_rank) == pytest.approx(padded)
+    assert row.verdict == ddp_audit.RANK_DIVERGENT and row.fixes == ["dedupe"], row
+    cause = " ".join(row.cause.split())
+    assert "unknown whether sync_dist=True would give it: the ranks ran 10 samples, 1 of them repeats" in cause, cause
+    assert "(1) the repeated samples" in cause and "(2) not a per-sample mean" in cause, cause
+    assert "sync_dist=True cannot fix it" not in cause, cause
+
+
 def test_a_value_that_adds_the_rank_is_not_called_non_decomposable_the_cause_is_unknown_with_candidates():
     """``val_mean`` = batch mean of ``value`` + ``self.global_rank`` (``sync_dist=True``), 8 samples at W=2:
     every rank holds the synced mean, the mean of ``value`` plus the mean of the ranks (0.5), not the
