@@ -1,5 +1,5 @@
 """Small LightningModules modelled on public DDP bug reports, each a test input of ``ddpprobe audit``
-(tests/tooling/test_audit_evidence.py checks each verdict and cause against values computed from the data).
+(tests/tooling/audit/test_audit_evidence.py checks each verdict and cause against values computed from the data).
 
 Run any of them, e.g.::
 

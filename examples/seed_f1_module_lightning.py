@@ -3,7 +3,7 @@ package: ``import lightning as L`` and ``L.LightningModule``, as the Lightning d
 
 ``M=examples.seed_f1_module_lightning; python -m ddpprobe audit $M:make_model --data $M:make_data``
 reads the package from the module's base class and runs ``lightning.pytorch``'s Trainer; its verdicts
-are those of the ``pytorch_lightning`` version (tests/tooling/test_audit_lightning.py checks that).
+are those of the ``pytorch_lightning`` version (tests/tooling/audit/test_audit_lightning.py checks that).
 Needs ``pip install lightning`` (the ``lightning`` extra of this project).
 """
 

@@ -5,7 +5,7 @@ evidence in ddpprobe/audit/_evidence.py ``diagnose``.)"""
 from __future__ import annotations
 
 #: Each fix the audit prints, with the fact test that shows the fix gives the right value. A test of the
-#: audit (tests/tooling/test_audit_fixes.py) checks that every named test exists.
+#: audit (tests/tooling/audit/test_audit_fixes.py) checks that every named test exists.
 FIXES = {
     "metric_object": (
         "log a torchmetrics Metric object (self.log(key, metric)); its state (counts) is summed over ranks "

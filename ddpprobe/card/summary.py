@@ -8,7 +8,7 @@ when every case of its facts holds in this run, and with the numbers those facts
 ``semantics.number``; otherwise it says which verdicts the run got instead.
 
 Sections follow :data:`TOPIC_ORDER`, the fact modules from the seed question outwards (the README's
-"What the tests answer" table lists them in the same order, which tests/tooling/test_card_layout.py
+"What the tests answer" table lists them in the same order, which tests/tooling/card/test_card_layout.py
 checks); test modules not in it come after, alphabetically by path (:func:`order_topics`).
 """
 
@@ -218,7 +218,7 @@ def seed_answers(card: dict, questions=SEED_QUESTIONS) -> list:
 #: (sharding, what the epoch end sees, sync_dist, printing, the whole-set F1) outwards. A fact module not
 #: listed still gets its section, after these, alphabetically by path; to give it its place, add its path
 #: here and its row at the same place in the "What the tests answer" tables of README.md and docs/tests.md
-#: (tests/tooling/test_card_layout.py checks that both list exactly these, in this order).
+#: (tests/tooling/card/test_card_layout.py checks that both list exactly these, in this order).
 TOPIC_ORDER = (
     "tests/facts/test_sharding.py",
     "tests/facts/test_epoch_end_outputs.py",

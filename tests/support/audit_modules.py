@@ -1,4 +1,4 @@
-"""Small LightningModules and data for the tests of the audit's diagnoses (tests/tooling/test_audit_diagnoses.py).
+"""Small LightningModules and data for the tests of the audit's diagnoses (tests/tooling/audit/test_audit_diagnoses.py).
 
 Each one makes one kind of DDP mistake (or none) on ``IdDataset`` data (sample ``i`` carries ``id == i`` and
 ``value == i * i``, ddpprobe/probes/data.py), so the test can compute from the ids which samples each rank

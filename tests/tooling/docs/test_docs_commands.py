@@ -29,7 +29,7 @@ import pytest
 
 pytestmark = pytest.mark.not_a_fact("checks the commands the documentation shows, not a fact about DDP")
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 GENERATED = {"semantics.md", "matrix.md"}
 PAGES = [ROOT / "README.md", *sorted(p for p in (ROOT / "docs").glob("*.md") if p.name not in GENERATED)]
 #: Seconds one block may run (an audit is two worlds: about 10 s on 2 shared cores).

@@ -151,7 +151,7 @@ def test_the_tables_of_tests_list_every_topic_of_the_card_in_the_cards_order(pag
     """The "What the tests answer" tables (the README's, and the full map in docs/tests.md) and the card's
     sections agree: the fact modules a table names are exactly those of ``TOPIC_ORDER``, in that order,
     and each exists. (A fact module in neither still gets its section on the card, after these.)"""
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     order = list(summary.TOPIC_ORDER)
     missing = [path for path in order if not (root / path).is_file()]
     assert not missing, f"TOPIC_ORDER names files that do not exist: {missing}"

@@ -22,7 +22,7 @@ from tests.support.worlds import skip_unless_runnable
 
 pytestmark = pytest.mark.not_a_fact("tests the audit command, not a fact about DDP")
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 CASES = "examples.reported_cases"
 
 #: Seconds a world of these small modules may run; a collective that never completes fails after half.
@@ -401,7 +401,7 @@ def test_cli_reports_bad_input_in_seconds_with_exit_code_2():
     for args, message in (
         ([f"{CASES}:make_synced_mean_model", "--data", f"{CASES}:make_ids_12", "--world-size", "1"], "compare nothing"),
         (
-            ["tests.tooling.test_audit_evidence:raising_factory", "--data", f"{CASES}:make_ids_12"],
+            ["tests.tooling.audit.test_audit_evidence:raising_factory", "--data", f"{CASES}:make_ids_12"],
             "raised ZeroDivisionError",
         ),
     ):

@@ -12,7 +12,7 @@ from ddpprobe import RankFailed
 from ddpprobe.probes import log_spec
 from ddpprobe.runif import run_if
 from tests.support import guarded, oracle
-from tests.tooling import test_guard_twins as twins
+from tests.tooling.guard import test_guard_twins as twins
 
 pytestmark = run_if(min_gpus=2, backend="nccl")
 

@@ -249,7 +249,7 @@ def test_the_forkserver_is_gone_as_soon_as_the_process_that_started_it_exits():
         "run_world(scenarios.identity, 1, start_method='forkserver')\n"
         "print(fs._forkserver._forkserver_pid)\n"
     )
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=300)
 
     assert done.returncode == 0, done.stderr
@@ -359,7 +359,7 @@ def test_under_xdist_every_worker_forks_its_ranks_from_one_forkserver_the_contro
         "print('controller', os.getpid(), flush=True)\n"
         "sys.exit(pytest.main(['-p', 'ddpprobe.pytest_plugin', '-p', 'no:cacheprovider', '-q', '-n', '2']))\n"
     )
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)  # this checkout's ddpprobe
     env = {**os.environ, "OUT": str(tmp_path / "out"), "PYTHONPATH": path}
     done = subprocess.run(

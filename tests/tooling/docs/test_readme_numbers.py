@@ -4,7 +4,7 @@ should see are counted from a collection of the default run, so they cannot drif
 The README carries one generated sentence between ``<!-- counts -->`` and ``<!-- /counts -->``. To
 refresh it after adding or removing tests, run from the repository root::
 
-    python -m tests.tooling.test_readme_numbers --write
+    python -m tests.tooling.docs.test_readme_numbers --write
 
 Counted: every test the default run selects (the project's ``addopts`` apply, so deselected markers
 stay out), split into facts (``tests/facts/``) and tests of the tooling (``tests/tooling/``); the tests
@@ -28,7 +28,7 @@ from ddpprobe import _lightning, runif
 
 pytest_plugins = ["pytester"]
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROOT = pathlib.Path(__file__).resolve().parents[3]
 README = ROOT / "README.md"
 BLOCK = re.compile(r"<!-- counts -->\n(?P<text>.*?)\n<!-- /counts -->", re.S)
 VERSION = re.compile(r"With (?P<distribution>pytorch-lightning|lightning) (?P<version>\S+) on a machine without GPUs")
@@ -149,14 +149,14 @@ def test_the_readme_states_the_numbers_of_the_default_run(pytester, monkeypatch)
     if stated != expected:
         pytest.fail(
             f"README.md states:\n  {stated}\nthe suite gives:\n  {expected}\n"
-            "update it with: python -m tests.tooling.test_readme_numbers --write",
+            "update it with: python -m tests.tooling.docs.test_readme_numbers --write",
             pytrace=False,
         )
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m tests.tooling.test_readme_numbers",
+        prog="python -m tests.tooling.docs.test_readme_numbers",
         description="Print (or --write into README.md) the README's counts sentence.",
     )
     parser.add_argument("--write", action="store_true", help="replace the <!-- counts --> block of README.md")

@@ -77,7 +77,7 @@ def test_a_module_without_the_stages_step_is_refused_naming_it_before_any_world_
     """``--stage test`` on a module without ``test_step`` (and likewise predict, fit) is bad input: the
     audit names the missing method and the stages the module has, in this process, instead of running
     three worlds that each raise Lightning's MisconfigurationException and exiting 1."""
-    here = "tests.tooling.test_audit_edges"
+    here = "tests.tooling.audit.test_audit_edges"
     start = time.monotonic()
     with pytest.raises(AuditInputError, match=named):
         audit(f"{here}:make_validation_only_module", f"{here}:make_loader", stage=stage)
@@ -96,7 +96,7 @@ def test_a_factory_calling_sys_exit_is_bad_input_naming_it_instead_of_ending_the
     """A factory whose argparse rejects the audit's command line raises ``SystemExit``; the audit reports
     it as bad input naming the factory and the exit code, instead of exiting with argparse's usage text
     of another program as its only output."""
-    here = "tests.tooling.test_audit_edges"
+    here = "tests.tooling.audit.test_audit_edges"
     named = r"the model factory '.*:make_module_reading_argv' called sys\.exit\(2\).*without reading sys\.argv"
     with pytest.raises(AuditInputError, match=named):
         audit(f"{here}:make_module_reading_argv", f"{here}:make_loader")
@@ -211,7 +211,7 @@ def test_no_external_world_switch_with_junk_is_refused_naming_it():
 def test_the_audit_says_which_world_it_starts_and_its_time_limit_before_each_world():
     """``progress`` gets one line before each world (the command line prints them to stderr), naming the
     stage, W and the time limit, so a module that hangs is not waited for in silence."""
-    here = "tests.tooling.test_audit_edges"
+    here = "tests.tooling.audit.test_audit_edges"
     lines = []
     audit(f"{here}:make_validation_only_module", f"{here}:make_loader", timeout=60, progress=lines.append)
 

@@ -30,7 +30,7 @@ from tests.support.worlds import skip_unless_runnable
 
 pytestmark = pytest.mark.not_a_fact("tests the audit command, not a fact about DDP")
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 def _f1(ids) -> float:
@@ -229,7 +229,7 @@ def test_corrected_module_on_a_set_that_does_not_divide_by_w_is_flagged_for_samp
     sample, the summed counts include it, so every rank holds scikit-learn's score on the padded list,
     not on the 11 samples; the audit says "differs from single-process" for each key and names the padding."""
     n, world_size = 11, 2
-    result = _corrected_audit(world_size, backend, data="tests.tooling.test_audit:make_data_11")
+    result = _corrected_audit(world_size, backend, data="tests.tooling.audit.test_audit:make_data_11")
 
     duplicates = sum(oracle.duplicates(n, world_size).values())
     padded_ids, ids = oracle.padded_indices(n, world_size), range(n)

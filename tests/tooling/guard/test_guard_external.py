@@ -19,7 +19,7 @@ def test_under_torchrun_the_guard_raises_on_both_ranks_and_its_fixed_twin_passes
     variants skip with the reason."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "DDPPROBE_"))}
     env.update(OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     logs = tmp_path / "logs"
     selected = "(test_keys_named_after_the_rank_raise or test_the_same_keys_in_the_same_order_give) and validation_step"
     proc = subprocess.run(
@@ -39,8 +39,8 @@ def test_under_torchrun_the_guard_raises_on_both_ranks_and_its_fixed_twin_passes
             "no:cacheprovider",
             "-q",
             "-rs",
-            "tests/tooling/test_guard_hazards.py",
-            "tests/tooling/test_guard_twins.py",
+            "tests/tooling/guard/test_guard_hazards.py",
+            "tests/tooling/guard/test_guard_twins.py",
             "-k",
             selected,
         ],

@@ -10,7 +10,7 @@ from ddpprobe.audit._fixes import FIXES
 
 pytestmark = pytest.mark.not_a_fact("tests the audit's advice, not a fact about DDP")
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 @pytest.mark.parametrize("fix", sorted(name for name, (_, test) in FIXES.items() if test))

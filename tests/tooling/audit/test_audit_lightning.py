@@ -22,7 +22,7 @@ pytestmark = [
     ),
 ]
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 def _cli_json(module: str, *extra) -> tuple:

@@ -15,7 +15,7 @@ import pytest
 
 import ddpprobe
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROOT = pathlib.Path(__file__).resolve().parents[3]
 MESSAGE = "cannot import name 'run_world' from 'ddpprobe' (unknown location)"
 SCRIPT = "from ddpprobe import run_world\nprint('imported', run_world.__module__)\n"
 

@@ -9,7 +9,7 @@ import pytest
 
 pytestmark = pytest.mark.not_a_fact("tests the launcher, not a fact about DDP")
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 SCRIPT = """\
 from ddpprobe import run_world

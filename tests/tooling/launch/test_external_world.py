@@ -68,7 +68,7 @@ def test_pytest_under_torchrun_runs_facts_in_lockstep_and_skips_other_world_size
     from both ranks) and the facts written for other world sizes skip with the reason."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "DDPPROBE_"))}
     env.update(OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     logs = tmp_path / "logs"
     proc = subprocess.run(
         [
@@ -141,7 +141,8 @@ def test_in_a_one_rank_torchrun_world_records_and_failures_come_back_as_from_a_l
     assert world.records == [{"LOCAL_WORLD_SIZE": "1"}] and world[0].pid == os.getpid()
     assert failure.value.rank_errors == {0: "ValueError: deliberate failure on rank 0 of 1"}
     assert str(failure.value).startswith(
-        "external world of 1 rank(s) running tests.tooling.test_external_world:raise_here (backend=gloo): rank(s) [0]"
+        "external world of 1 rank(s) running tests.tooling.launch.test_external_world:raise_here (backend=gloo): "
+        "rank(s) [0]"
     )
 
 

@@ -1,0 +1,1 @@
+"""Tests of the semantics card and the version matrix (ddpprobe/card/)."""

@@ -1,0 +1,1 @@
+"""Tests of the guard (ddpprobe/guard/): hazards it catches, fixed twins unchanged, its store protocol."""

@@ -1,0 +1,2 @@
+"""Tests of the launcher (ddpprobe/launch/): worlds, failures, isolation, settings, nodes, external and
+shared worlds."""
