@@ -378,7 +378,7 @@ def test_bad_input_is_reported_before_any_world_starts(monkeypatch):
         audit("examples.missing:make", data)
     with pytest.raises(
         AuditInputError,
-        match=r"model factory 'tests\.tooling\.test_audit_evidence:raising_factory' raised ZeroDivisionError",
+        match=r"model factory 'tests\.tooling\.audit\.test_audit_evidence:raising_factory' raised ZeroDivisionError",
     ):
         audit(raising_factory, data)
     with pytest.raises(AuditInputError, match=r"returned builtins\.dict .*not a LightningModule"):
