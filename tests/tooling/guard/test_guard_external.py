@@ -1,12 +1,9 @@
 """``CollectiveGuard`` in a world torchrun launched: the guard finds the world's store through the process
 group Lightning joined (torchrun's agent store, ``TORCHELASTIC_USE_AGENT_STORE``), whoever launched it."""
 
-import glob
-import os
-import subprocess
-import sys
-
 import pytest
+
+from tests.support.torchrun import pytest_under_torchrun
 
 pytestmark = pytest.mark.not_a_fact("tests the guard in a torchrun world, not a fact about DDP")
 
@@ -17,40 +14,12 @@ def test_under_torchrun_the_guard_raises_on_both_ranks_and_its_fixed_twin_passes
     "keys named after the rank raise CollectiveMismatch on every rank" and of its fixed twin pass (the
     records and errors came from both torchrun ranks, ddpprobe/launch/_external.py), and the W=3
     variants skip with the reason."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "DDPPROBE_"))}
-    env.update(OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    logs = tmp_path / "logs"
     selected = "(test_keys_named_after_the_rank_raise or test_the_same_keys_in_the_same_order_give) and validation_step"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node=2",
-            f"--log-dir={logs}",
-            "--redirects=3",
-            "-m",
-            "pytest",
-            "-p",
-            "no:xdist",
-            "-p",
-            "no:cacheprovider",
-            "-q",
-            "-rs",
-            "tests/tooling/guard/test_guard_hazards.py",
-            "tests/tooling/guard/test_guard_twins.py",
-            "-k",
-            selected,
-        ],
-        cwd=root,
-        env=env,
-        capture_output=True,
-        text=True,
+    proc, outputs = pytest_under_torchrun(
+        tmp_path / "logs",
+        ["tests/tooling/guard/test_guard_hazards.py", "tests/tooling/guard/test_guard_twins.py", "-k", selected],
         timeout=300,
     )
-    outputs = [open(path).read() for path in sorted(glob.glob(str(logs / "*" / "attempt_0" / "*" / "stdout.log")))]
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + "".join(o[-3000:] for o in outputs)
     assert len(outputs) == 2
     for out in outputs:

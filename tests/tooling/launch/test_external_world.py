@@ -2,14 +2,12 @@
 nothing, and runs each scenario in the current process, exchanging records between the ranks.
 (ddpprobe/launch/_external.py.)"""
 
-import glob
 import os
-import subprocess
-import sys
 
 import pytest
 
 from ddpprobe.launch import external_world
+from tests.support.torchrun import pytest_under_torchrun
 
 pytestmark = pytest.mark.not_a_fact("tests how the launcher joins external worlds, not a fact about DDP")
 
@@ -66,36 +64,10 @@ def test_a_garbage_launcher_variable_is_named_with_the_way_out():
 def test_pytest_under_torchrun_runs_facts_in_lockstep_and_skips_other_world_sizes_on_every_rank(tmp_path):
     """``torchrun --nproc-per-node 2 -m pytest``: on both ranks the W=2 facts pass (their records came
     from both ranks) and the facts written for other world sizes skip with the reason."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "DDPPROBE_"))}
-    env.update(OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    logs = tmp_path / "logs"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node=2",
-            f"--log-dir={logs}",
-            "--redirects=3",
-            "-m",
-            "pytest",
-            "-p",
-            "no:xdist",
-            "-p",
-            "no:cacheprovider",
-            "-q",
-            "-rs",
-            "tests/facts/test_sharding.py::test_each_rank_sees_a_disjoint_strided_shard_when_n_divides_by_world_size",
-        ],
-        cwd=root,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
+    proc, outputs = pytest_under_torchrun(
+        tmp_path / "logs",
+        ["tests/facts/test_sharding.py::test_each_rank_sees_a_disjoint_strided_shard_when_n_divides_by_world_size"],
     )
-    outputs = [open(path).read() for path in sorted(glob.glob(str(logs / "*" / "attempt_0" / "*" / "stdout.log")))]
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + "".join(o[-2000:] for o in outputs)
     assert len(outputs) == 2
     for out in outputs:
