@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import functools
+import inspect
 import itertools
 import numbers
 import sys
@@ -38,6 +39,26 @@ def _seconds(value) -> Optional[float]:
     return None
 
 
+#: The argument naming a rooted collective's source or destination rank, by its global and group name.
+_ROOTS = (("src", "group_src"), ("dst", "group_dst"))
+
+
+def _root(original, args, kwargs) -> Optional[str]:
+    """``"src=1"`` / ``"dst=0"``: the source or destination rank a rooted collective (``broadcast``,
+    ``reduce``, ``gather``, ``scatter`` and their ``_object`` forms) names on this rank, from its arguments
+    (torch/distributed/distributed_c10d.py signatures); None for an unrooted one or where unreadable. On
+    the whole world a group rank is the global rank."""
+    try:
+        bound = inspect.signature(original).bind_partial(*args, **kwargs).arguments
+    except (TypeError, ValueError):
+        return None
+    for names in _ROOTS:
+        for name in names:
+            if isinstance(bound.get(name), int):
+                return f"{names[0]}={bound[name]}"
+    return None
+
+
 def _last_batch(trainer) -> Optional[bool]:
     """Whether the running loop's data fetcher has no batch after the current one (it fetches one batch
     ahead: pytorch_lightning/loops/fetchers.py ``_PrefetchDataFetcher``); None where it cannot say."""
@@ -63,12 +84,14 @@ class CollectiveGuard(pl.Callback):
     Checked: the ``torch.distributed`` functions the trace wraps (``ddpprobe.probes.trace.COLLECTIVES``),
     called on the main thread on the whole world: ``self.log(..., sync_dist=True)`` syncs, torchmetrics
     state syncs at ``compute()``, ``self.all_gather``, ``strategy.reduce`` / ``barrier`` / ``broadcast``,
-    ``reduce_boolean_decision``; compared by op, reduce op, dtype, shape, source, Lightning key (and the
-    hook it was logged in) and torchmetrics class (ddpprobe/guard/_entries.py). And the hook boundaries
-    ``setup``, ``on_*_batch_start``, ``on_*_batch_end``, ``on_*_epoch_end`` and ``teardown``, compared by
-    hook, epoch, batch and dataloader index, so ranks with uneven numbers of batches are stopped before
-    DistributedDataParallel's gradient all_reduce (made from C++, which no Python wrapper sees) pairs
-    different steps.
+    ``reduce_boolean_decision``; compared by op, reduce op, dtype, shape, src/dst rank, source, Lightning
+    key (and the hook it was logged in) and torchmetrics class (ddpprobe/guard/_entries.py). And the hook
+    boundaries ``setup``, ``on_*_batch_start``, ``on_*_batch_end``, ``on_*_epoch_end`` and ``teardown``,
+    compared by hook, epoch, batch and dataloader index, so ranks with uneven numbers of batches are
+    stopped before DistributedDataParallel's gradient all_reduce (made from C++, which no Python wrapper
+    sees) pairs different steps. Predict's batch boundaries are not compared: Lightning gives ranks unequal predict
+    shards by design (``UnrepeatedDistributedSamplerWrapper``) and the predict loop makes no collective
+    per batch.
 
     Args:
         timeout: seconds a rank waits for its peers at a check before raising ``GuardTimeout``; must be
@@ -223,6 +246,7 @@ class CollectiveGuard(pl.Callback):
                 "dtype": dtype,
                 "shape": shape,
                 "group_size": guard._exchange.world_size,
+                "root": _root(original, args, kwargs),
                 **guard._classifier.context(sys._getframe(1), loops_are_library=True),
             }
             ex = guard._exchange
@@ -255,11 +279,11 @@ class CollectiveGuard(pl.Callback):
     def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
         self._boundary("on_test_batch_end", trainer, batch_idx, dataloader_idx)
 
-    def on_predict_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
-        self._boundary("on_predict_batch_start", trainer, batch_idx, dataloader_idx)
-
-    def on_predict_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
-        self._boundary("on_predict_batch_end", trainer, batch_idx, dataloader_idx)
+    # No predict batch boundaries: ``trainer.predict`` shards with ``UnrepeatedDistributedSamplerWrapper``
+    # (pytorch_lightning/trainer/connectors/data_connector.py ``_get_distributed_sampler``), so ranks may
+    # run different numbers of batches by design; the model is not wrapped in DistributedDataParallel
+    # outside fit (pytorch_lightning/strategies/ddp.py ``DDPStrategy.setup``), so no C++ collective pairs
+    # batches. A collective in ``predict_step`` is still checked (against a peer at on_predict_epoch_end).
 
     def on_train_epoch_end(self, trainer, pl_module):
         self._boundary("on_train_epoch_end", trainer)

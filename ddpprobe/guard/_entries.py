@@ -10,8 +10,9 @@ An *entry* is one JSON object a rank writes to the store before a check:
     the check's sequence number (per rank, per ``Trainer`` stage) and the rank that posted it.
 ``id``
     what must be equal on every rank (a list): for a collective the op, reduce op, dtype, shape, group
-    size, source, Lightning key (and, for ``self.log`` syncs, the hook it was logged in) and torchmetrics
-    class (no shape for ``UNEVEN_SPLITS``); for a boundary the hook, epoch, batch and dataloader index and
+    size, source or destination rank of a rooted collective (``root``: ``"src=0"``), source, Lightning key
+    (and, for ``self.log`` syncs, the hook it was logged in) and torchmetrics class (no shape for
+    ``UNEVEN_SPLITS``); for a boundary the hook, epoch, batch and dataloader index and
     whether the loop has a batch after this one. Call sites are not compared: two lines may log the
     same key.
 ``text``
@@ -26,7 +27,7 @@ from typing import Optional
 from ddpprobe.probes.trace import describe_collective
 
 #: Fields of a collective (as the trace names them) that must be equal on every rank, in this order.
-COLLECTIVE_ID = ("op", "reduce_op", "dtype", "shape", "group_size", "source", "key", "log_hook", "metric")
+COLLECTIVE_ID = ("op", "reduce_op", "dtype", "shape", "group_size", "root", "source", "key", "log_hook", "metric")
 #: Collectives whose ranks may contribute tensors of different shapes (uneven splits): shape not compared.
 UNEVEN_SPLITS = ("all_to_all", "all_to_all_single")
 #: Longest error text of a peer kept in an entry.
@@ -42,8 +43,8 @@ def collective(n: int, rank: int, fields: dict) -> dict:
         "n": n,
         "rank": rank,
         "id": ["collective"] + [compared.get(k) for k in COLLECTIVE_ID],
-        "fields": {k: fields.get(k) for k in ("op", "key", "metric", "source", "hook")},
-        "text": "is about to " + describe_collective(fields),
+        "fields": {k: fields.get(k) for k in ("op", "key", "metric", "source", "hook", "root")},
+        "text": "is about to " + describe_collective(fields) + (f" [{fields['root']}]" if fields.get("root") else ""),
     }
 
 
@@ -118,7 +119,10 @@ def consequence(entries: list, pg_timeout_s: float) -> str:
     """What would happen if the ranks went on, and the fix, for entries whose ``id`` differ."""
     kinds = {e["kind"] for e in entries}
     waiting = f"the process-group timeout ({pg_timeout_s:g} s)"
-    if any(e["kind"] == "boundary" and e["fields"]["batch_idx"] is not None for e in entries):
+    # Only boundaries, some at a batch: the ranks are at different batches (or one has no next batch). A
+    # collective on some ranks while the others are at a batch boundary is a collective they skipped, not
+    # uneven batches (every rank reached that batch: its start boundary came first).
+    if kinds == {"boundary"} and any(e["fields"]["batch_idx"] is not None for e in entries):
         return (
             "The ranks ran different numbers of batches: the next collective of the ranks with more batches "
             "(DistributedDataParallel's gradient all_reduce in fit, a step-level sync_dist, a Lightning broadcast) "
@@ -141,6 +145,12 @@ def consequence(entries: list, pg_timeout_s: float) -> str:
         return (
             "The ranks would enter different collectives: the backend pairs them anyway (exchanging wrong data), "
             f"aborts, or blocks until {waiting}. Make the same collectives in the same order on every rank."
+        )
+    if len({f.get("root") for f in fields}) > 1:
+        return (
+            "The ranks name different source or destination ranks (src=/dst=) for the same collective: each "
+            "waits for data from, or sends to, a different rank, so the collective exchanges wrong data or "
+            f"blocks until {waiting}. Pass the same src/dst on every rank (e.g. strategy.broadcast(obj, src=0))."
         )
     if len({(f["key"], f["hook"] if f["source"] == "self.log" else None) for f in fields}) > 1:
         return (
