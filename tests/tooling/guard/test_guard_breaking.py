@@ -1,0 +1,194 @@
+"""``CollectiveGuard`` on modules written the way users write them: correct ones run unchanged, and a few
+hazards the facts do not cover become one clear error on every rank.
+
+Correct modules (Lightning's ``BoringModel`` with the progress bar, ``ModelCheckpoint`` and
+``EarlyStopping``; torchmetrics objects logged with ``self.log`` / ``self.log_dict`` and ``self.all_gather``;
+fit, test, validate and predict on one Trainer with two validation dataloaders and gradient accumulation;
+shards of different ids and last-batch sizes; manual optimization; the module's own barriers) give the
+same record with the guard as without it: every value each rank produced and how far the default process
+group's sequence number moved (``pg_seq``: how many collectives the backend ran), so the guard raised no
+false alarm, added no collective and removed none. ``checks`` (the guard's count of passed checks) is the
+one field that differs.
+
+Hazards (a barrier on rank 0 only, a metric's ``compute()`` on different batches per rank, a broadcast
+whose ``src`` is the rank itself, a collective in ``predict_step`` over unequal predict shards) raise
+``CollectiveMismatch`` on every rank, naming each rank's side, before any collective pairs wrongly: the
+process-group timeout (10 s) would otherwise end them with gloo's own error, and the world's timeout
+(60 s) is above both. Scenarios: tests/support/guard_breaking.py.
+"""
+
+import pytest
+
+from ddpprobe import RankFailed
+from ddpprobe.probes.data import sample_value
+from tests.support import guard_breaking, oracle
+from tests.tooling.guard.test_guard_hazards import _guard_errors, _line
+
+#: The process-group timeout and the world's timeout (seconds).
+LIMITS = {"pg_timeout": 10, "timeout": 60}
+WAIT_ALONE = "would wait in a collective the other ranks do not call"
+#: The uneven-batches diagnosis, wrong where every rank reached the same batch.
+UNEVEN = "The ranks ran different numbers of batches"
+
+
+def _twins(run_world, scenario, world_size: int, **params) -> list:
+    """Records of ``scenario`` without the guard, after checking the guarded run's agree but for ``checks``."""
+    plain = run_world(scenario, world_size, guard=False, **params, **LIMITS).records
+    guarded_ = run_world(scenario, world_size, guard=True, **params, **LIMITS).records
+    assert [r["checks"] for r in plain] == [None] * world_size
+    assert all(r["checks"] > 0 for r in guarded_), oracle.side_by_side("checks", [r["checks"] for r in guarded_])
+    assert all(isinstance(r["pg_seq"], int) and r["pg_seq"] > 0 for r in plain), [r["pg_seq"] for r in plain]
+    without = [{k: v for k, v in r.items() if k != "checks"} for r in plain]
+    with_guard = [{k: v for k, v in r.items() if k != "checks"} for r in guarded_]
+    assert with_guard == without, (
+        oracle.side_by_side("with the guard", with_guard) + "\n" + oracle.side_by_side("without", without)
+    )
+    return without
+
+
+# ---------------------------------------------------------------------------------------------
+# Correct modules: the same run with the guard
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_boring_model_with_progress_bar_checkpoint_and_early_stopping_fits_the_same_with_the_guard(
+    run_world, world_size
+):
+    """Lightning's ``BoringModel`` (plus a synced ``val_loss`` and a step/epoch ``train_loss`` on the
+    progress bar), 2 epochs with validation, the progress bar on (it reads the metrics on rank 0 only),
+    ``log_every_n_steps=1``, a ``CSVLogger``, ``ModelCheckpoint`` and ``EarlyStopping`` monitoring
+    ``val_loss`` (their broadcasts, barriers and ``reduce_boolean_decision`` checked): the same weights,
+    metrics, best checkpoint and stop with the guard as without it."""
+    without = _twins(run_world, guard_breaking.boring_fit, world_size)
+    assert [r["global_step"] for r in without] == [2 * 4] * world_size, without  # 2 epochs x limit_train_batches
+    assert all(r["best_model_path"].endswith(".ckpt") and "val_loss" in r["callback_metrics"] for r in without)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_torchmetrics_objects_log_dict_and_all_gather_give_the_same_values_with_the_guard(run_world, world_size):
+    """``BinaryAccuracy`` logged with ``self.log(key, metric)`` (train on step and epoch, validation), a
+    ``MetricCollection`` with ``self.log_dict``, a logged ``MeanMetric``, ``sync_dist=True`` scalars and
+    ``self.all_gather`` of each rank's ids in ``on_validation_epoch_end``, through fit (with the sanity
+    check) and a later ``trainer.validate``: the same metrics, gathered ids and weights with the guard as
+    without it. Every rank gathers every sample id (DistributedSampler pads ``n`` to a multiple of W)."""
+    n = 5 * world_size + 1
+    without = _twins(run_world, guard_breaking.metrics_fit, world_size, n=n, batch_size=2)
+    for r in without:
+        assert set(sum(r["gathered"][-1], [])) == set(range(n)), r["gathered"]
+        assert {"acc", "val_precision", "val_recall", "mean_value", "value_sync"} <= set(r["validate_metrics"]), r
+
+
+@pytest.mark.parametrize("num_sanity_val_steps", [2, 0])
+def test_fit_test_validate_predict_on_one_trainer_give_the_same_values_with_the_guard(run_world, num_sanity_val_steps):
+    """fit with two validation dataloaders, ``limit_val_batches=2``, ``accumulate_grad_batches=2``,
+    ``check_val_every_n_epoch=2`` and ``num_sanity_val_steps`` default or 0, then test, validate and
+    predict on the same Trainer (one guard instance, one session per stage): the same values, returned
+    dicts and predictions with the guard as without it. Predict shards ``IdDataset(5)`` without padding
+    (``UnrepeatedDistributedSamplerWrapper``): rank 0 predicts ids 0, 2, 4 in 2 batches, rank 1 ids 1, 3 in
+    one, which the guard must not take for uneven batches (no collective pairs predict batches)."""
+    without = _twins(run_world, guard_breaking.stages, 2, num_sanity_val_steps=num_sanity_val_steps)
+    # 12 samples: 6 per rank, 3 batches of 2 per epoch, an optimizer step every 2 batches and at the epoch end
+    assert [r["global_step"] for r in without] == [4 * 2] * 2, without
+    assert [[b["id"] for b in r["predictions"]] for r in without] == [[[0, 2], [4]], [[1, 3]]], without
+    assert all(len(r["validate_returned"]) == 2 for r in without), without
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_distributed_sampler_shards_with_a_cat_metric_give_the_same_values_with_the_guard(run_world, world_size):
+    """``IdDataset(3W + 1)`` sharded by DistributedSampler (different ids per rank, one padded sample) in
+    batches of 2, a ``CatMetric`` of the ids and a ``MeanMetric`` computed on every rank, a step and epoch
+    ``sync_dist`` log: the same values with the guard as without it, the ``CatMetric`` holding every
+    rank's ids."""
+    without = _twins(run_world, guard_breaking.shards, world_size, n=3 * world_size + 1, batch_size=2)
+    every_id = sorted(sum((r["seen_ids"] for r in without), []))
+    assert [r["computed"]["cat"] for r in without] == [every_id] * world_size, without
+
+
+def test_ranks_with_different_last_batch_sizes_and_metric_state_sizes_give_the_same_values_with_the_guard(run_world):
+    """Rank 0 validates ids 0-4, rank 1 ids 5-10 (no DistributedSampler) in batches of 2: 3 batches each,
+    the last of 1 sample on rank 0 and 2 on rank 1, so the ``CatMetric`` states have 5 and 6 rows at
+    ``compute()`` (torchmetrics gathers their sizes, then pads): the same values with the guard as without
+    it, the ``CatMetric`` holding ids 0-10 and the ``MeanMetric`` their mean value on every rank."""
+    without = _twins(run_world, guard_breaking.shards, 2, sizes=[5, 6], batch_size=2)
+    assert [len(r["seen_ids"]) for r in without] == [5, 6], without
+    mean = sum(sample_value(i) for i in range(11)) / 11
+    assert [r["computed"] for r in without] == [{"cat": list(map(float, range(11))), "mean": mean}] * 2, without
+
+
+@pytest.mark.parametrize("barriers", [False, True], ids=["manual_optimization", "with_own_barriers"])
+def test_manual_optimization_and_the_modules_own_barriers_fit_the_same_with_the_guard(run_world, barriers):
+    """Manual optimization (``manual_backward``, ``optimizer.step``) with a synced loss, and with every
+    rank also calling ``self.trainer.strategy.barrier()`` in each ``training_step`` and epoch end: the
+    same weights and metrics with the guard as without it."""
+    without = _twins(run_world, guard_breaking.manual_fit, 2, barriers=barriers)
+    assert [r["global_step"] for r in without] == [2 * 2] * 2, without  # 8 samples: 2 batches per rank, 2 epochs
+
+
+# ---------------------------------------------------------------------------------------------
+# Hazards: one CollectiveMismatch on every rank
+# ---------------------------------------------------------------------------------------------
+
+
+def _mismatch(run_world, world_size: int, scenario, **params) -> dict:
+    with pytest.raises(RankFailed) as info:
+        run_world(scenario, world_size, **params, **LIMITS)
+    return _guard_errors(info.value, "CollectiveMismatch", list(range(world_size)))
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_a_barrier_on_rank_0_only_raises_collective_mismatch_on_every_rank(run_world, world_size):
+    """``if self.global_rank == 0: self.trainer.strategy.barrier()`` in ``validation_step``: every rank
+    raises ``CollectiveMismatch`` at batch 0, naming rank 0's barrier (its line in the user's file) and
+    the other ranks at the end of batch 0, and saying rank 0 would wait alone (not that the ranks ran
+    different numbers of batches: every rank reached batch 0)."""
+    errors = _mismatch(run_world, world_size, guard_breaking.hazard, hazard="rank0_barrier")
+    for message in errors.values():
+        _line(0, "is about to barrier (your code) at guard_breaking.py", message)
+        for rank in range(1, world_size):
+            _line(rank, "is at on_validation_batch_end (batch 0, epoch 0)", message)
+        assert WAIT_ALONE in message and UNEVEN not in message, message
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_a_metric_computed_on_alternate_batches_per_rank_raises_collective_mismatch_on_every_rank(
+    run_world, world_size
+):
+    """A ``MeanMetric``'s ``compute()`` when ``batch_idx % 2 == rank`` (rank 0 on even batches, rank 1 on
+    odd ones, rank 2 never): every rank raises ``CollectiveMismatch`` at batch 0, naming rank 0's
+    ``MeanMetric`` state sync and the other ranks at the end of batch 0."""
+    errors = _mismatch(run_world, world_size, guard_breaking.hazard, hazard="alternate_compute")
+    for message in errors.values():
+        _line(0, "(MeanMetric state sync at compute())", message)
+        for rank in range(1, world_size):
+            _line(rank, "is at on_validation_batch_end (batch 0, epoch 0)", message)
+        assert WAIT_ALONE in message and UNEVEN not in message, message
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_a_broadcast_whose_source_is_each_ranks_own_raises_collective_mismatch_naming_each_src(run_world, world_size):
+    """``self.trainer.strategy.broadcast(obj, src=self.global_rank)``: the same op, dtype and call site on
+    every rank, but every rank sends and none receives (gloo blocks until the process-group timeout).
+    Every rank raises ``CollectiveMismatch`` naming each rank's ``src`` and saying the ranks name different
+    source ranks."""
+    errors = _mismatch(run_world, world_size, guard_breaking.hazard, hazard="broadcast_own_rank", n=2 * world_size)
+    for message in errors.values():
+        for rank in range(world_size):
+            _line(rank, "is about to broadcast_object_list object (your code) at guard_breaking.py", message)
+            _line(rank, f"[src={rank}]", message)
+        assert "name different source or destination ranks" in message, message
+
+
+def test_a_collective_in_predict_step_over_unequal_predict_shards_raises_collective_mismatch_on_every_rank(
+    run_world,
+):
+    """``self.all_gather`` in ``predict_step`` over ``IdDataset(5)`` in batches of 2: Lightning's predict
+    shards are unpadded (rank 0: 2 batches, rank 1: 1), so rank 0's second all_gather has no partner.
+    Every rank raises ``CollectiveMismatch`` naming rank 0's all_gather and rank 1 at the predict epoch's
+    end; the same predict without the all_gather runs unchanged."""
+    errors = _mismatch(run_world, 2, guard_breaking.predict_gather, n=5, batch_size=2)
+    for message in errors.values():
+        _line(0, "is about to all_gather", message)
+        _line(1, "is at on_predict_epoch_end", message)
+    without = _twins(run_world, guard_breaking.predict_gather, 2, n=5, batch_size=2, gather=False)
+    assert [r["predictions"] for r in without] == [[[0, 2], [4]], [[1, 3]]], without
