@@ -454,3 +454,61 @@ def predict_gather(info, n: int, batch_size: int, gather: bool = True, guard: bo
     trainer = ddp_trainer(info, callbacks=callbacks)
     predictions = trainer.predict(PredictGatherModule(gather), dataloaders=id_loader(n, batch_size))
     return {"predictions": predictions, "pg_seq": _pg_seq() - (before or 0), "checks": _checks(callbacks)}
+
+
+# ---------------------------------------------------------------------------------------------
+# Mid-epoch validation, differentiable all_gather, checkpoints every step, a callback's collective
+# ---------------------------------------------------------------------------------------------
+
+
+class GatherGradModule(StagesModule):
+    """``StagesModule`` whose training loss is the mean square of every rank's outputs, gathered with
+    ``self.all_gather(out, sync_grads=True)`` (a differentiable all_gather: its backward is a collective
+    too, made during ``loss.backward()``)."""
+
+    def training_step(self, batch, batch_idx):
+        loss = self.all_gather(self._out(batch), sync_grads=True).pow(2).mean()
+        self.log("loss", loss, sync_dist=True)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        self.log("v", self._out(batch).mean() + batch["value"].mean(), sync_dist=True)
+
+
+class GatherCallback(pl.Callback):
+    """A user's callback that gathers the module's weights with ``pl_module.all_gather`` at every
+    validation epoch's end on every rank (kept in ``gathered``)."""
+
+    def __init__(self):
+        self.gathered = []
+
+    def on_validation_epoch_end(self, trainer, pl_module):
+        self.gathered.append(pl_module.all_gather(pl_module.layer.weight.detach()).tolist())
+
+
+def gather_grad_fit(info, guard: bool = True) -> dict:
+    """Scenario: 2 epochs of ``trainer.fit(GatherGradModule())`` over ``IdDataset(16)`` in batches of 2
+    with ``val_check_interval=0.5`` (validation twice per epoch, on ``IdDataset(6)``), a ``GatherCallback``
+    and ``ModelCheckpoint(save_last=True, every_n_train_steps=1, save_top_k=-1)``.
+
+    Record keys: ``callback_metrics``, ``weights``, ``gathered`` (the callback's), ``global_step``,
+    ``last_model_path`` (its file name), ``pg_seq``, ``checks``."""
+    seed_everything(0)
+    model = GatherGradModule()
+    gather = GatherCallback()
+    checkpoint = pl.callbacks.ModelCheckpoint(
+        dirpath=os.path.join(info.world_dir, "checkpoints"), save_last=True, every_n_train_steps=1, save_top_k=-1
+    )
+    callbacks = [gather, checkpoint] + _callbacks(guard)
+    before = _pg_seq()
+    trainer = ddp_trainer(info, max_epochs=2, val_check_interval=0.5, enable_checkpointing=True, callbacks=callbacks)
+    trainer.fit(model, train_dataloaders=id_loader(16, 2), val_dataloaders=id_loader(6, 2))
+    return {
+        "callback_metrics": floats(trainer.callback_metrics),
+        "weights": _weights(model),
+        "gathered": gather.gathered,
+        "global_step": trainer.global_step,
+        "last_model_path": os.path.basename(checkpoint.last_model_path),
+        "pg_seq": _pg_seq() - (before or 0),
+        "checks": _checks(callbacks),
+    }

@@ -192,3 +192,14 @@ def test_a_collective_in_predict_step_over_unequal_predict_shards_raises_collect
         _line(1, "is at on_predict_epoch_end", message)
     without = _twins(run_world, guard_breaking.predict_gather, 2, n=5, batch_size=2, gather=False)
     assert [r["predictions"] for r in without] == [[[0, 2], [4]], [[1, 3]]], without
+
+
+def test_mid_epoch_validation_differentiable_all_gather_and_step_checkpoints_fit_the_same_with_the_guard(run_world):
+    """``val_check_interval=0.5`` (validation inside the training epoch), a loss over
+    ``self.all_gather(out, sync_grads=True)`` (its backward all_gather runs inside ``loss.backward()``, on
+    every rank), a user's callback gathering the weights in ``on_validation_epoch_end`` and a checkpoint
+    every step: the same weights, metrics, gathered weights and checkpoints with the guard as without it."""
+    without = _twins(run_world, guard_breaking.gather_grad_fit, 2)
+    # 16 samples: 4 batches per rank and epoch, validated after batches 2 and 4, for 2 epochs, after the sanity check
+    assert [len(r["gathered"]) for r in without] == [1 + 2 * 2] * 2, without
+    assert [r["global_step"] for r in without] == [2 * 4] * 2, without
