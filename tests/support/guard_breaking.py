@@ -294,10 +294,11 @@ def _rank_loader(info, sizes: list, batch_size: int) -> DataLoader:
     return DataLoader(subset, batch_size=batch_size)
 
 
-def shards(info, n=None, batch_size: int = 2, sizes=None, guard: bool = True) -> dict:
+def shards(info, n=None, batch_size: int = 2, sizes=None, guard: bool = True, limit=None) -> dict:
     """Scenario: ``trainer.validate(ShardModule())``: over ``IdDataset(n)`` sharded by Lightning's
     DistributedSampler, or, with ``sizes``, over ``sizes[r]`` consecutive samples on rank ``r`` (no
-    DistributedSampler: ``use_distributed_sampler=False``), in batches of ``batch_size``.
+    DistributedSampler: ``use_distributed_sampler=False``), in batches of ``batch_size``, cut to ``limit``
+    batches (``limit_val_batches``) when given.
 
     Record keys: ``seen_ids``, ``computed``, ``callback_metrics``, ``logged_metrics``, ``pg_seq``, ``checks``."""
     model = ShardModule()
@@ -307,7 +308,7 @@ def shards(info, n=None, batch_size: int = 2, sizes=None, guard: bool = True) ->
         trainer = ddp_trainer(info, callbacks=callbacks)
         loader = id_loader(n, batch_size)
     else:
-        trainer = ddp_trainer(info, callbacks=callbacks, use_distributed_sampler=False)
+        trainer = ddp_trainer(info, callbacks=callbacks, use_distributed_sampler=False, limit_val_batches=limit)
         loader = _rank_loader(info, sizes, batch_size)
     trainer.validate(model, dataloaders=loader, verbose=False)
     return {
@@ -509,6 +510,35 @@ def gather_grad_fit(info, guard: bool = True) -> dict:
         "gathered": gather.gathered,
         "global_step": trainer.global_step,
         "last_model_path": os.path.basename(checkpoint.last_model_path),
+        "pg_seq": _pg_seq() - (before or 0),
+        "checks": _checks(callbacks),
+    }
+
+
+def limited_fit(info, sizes: list, limit: int, guard: bool = True) -> dict:
+    """Scenario: 2 epochs of ``trainer.fit(StagesModule())`` over ``sizes[r]`` consecutive samples on rank
+    ``r`` (no DistributedSampler) in batches of 2, training and validation cut to ``limit`` batches
+    (``limit_train_batches`` / ``limit_val_batches``, the common cure for shards of different lengths).
+
+    Record keys: ``callback_metrics``, ``weights``, ``global_step``, ``pg_seq``, ``checks``."""
+    seed_everything(0)
+    model = StagesModule()
+    callbacks = _callbacks(guard)
+    before = _pg_seq()
+    trainer = ddp_trainer(
+        info,
+        max_epochs=2,
+        limit_train_batches=limit,
+        limit_val_batches=limit,
+        use_distributed_sampler=False,
+        callbacks=callbacks,
+    )
+    loader = _rank_loader(info, sizes, 2)
+    trainer.fit(model, train_dataloaders=loader, val_dataloaders=loader)
+    return {
+        "callback_metrics": floats(trainer.callback_metrics),
+        "weights": _weights(model),
+        "global_step": trainer.global_step,
         "pg_seq": _pg_seq() - (before or 0),
         "checks": _checks(callbacks),
     }

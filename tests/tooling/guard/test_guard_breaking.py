@@ -79,18 +79,28 @@ def test_torchmetrics_objects_log_dict_and_all_gather_give_the_same_values_with_
         assert {"acc", "val_precision", "val_recall", "mean_value", "value_sync"} <= set(r["validate_metrics"]), r
 
 
+def _chunks(ids: list, size: int) -> list:
+    return [ids[i : i + size] for i in range(0, len(ids), size)]
+
+
 @pytest.mark.parametrize("num_sanity_val_steps", [2, 0])
-def test_fit_test_validate_predict_on_one_trainer_give_the_same_values_with_the_guard(run_world, num_sanity_val_steps):
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_fit_test_validate_predict_on_one_trainer_give_the_same_values_with_the_guard(
+    run_world, world_size, num_sanity_val_steps
+):
     """fit with two validation dataloaders, ``limit_val_batches=2``, ``accumulate_grad_batches=2``,
     ``check_val_every_n_epoch=2`` and ``num_sanity_val_steps`` default or 0, then test, validate and
     predict on the same Trainer (one guard instance, one session per stage): the same values, returned
     dicts and predictions with the guard as without it. Predict shards ``IdDataset(5)`` without padding
-    (``UnrepeatedDistributedSamplerWrapper``): rank 0 predicts ids 0, 2, 4 in 2 batches, rank 1 ids 1, 3 in
-    one, which the guard must not take for uneven batches (no collective pairs predict batches)."""
-    without = _twins(run_world, guard_breaking.stages, 2, num_sanity_val_steps=num_sanity_val_steps)
-    # 12 samples: 6 per rank, 3 batches of 2 per epoch, an optimizer step every 2 batches and at the epoch end
-    assert [r["global_step"] for r in without] == [4 * 2] * 2, without
-    assert [[b["id"] for b in r["predictions"]] for r in without] == [[[0, 2], [4]], [[1, 3]]], without
+    (``UnrepeatedDistributedSamplerWrapper``: rank ``r`` predicts ids ``r, r + W, ...``): at W=2 rank 0
+    runs 2 batches and rank 1 one, which the guard must not take for uneven batches (no collective pairs
+    predict batches)."""
+    without = _twins(run_world, guard_breaking.stages, world_size, num_sanity_val_steps=num_sanity_val_steps)
+    # 12 samples in batches of 2, an optimizer step every 2 batches and at the epoch's end, 4 epochs
+    batches = -(-12 // world_size // 2)
+    assert [r["global_step"] for r in without] == [4 * -(-batches // 2)] * world_size, without
+    expected = [_chunks(list(range(r, 5, world_size)), 2) for r in range(world_size)]
+    assert [[b["id"] for b in r["predictions"]] for r in without] == expected, without
     assert all(len(r["validate_returned"]) == 2 for r in without), without
 
 
@@ -203,3 +213,19 @@ def test_mid_epoch_validation_differentiable_all_gather_and_step_checkpoints_fit
     # 16 samples: 4 batches per rank and epoch, validated after batches 2 and 4, for 2 epochs, after the sanity check
     assert [len(r["gathered"]) for r in without] == [1 + 2 * 2] * 2, without
     assert [r["global_step"] for r in without] == [2 * 4] * 2, without
+
+
+@pytest.mark.parametrize("stage", ["fit", "validate"])
+def test_shards_of_different_lengths_cut_to_equal_batch_counts_by_limit_batches_run_the_same_with_the_guard(
+    run_world, stage
+):
+    """Rank 0 holds 6 samples (3 batches of 2), rank 1 10 (5 batches), cut to 3 batches each by
+    ``limit_train_batches`` / ``limit_val_batches``: at batch 2 rank 0's loader is exhausted and rank 1's is
+    not, yet both loops stop there, so the guard's "no batch after this one" comparison must follow the
+    limit, not the loader. The same values with the guard as without it."""
+    if stage == "fit":
+        without = _twins(run_world, guard_breaking.limited_fit, 2, sizes=[6, 10], limit=3)
+        assert [r["global_step"] for r in without] == [2 * 3] * 2, without
+    else:
+        without = _twins(run_world, guard_breaking.shards, 2, sizes=[6, 10], batch_size=2, limit=3)
+        assert [len(r["seen_ids"]) for r in without] == [6, 6], without
