@@ -542,3 +542,37 @@ def limited_fit(info, sizes: list, limit: int, guard: bool = True) -> dict:
         "pg_seq": _pg_seq() - (before or 0),
         "checks": _checks(callbacks),
     }
+
+
+class RankZeroLogModule(pl.LightningModule):
+    """Logs ``v`` (the batch's mean ``value``) with ``sync_dist=True`` on every rank, and on rank 0 only
+    ``rank0`` with ``rank_zero_only=True`` (Lightning's way to log what only rank 0 has: never synced),
+    in ``validation_step`` and ``on_validation_epoch_end``."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+
+    def validation_step(self, batch, batch_idx):
+        self.log("v", batch["value"].mean(), sync_dist=True)
+        if self.global_rank == 0:
+            self.log("rank0", batch["value"].max(), rank_zero_only=True)
+
+    def on_validation_epoch_end(self):
+        if self.global_rank == 0:
+            self.log("rank0_end", 1.0, rank_zero_only=True)
+        self.log("v_end", float(self.global_rank), sync_dist=True)
+
+
+def rank_zero_log(info, n: int, guard: bool = True) -> dict:
+    """Scenario: ``trainer.validate(RankZeroLogModule())`` over ``IdDataset(n)`` in batches of 2.
+    Record keys: ``callback_metrics``, ``pg_seq``, ``checks``."""
+    callbacks = _callbacks(guard)
+    before = _pg_seq()
+    trainer = ddp_trainer(info, callbacks=callbacks)
+    trainer.validate(RankZeroLogModule(), dataloaders=id_loader(n, 2), verbose=False)
+    return {
+        "callback_metrics": floats(trainer.callback_metrics),
+        "pg_seq": _pg_seq() - (before or 0),
+        "checks": _checks(callbacks),
+    }

@@ -229,3 +229,15 @@ def test_shards_of_different_lengths_cut_to_equal_batch_counts_by_limit_batches_
     else:
         without = _twins(run_world, guard_breaking.shards, 2, sizes=[6, 10], batch_size=2, limit=3)
         assert [len(r["seen_ids"]) for r in without] == [6, 6], without
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_keys_logged_on_rank_0_only_with_rank_zero_only_run_the_same_with_the_guard(run_world, world_size):
+    """A key logged on rank 0 only with ``rank_zero_only=True`` (never synced, so no collective to
+    pair), between keys every rank logs with ``sync_dist=True``, in ``validation_step`` and
+    ``on_validation_epoch_end``: the same values with the guard as without it, only rank 0 holding the
+    rank-0 keys."""
+    without = _twins(run_world, guard_breaking.rank_zero_log, world_size, n=4 * world_size)
+    assert [{"rank0", "rank0_end"} <= set(r["callback_metrics"]) for r in without] == [True] + [False] * (
+        world_size - 1
+    ), without
