@@ -59,16 +59,37 @@ def _root(original, args, kwargs) -> Optional[str]:
     return None
 
 
-def _last_batch(trainer) -> Optional[bool]:
-    """Whether the running loop's data fetcher has no batch after the current one (it fetches one batch
-    ahead: pytorch_lightning/loops/fetchers.py ``_PrefetchDataFetcher``); None where it cannot say."""
+def _last_batch(trainer, hook: str) -> Optional[bool]:
+    """Whether the running loop runs no batch after the current one: its data fetcher has none (it fetches
+    one batch ahead: pytorch_lightning/loops/fetchers.py ``_PrefetchDataFetcher``), or, in fit, the
+    optimizer step of this batch reaches ``max_steps`` (``_stops_at_max_steps``); None where it cannot say."""
     try:
         fetcher = trainer._active_loop._data_fetcher
         if fetcher is None or type(fetcher).__name__ == "_DataLoaderIterDataFetcher":
             return None
-        return bool(fetcher.done)
+        done = bool(fetcher.done)
     except Exception:  # noqa: BLE001 - another release's loop layout
         return None
+    return done or (hook in ("on_train_batch_start", "on_train_batch_end") and _stops_at_max_steps(trainer, hook))
+
+
+def _stops_at_max_steps(trainer, hook: str) -> bool:
+    """Whether fit's epoch loop stops after this batch because ``global_step`` reaches ``max_steps``
+    (pytorch_lightning/loops/training_epoch_loop.py ``_is_training_done``): at ``on_train_batch_end``,
+    reached; at ``on_train_batch_start``, this batch steps the optimizer (``_should_accumulate`` is False;
+    automatic optimization only, where Lightning makes the step) and the step reaches it. So ranks whose
+    loaders have different lengths but that all stop at ``max_steps`` agree on the last batch."""
+    try:
+        loop = trainer.fit_loop.epoch_loop
+        if loop.max_steps is None or loop.max_steps < 0:
+            return False
+        if hook == "on_train_batch_end":
+            return loop.global_step >= loop.max_steps
+        if not trainer.lightning_module.automatic_optimization:
+            return False
+        return not loop._should_accumulate() and loop.global_step + 1 >= loop.max_steps
+    except Exception:  # noqa: BLE001 - another release's loop layout
+        return False
 
 
 class CollectiveGuard(pl.Callback):
@@ -202,7 +223,7 @@ class CollectiveGuard(pl.Callback):
         if self._exchange is None:
             return
         ex = self._exchange
-        last = _last_batch(trainer) if batch_idx is not None else None
+        last = _last_batch(trainer, hook) if batch_idx is not None else None
         self._check(_entries.boundary(ex.n, ex.rank, hook, trainer.current_epoch, batch_idx, dataloader_idx, last))
 
     def _install_log(self, model) -> None:

@@ -515,10 +515,11 @@ def gather_grad_fit(info, guard: bool = True) -> dict:
     }
 
 
-def limited_fit(info, sizes: list, limit: int, guard: bool = True) -> dict:
+def limited_fit(info, sizes: list, limit=None, max_steps: int = -1, guard: bool = True) -> dict:
     """Scenario: 2 epochs of ``trainer.fit(StagesModule())`` over ``sizes[r]`` consecutive samples on rank
     ``r`` (no DistributedSampler) in batches of 2, training and validation cut to ``limit`` batches
-    (``limit_train_batches`` / ``limit_val_batches``, the common cure for shards of different lengths).
+    (``limit_train_batches`` / ``limit_val_batches``, the common cure for shards of different lengths;
+    no validation without ``limit``), stopping at ``max_steps`` optimizer steps.
 
     Record keys: ``callback_metrics``, ``weights``, ``global_step``, ``pg_seq``, ``checks``."""
     seed_everything(0)
@@ -528,8 +529,9 @@ def limited_fit(info, sizes: list, limit: int, guard: bool = True) -> dict:
     trainer = ddp_trainer(
         info,
         max_epochs=2,
+        max_steps=max_steps,
         limit_train_batches=limit,
-        limit_val_batches=limit,
+        limit_val_batches=limit if limit is not None else 0,
         use_distributed_sampler=False,
         callbacks=callbacks,
     )

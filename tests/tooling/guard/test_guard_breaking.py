@@ -241,3 +241,27 @@ def test_keys_logged_on_rank_0_only_with_rank_zero_only_run_the_same_with_the_gu
     assert [{"rank0", "rank0_end"} <= set(r["callback_metrics"]) for r in without] == [True] + [False] * (
         world_size - 1
     ), without
+
+
+def test_shards_of_different_lengths_stopped_by_max_steps_at_the_short_ranks_last_batch_fit_the_same_with_the_guard(
+    run_world,
+):
+    """Rank 0 holds 6 samples (3 batches of 2), rank 1 10 (5 batches), ``max_steps=3``: both ranks stop
+    after batch 2, where rank 0's loader is exhausted and rank 1's is not. The guard counts the step that
+    reaches ``max_steps`` as the last batch on every rank: the same weights with the guard as without it."""
+    without = _twins(run_world, guard_breaking.limited_fit, 2, sizes=[6, 10], max_steps=3)
+    assert [r["global_step"] for r in without] == [3, 3], without
+
+
+@pytest.mark.parametrize("max_steps", [4, -1])
+def test_shards_of_different_lengths_not_stopped_by_max_steps_still_raise_at_the_short_ranks_last_batch(
+    run_world, max_steps
+):
+    """The same shards with ``max_steps`` beyond the short rank's 3 batches (or none): rank 1 would run a
+    batch rank 0 does not, so every rank raises ``CollectiveMismatch`` at ``on_train_batch_start`` of batch
+    2, rank 0's last (the ``max_steps`` rule does not hide uneven batches)."""
+    errors = _mismatch(run_world, 2, guard_breaking.limited_fit, sizes=[6, 10], max_steps=max_steps)
+    for message in errors.values():
+        _line(0, "is at on_train_batch_start (batch 2, epoch 0, this rank's last batch)", message)
+        _line(1, "is at on_train_batch_start (batch 2, epoch 0)", message)
+        assert UNEVEN in message, message
