@@ -18,7 +18,7 @@ import torch.distributed
 from ddpprobe._lightning import pl
 from ddpprobe.guard import _entries
 from ddpprobe.guard._exchange import Exchange
-from ddpprobe.probes.trace import COLLECTIVES, CallClassifier, _contributed, _reduce_op
+from ddpprobe.probes.trace import COLLECTIVES, CallClassifier, collective_fields
 
 #: The guard's timeout when none is given: half the process-group timeout, at most this many seconds.
 DEFAULT_TIMEOUT_CAP_S = 300.0
@@ -260,12 +260,8 @@ class CollectiveGuard(pl.Callback):
                 or not guard._whole_world(args, kwargs)
             ):
                 return original(*args, **kwargs)
-            dtype, shape = _contributed(name, args, kwargs)
             fields = {
-                "op": name,
-                "reduce_op": _reduce_op(args, kwargs),
-                "dtype": dtype,
-                "shape": shape,
+                **collective_fields(name, args, kwargs),
                 "group_size": guard._exchange.world_size,
                 "root": _root(original, args, kwargs),
                 **guard._classifier.context(sys._getframe(1), loops_are_library=True),

@@ -169,11 +169,25 @@ def _reduce_op(args, kwargs) -> Optional[str]:
     return None
 
 
+def collective_fields(op: str, args, kwargs) -> dict:
+    """``{"op", "reduce_op", "dtype", "shape"}`` of a call of the ``torch.distributed`` function ``op`` with
+    ``args``/``kwargs``, as the trace's ``collective`` event and the guard's entry name them."""
+    dtype, shape = _contributed(op, args, kwargs)
+    return {"op": op, "reduce_op": _reduce_op(args, kwargs), "dtype": dtype, "shape": shape}
+
+
 def _pg_seq() -> Optional[int]:
     try:
         return int(torch.distributed.distributed_c10d._get_default_group()._get_sequence_number_for_group())
     except Exception:  # noqa: BLE001 - not every backend or release has it
         return None
+
+
+def call_site_of(frame) -> Optional[str]:
+    """``"file.py:42 in validation_step"``: where ``frame`` is (its file's name, line and function), or None."""
+    if frame is None:
+        return None
+    return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno} in {frame.f_code.co_name}"
 
 
 class CallClassifier:
@@ -214,10 +228,7 @@ class CallClassifier:
 
     def user_frame(self, frame) -> Optional[str]:
         """``"file.py:42 in validation_step"`` of :meth:`user_code`, or None."""
-        frame = self.user_code(frame)
-        if frame is None:
-            return None
-        return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno} in {frame.f_code.co_name}"
+        return call_site_of(self.user_code(frame))
 
     def context(self, frame, loops_are_library: bool = False) -> dict:
         """``{"source", "key", "sync", "metric", "states", "state_sizes", "hook", "running", "call_site",
@@ -357,18 +368,6 @@ class CollectiveTrace:
         keep = ("collective_seq_id", "profiling_name", "input_sizes", "input_dtypes", "state", "process_group")
         self.write("flight_recorder", entries=[{k: e.get(k) for k in keep} for e in entries])
 
-    # -- where a call comes from -------------------------------------------------------------------
-
-    def _user_code(self, frame):
-        return self.classifier.user_code(frame)
-
-    def _user_frame(self, frame) -> Optional[str]:
-        return self.classifier.user_frame(frame)
-
-    def _context(self, frame) -> dict:
-        """Key, hook, metric and call site of the collective called from ``frame``."""
-        return self.classifier.context(frame)
-
     # -- the wrappers ----------------------------------------------------------------------------
 
     def _wrap(self, name: str, original):
@@ -379,7 +378,6 @@ class CollectiveTrace:
             if getattr(trace._local, "inside", False):
                 return original(*args, **kwargs)
             seq, trace._seq = trace._seq, trace._seq + 1
-            dtype, shape = _contributed(name, args, kwargs)
             group = kwargs.get("group")
             try:
                 group_size = torch.distributed.get_world_size(group)
@@ -388,13 +386,10 @@ class CollectiveTrace:
             trace.write(
                 "collective",
                 seq=seq,
-                op=name,
-                reduce_op=_reduce_op(args, kwargs),
-                dtype=dtype,
-                shape=shape,
+                **collective_fields(name, args, kwargs),
                 group_size=group_size,
                 pg_seq=_pg_seq(),
-                **trace._context(sys._getframe(1)),
+                **trace.classifier.context(sys._getframe(1)),
             )
             trace._local.inside = True
             try:
@@ -417,13 +412,13 @@ class CollectiveTrace:
             options = dict(zip(LOG_OPTIONS, args))
             options.update(kwargs)
             fx = model._current_fx_name
-            user = trace._user_code(sys._getframe(1))
+            user = trace.classifier.user_code(sys._getframe(1))
             result_metric = _result_metric(model, fx, name)
             before = _cumulated(result_metric)
             out = original(name, value, *args, **kwargs)
             result_metric = result_metric or _result_metric(model, fx, name)
             call = _log_event(name, value, fx, options, result_metric, before)
-            call["call_site"] = trace._user_frame(sys._getframe(1))
+            call["call_site"] = call_site_of(user)
             call["reads_rank"] = sorted(set(user.f_code.co_names) & RANK_NAMES) if user is not None else []
             trace.log_calls.append(call)
             trace.classifier.note_log(name, fx, call["call_site"])
@@ -447,7 +442,7 @@ class CollectiveTrace:
                 trace.write(
                     "all_gather",
                     hook=model._current_fx_name,
-                    call_site=trace._user_frame(sys._getframe(1)),
+                    call_site=trace.classifier.user_frame(sys._getframe(1)),
                     leaves=leaves[:20],
                     unchanged=sum(1 for leaf in leaves if leaf["unchanged"]),
                 )
