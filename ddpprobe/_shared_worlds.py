@@ -33,12 +33,12 @@ import sys
 import tempfile
 from typing import Callable, Mapping, Optional
 
-#: Environment variables that change no world: pytest's name of the current test (new at every test) and
-#: the folder of the log below.
-IGNORED_ENVIRONMENT = ("PYTEST_CURRENT_TEST", "DDPPROBE_WORLD_LOG")
-
 #: The environment variable naming the folder of the session's log of worlds (unset: no log).
 LOG_ENV = "DDPPROBE_WORLD_LOG"
+
+#: Environment variables that change no world: pytest's name of the current test (new at every test) and
+#: the folder of the log.
+IGNORED_ENVIRONMENT = ("PYTEST_CURRENT_TEST", LOG_ENV)
 
 
 def _typed(value):
@@ -85,13 +85,8 @@ class SharedWorlds:
 
         Returns ``(result, reused)``.
         """
-        if not reuse:
-            self.started += 1
-            result = start()
-            self._store(key, result)
-            return result, False
-        with self._locked(key):
-            stored = self._load(key)
+        with self._locked(key) if reuse else contextlib.nullcontext():
+            stored = self._load(key) if reuse else None
             if stored is not None:
                 self.reused += 1
                 return stored, True
@@ -139,8 +134,15 @@ def log_call(test: str, ref: str, world_size, key: str, seconds: float, reused: 
     """One ``run_world`` call, when ``DDPPROBE_WORLD_LOG`` is set: the test, the scenario, its world size
     and key, the seconds it took, whether the result was a stored one and whether it returned."""
     _append(
-        {"test": test, "scenario": ref, "world_size": world_size, "key": key, "seconds": round(seconds, 4)}
-        | {"reused": reused, "ok": ok}
+        {
+            "test": test,
+            "scenario": ref,
+            "world_size": world_size,
+            "key": key,
+            "seconds": round(seconds, 4),
+            "reused": reused,
+            "ok": ok,
+        }
     )
 
 
