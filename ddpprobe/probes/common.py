@@ -8,6 +8,7 @@ import datetime
 import inspect
 import warnings
 
+import torch
 from torch.utils.data import DataLoader
 
 from ddpprobe._lightning import pl
@@ -75,6 +76,14 @@ def id_loader(n: int, batch_size: int, shuffle: bool = False, dataset=IdDataset)
     Lightning swaps in a ``DistributedSampler`` (pytorch_lightning/trainer/connectors/data_connector.py
     ``_update_dataloader``)."""
     return DataLoader(dataset(n), batch_size=batch_size, shuffle=shuffle, num_workers=0)
+
+
+def rank_and_world_size() -> tuple:
+    """``(rank, world_size)`` of the default process group, ``(0, 1)`` where none is initialised (a
+    DataLoader worker's or a single process's view)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
 
 
 def floats(metrics) -> dict:

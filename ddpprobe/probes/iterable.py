@@ -36,7 +36,15 @@ from torchmetrics import MeanMetric
 
 from ddpprobe._lightning import pl
 from ddpprobe.launch import RankInfo
-from ddpprobe.probes.common import batch_ids, ddp_trainer, floats, only_loader, recorded_warnings, trainer_metrics
+from ddpprobe.probes.common import (
+    batch_ids,
+    ddp_trainer,
+    floats,
+    only_loader,
+    rank_and_world_size,
+    recorded_warnings,
+    trainer_metrics,
+)
 from ddpprobe.probes.data import IdDataset
 from ddpprobe.probes.log_plan import check_plan, log_entry
 
@@ -44,12 +52,6 @@ from ddpprobe.probes.log_plan import check_plan, log_entry
 SHARDS = ("none", "rank", "rank_and_worker", "rank_equal")
 #: What a log plan entry (``log_spec``) may log here, per batch.
 VALUES = ("batch_mean", "mean_metric")
-
-
-def _rank_and_world_size() -> tuple:
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return 0, 1
 
 
 class IdIterable(IterableDataset):
@@ -85,7 +87,7 @@ class IdIterable(IterableDataset):
         return list(range(rank * num_workers + worker, n, world_size * num_workers))
 
     def __iter__(self):
-        rank, world_size = _rank_and_world_size()
+        rank, world_size = rank_and_world_size()
         info = get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         for i in self.ids(rank, world_size, worker, num_workers):
@@ -97,7 +99,7 @@ class SizedIdIterable(IdIterable):
     process without workers), as a streaming dataset that knows its size would define it."""
 
     def __len__(self) -> int:
-        return len(self.ids(*_rank_and_world_size(), 0, 1))
+        return len(self.ids(*rank_and_world_size(), 0, 1))
 
 
 class IterableProbe(pl.LightningModule):

@@ -13,16 +13,11 @@ from torch.utils.data import DataLoader, Sampler, TensorDataset
 from torchmetrics import Metric
 
 from ddpprobe._lightning import pl
+from ddpprobe.probes.common import rank_and_world_size
 from ddpprobe.probes.data import IdDataset
 
 #: The value threshold of :class:`BigValues`: samples whose ``value`` is at least this are kept.
 BIG = 9.0
-
-
-def _rank_and_world() -> tuple:
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return 0, 1
 
 
 class MeanModule(pl.LightningModule):
@@ -149,7 +144,7 @@ class RankStrideSampler(Sampler):
         self.n = n
 
     def _indices(self) -> list:
-        rank, world = _rank_and_world()
+        rank, world = rank_and_world_size()
         return list(range(rank, self.n, world))
 
     def __iter__(self):
