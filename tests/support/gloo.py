@@ -60,3 +60,16 @@ def collective_in(traceback: str) -> Optional[str]:
     traceback ends in: the last frame of torch/distributed/distributed_c10d.py, or None."""
     frames = re.findall(r'distributed_c10d\.py", line \d+, in (\w+)', traceback)
     return frames[-1] if frames else None
+
+
+def assert_stuck_until_the_timeout(err, elapsed: float, pg_timeout: float, world_size: int) -> None:
+    """What a world whose ranks wait in unpaired collectives reports (``err``, a ``RankFailed``): it failed
+    no sooner than the process-group timeout (``elapsed`` and ``pg_timeout`` in seconds); rank 0 is among
+    the ranks that raised, each with a ``RuntimeError`` saying it timed out or lost its partner, at least one
+    of them a timeout; every other rank "did not finish" (ended by the launcher)."""
+    assert elapsed >= pg_timeout, f"failed after {elapsed:.1f}s, before the process-group timeout"
+    assert 0 in err.ranks and set(err.exc_types.values()) == {"RuntimeError"}, f"{err.ranks} {err.exc_types}\n{err}"
+    errors = {r: err.rank_errors[r] for r in err.ranks}
+    assert any(error_kind(text) == TIMED_OUT for text in errors.values()), errors
+    assert all(error_kind(text) in (TIMED_OUT, PEER_GONE) for text in errors.values()), errors
+    assert all(err.rank_errors[r] == "did not finish" for r in range(world_size) if r not in err.ranks), err.rank_errors
