@@ -20,7 +20,7 @@ import torch
 from ddpprobe._lightning import fabric, pl
 from ddpprobe.launch import RankInfo
 from ddpprobe.probes.common import ddp_trainer, id_loader
-from ddpprobe.probes.trace import _pg_seq
+from ddpprobe.probes.trace import pg_seq
 
 #: ``kind -> torch dtype`` of the tensor inputs; the other kinds are Python numbers. ``"int64_clone"`` is an
 #: int64 tensor passed as ``x.clone()``: its record's ``input_after`` is the original ``x``.
@@ -68,14 +68,14 @@ def _reduce_each(reduce, values: dict, rank: int) -> dict:
             given = _make(kind, per_rank[rank])
             passed = given.clone() if kind.endswith("_clone") else given
             entry = {"returned": None, "input_after": None, "same_object": None, "collectives": None, "error": None}
-            before = _pg_seq()
+            before = pg_seq()
             try:
                 returned = reduce(passed, **kwargs)
             except Exception as exc:  # noqa: BLE001 - what the reduction raises is the record
                 entry["error"] = {"type": type(exc).__name__, "message": str(exc)}
             else:
                 entry.update(returned=_plain(returned), input_after=_plain(given), same_object=returned is given)
-            after = _pg_seq()
+            after = pg_seq()
             if before is not None and after is not None:
                 entry["collectives"] = after - before
             out[kind][op] = entry

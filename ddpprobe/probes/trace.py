@@ -176,7 +176,9 @@ def collective_fields(op: str, args, kwargs) -> dict:
     return {"op": op, "reduce_op": _reduce_op(args, kwargs), "dtype": dtype, "shape": shape}
 
 
-def _pg_seq() -> Optional[int]:
+def pg_seq() -> Optional[int]:
+    """The default process group's sequence number: how many collectives the backend has run on it (the
+    Flight Recorder's ``collective_seq_id``); None where this backend or release does not say."""
     try:
         return int(torch.distributed.distributed_c10d._get_default_group()._get_sequence_number_for_group())
     except Exception:  # noqa: BLE001 - not every backend or release has it
@@ -388,7 +390,7 @@ class CollectiveTrace:
                 seq=seq,
                 **collective_fields(name, args, kwargs),
                 group_size=group_size,
-                pg_seq=_pg_seq(),
+                pg_seq=pg_seq(),
                 **trace.classifier.context(sys._getframe(1)),
             )
             trace._local.inside = True
@@ -399,7 +401,7 @@ class CollectiveTrace:
                 raise
             finally:
                 trace._local.inside = False
-            trace.write("done", seq=seq, pg_seq=_pg_seq())
+            trace.write("done", seq=seq, pg_seq=pg_seq())
             return result
 
         return collective

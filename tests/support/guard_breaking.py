@@ -20,7 +20,7 @@ from ddpprobe._lightning import pl
 from ddpprobe.guard import CollectiveGuard
 from ddpprobe.probes.common import ddp_trainer, floats, id_loader, seed_everything
 from ddpprobe.probes.data import IdDataset
-from ddpprobe.probes.trace import _pg_seq
+from ddpprobe.probes.trace import pg_seq
 
 
 def _callbacks(guard: bool) -> list:
@@ -83,7 +83,7 @@ def boring_fit(info, guard: bool = True) -> dict:
     )
     stopping = pl.callbacks.EarlyStopping(monitor="val_loss", mode="min", patience=1)
     callbacks = [checkpoint, stopping] + _callbacks(guard)
-    before = _pg_seq()
+    before = pg_seq()
     trainer = ddp_trainer(
         info,
         max_epochs=2,
@@ -103,7 +103,7 @@ def boring_fit(info, guard: bool = True) -> dict:
         "best_model_path": os.path.basename(checkpoint.best_model_path),
         "stopped_epoch": stopping.stopped_epoch,
         "global_step": trainer.global_step,
-        "pg_seq": _pg_seq() - (before or 0),
+        "pg_seq": pg_seq() - (before or 0),
         "checks": _checks(callbacks),
     }
 
@@ -170,7 +170,7 @@ def metrics_fit(info, n: int, batch_size: int, guard: bool = True) -> dict:
     seed_everything(0)
     model = MetricsModule()
     callbacks = _callbacks(guard)
-    before = _pg_seq()
+    before = pg_seq()
     trainer = ddp_trainer(info, max_epochs=2, log_every_n_steps=1, enable_progress_bar=True, callbacks=callbacks)
     loader = id_loader(n, batch_size)
     trainer.fit(model, train_dataloaders=loader, val_dataloaders=loader)
@@ -182,7 +182,7 @@ def metrics_fit(info, n: int, batch_size: int, guard: bool = True) -> dict:
         "validate_metrics": floats(trainer.callback_metrics),
         "gathered": model.gathered,
         "weights": _weights(model),
-        "pg_seq": _pg_seq() - (before or 0),
+        "pg_seq": pg_seq() - (before or 0),
         "checks": _checks(callbacks),
     }
 
@@ -234,7 +234,7 @@ def stages(info, num_sanity_val_steps: int = 2, guard: bool = True) -> dict:
     seed_everything(0)
     model = StagesModule()
     callbacks = _callbacks(guard)
-    before = _pg_seq()
+    before = pg_seq()
     trainer = ddp_trainer(
         info,
         max_epochs=4,
@@ -252,7 +252,7 @@ def stages(info, num_sanity_val_steps: int = 2, guard: bool = True) -> dict:
     returned = trainer.validate(model, dataloaders=val, verbose=False)
     record.update(validate=floats(trainer.callback_metrics), validate_returned=[floats(d) for d in returned])
     record["predictions"] = trainer.predict(model, dataloaders=id_loader(5, 2))
-    record.update(pg_seq=_pg_seq() - (before or 0), checks=_checks(callbacks))
+    record.update(pg_seq=pg_seq() - (before or 0), checks=_checks(callbacks))
     return record
 
 
@@ -303,7 +303,7 @@ def shards(info, n=None, batch_size: int = 2, sizes=None, guard: bool = True, li
     Record keys: ``seen_ids``, ``computed``, ``callback_metrics``, ``logged_metrics``, ``pg_seq``, ``checks``."""
     model = ShardModule()
     callbacks = _callbacks(guard)
-    before = _pg_seq()
+    before = pg_seq()
     if sizes is None:
         trainer = ddp_trainer(info, callbacks=callbacks)
         loader = id_loader(n, batch_size)
@@ -316,7 +316,7 @@ def shards(info, n=None, batch_size: int = 2, sizes=None, guard: bool = True, li
         "computed": model.computed,
         "callback_metrics": floats(trainer.callback_metrics),
         "logged_metrics": floats(trainer.logged_metrics),
-        "pg_seq": _pg_seq() - (before or 0),
+        "pg_seq": pg_seq() - (before or 0),
         "checks": _checks(callbacks),
     }
 
@@ -370,14 +370,14 @@ def manual_fit(info, barriers: bool, guard: bool = True) -> dict:
     seed_everything(0)
     model = ManualBarrierModule(barriers)
     callbacks = _callbacks(guard)
-    before = _pg_seq()
+    before = pg_seq()
     trainer = ddp_trainer(info, max_epochs=2, callbacks=callbacks)
     trainer.fit(model, train_dataloaders=id_loader(8, 2), val_dataloaders=id_loader(4, 2))
     return {
         "callback_metrics": floats(trainer.callback_metrics),
         "weights": _weights(model),
         "global_step": trainer.global_step,
-        "pg_seq": _pg_seq() - (before or 0),
+        "pg_seq": pg_seq() - (before or 0),
         "checks": _checks(callbacks),
     }
 
@@ -425,10 +425,10 @@ def hazard(info, hazard: str, n: int = 8, batch_size: int = 1, guard: bool = Tru
     ``batch_size``. Record keys: ``received``, ``pg_seq``, ``checks``."""
     model = HazardModule(hazard)
     callbacks = _callbacks(guard)
-    before = _pg_seq()
+    before = pg_seq()
     trainer = ddp_trainer(info, callbacks=callbacks)
     trainer.validate(model, dataloaders=id_loader(n, batch_size), verbose=False)
-    return {"received": model.received, "pg_seq": _pg_seq() - (before or 0), "checks": _checks(callbacks)}
+    return {"received": model.received, "pg_seq": pg_seq() - (before or 0), "checks": _checks(callbacks)}
 
 
 class PredictGatherModule(pl.LightningModule):
@@ -451,10 +451,10 @@ def predict_gather(info, n: int, batch_size: int, gather: bool = True, guard: bo
     ``batch_size`` (Lightning shards it with ``UnrepeatedDistributedSamplerWrapper``: no padding).
     Record keys: ``predictions``, ``pg_seq``, ``checks``."""
     callbacks = _callbacks(guard)
-    before = _pg_seq()
+    before = pg_seq()
     trainer = ddp_trainer(info, callbacks=callbacks)
     predictions = trainer.predict(PredictGatherModule(gather), dataloaders=id_loader(n, batch_size))
-    return {"predictions": predictions, "pg_seq": _pg_seq() - (before or 0), "checks": _checks(callbacks)}
+    return {"predictions": predictions, "pg_seq": pg_seq() - (before or 0), "checks": _checks(callbacks)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -501,7 +501,7 @@ def gather_grad_fit(info, guard: bool = True) -> dict:
         dirpath=os.path.join(info.world_dir, "checkpoints"), save_last=True, every_n_train_steps=1, save_top_k=-1
     )
     callbacks = [gather, checkpoint] + _callbacks(guard)
-    before = _pg_seq()
+    before = pg_seq()
     trainer = ddp_trainer(info, max_epochs=2, val_check_interval=0.5, enable_checkpointing=True, callbacks=callbacks)
     trainer.fit(model, train_dataloaders=id_loader(16, 2), val_dataloaders=id_loader(6, 2))
     return {
@@ -510,7 +510,7 @@ def gather_grad_fit(info, guard: bool = True) -> dict:
         "gathered": gather.gathered,
         "global_step": trainer.global_step,
         "last_model_path": os.path.basename(checkpoint.last_model_path),
-        "pg_seq": _pg_seq() - (before or 0),
+        "pg_seq": pg_seq() - (before or 0),
         "checks": _checks(callbacks),
     }
 
@@ -525,7 +525,7 @@ def limited_fit(info, sizes: list, limit=None, max_steps: int = -1, guard: bool 
     seed_everything(0)
     model = StagesModule()
     callbacks = _callbacks(guard)
-    before = _pg_seq()
+    before = pg_seq()
     trainer = ddp_trainer(
         info,
         max_epochs=2,
@@ -541,7 +541,7 @@ def limited_fit(info, sizes: list, limit=None, max_steps: int = -1, guard: bool 
         "callback_metrics": floats(trainer.callback_metrics),
         "weights": _weights(model),
         "global_step": trainer.global_step,
-        "pg_seq": _pg_seq() - (before or 0),
+        "pg_seq": pg_seq() - (before or 0),
         "checks": _checks(callbacks),
     }
 
@@ -570,11 +570,11 @@ def rank_zero_log(info, n: int, guard: bool = True) -> dict:
     """Scenario: ``trainer.validate(RankZeroLogModule())`` over ``IdDataset(n)`` in batches of 2.
     Record keys: ``callback_metrics``, ``pg_seq``, ``checks``."""
     callbacks = _callbacks(guard)
-    before = _pg_seq()
+    before = pg_seq()
     trainer = ddp_trainer(info, callbacks=callbacks)
     trainer.validate(RankZeroLogModule(), dataloaders=id_loader(n, 2), verbose=False)
     return {
         "callback_metrics": floats(trainer.callback_metrics),
-        "pg_seq": _pg_seq() - (before or 0),
+        "pg_seq": pg_seq() - (before or 0),
         "checks": _checks(callbacks),
     }

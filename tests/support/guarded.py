@@ -19,7 +19,7 @@ from ddpprobe._lightning import pl
 from ddpprobe.guard import CollectiveGuard
 from ddpprobe.probes import collectives, hazards, iterable
 from ddpprobe.probes.common import ddp_trainer, floats, id_loader, seed_everything
-from ddpprobe.probes.trace import _pg_seq
+from ddpprobe.probes.trace import pg_seq
 
 
 def _guard(guard: bool, guard_timeout, collectives: bool = True) -> list:
@@ -30,7 +30,7 @@ def _record(trainer, callbacks: list, pg_seq_before, **fields) -> dict:
     guard = next((c for c in callbacks if isinstance(c, CollectiveGuard)), None)
     return {
         "callback_metrics": floats(trainer.callback_metrics),
-        "pg_seq": _pg_seq() - (pg_seq_before or 0),
+        "pg_seq": pg_seq() - (pg_seq_before or 0),
         "checks": None if guard is None else guard.checks,
         **fields,
     }
@@ -47,7 +47,7 @@ def log_keys(
     epoch_end = [[(k, float(v)) for k, v in row] for row in (epoch_end_plan or empty)]
     model = hazards.KeyPlanProbe(step, epoch_end)
     callbacks = _guard(guard, guard_timeout)
-    before = _pg_seq()
+    before = pg_seq()
     trainer = ddp_trainer(info, callbacks=callbacks)
     trainer.validate(model, dataloaders=id_loader(n, batch_size), verbose=False)
     return _record(trainer, callbacks, before, seen_ids=model.seen_ids)
@@ -68,7 +68,7 @@ class RankKeyModule(pl.LightningModule):
 def rank_keys(info, n: int = 4, batch_size: int = 2) -> dict:
     """Scenario: ``trainer.validate`` a ``RankKeyModule`` with the guard. Record: ``callback_metrics`` ..."""
     callbacks = _guard(True, None)
-    before = _pg_seq()
+    before = pg_seq()
     trainer = ddp_trainer(info, callbacks=callbacks)
     trainer.validate(RankKeyModule(), dataloaders=id_loader(n, batch_size), verbose=False)
     return _record(trainer, callbacks, before)
@@ -80,7 +80,7 @@ def metric_compute(info, where: str, n: int, batch_size: int, guard=True) -> dic
     Record keys: ``computed``, ``seen_ids``, ``callback_metrics``, ``pg_seq``, ``checks``."""
     model = hazards.MeanComputeProbe(where)
     callbacks = _guard(guard, None)
-    before = _pg_seq()
+    before = pg_seq()
     trainer = ddp_trainer(info, callbacks=callbacks)
     trainer.validate(model, dataloaders=id_loader(n, batch_size), verbose=False)
     return _record(trainer, callbacks, before, computed=model.computed, seen_ids=model.seen_ids)
@@ -101,7 +101,7 @@ def monitor_rank0_key(info, callback: str, values: list, every_rank: bool = Fals
         watcher = pl.callbacks.EarlyStopping(monitor=hazards.MONITORED, mode="min", patience=1)
     loader = id_loader(2 * info.world_size, 2)
     callbacks = [watcher] + _guard(guard, None)
-    before = _pg_seq()
+    before = pg_seq()
     trainer = ddp_trainer(
         info,
         max_epochs=len(values),
@@ -138,7 +138,7 @@ def validate_iterable(info, n: int, shard: str, plan: list, guard=True, collecti
     ``pg_seq``, ``checks``."""
     model = iterable.IterableProbe(plan=plan)
     callbacks = _guard(guard, None, collectives)
-    before = _pg_seq()
+    before = pg_seq()
     trainer = ddp_trainer(info, callbacks=callbacks)
     trainer.validate(model, dataloaders=_iterable_loader(n, 1, shard), verbose=False)
     return _record(trainer, callbacks, before, seen_ids=model.seen_ids, logged_metrics=floats(trainer.logged_metrics))
@@ -152,7 +152,7 @@ def fit_iterable(info, n: int, shard: str, plan: list = (), guard=True, collecti
     seed_everything(0)
     model = iterable.IterableProbe(plan=plan)
     callbacks = _guard(guard, None, collectives)
-    before = _pg_seq()
+    before = pg_seq()
     trainer = ddp_trainer(info, max_epochs=1, limit_val_batches=0, callbacks=callbacks)
     trainer.fit(model, train_dataloaders=_iterable_loader(n, 1, shard))
     weights = [p.detach().flatten().tolist() for p in model.parameters()]
@@ -180,7 +180,7 @@ class SlowRankModule(pl.LightningModule):
 def slow_rank(info, slow_rank: int, sleep_s: float, guard_timeout: float, n: int = 4, batch_size: int = 1) -> dict:
     """Scenario: ``trainer.validate`` a ``SlowRankModule`` with ``CollectiveGuard(timeout=guard_timeout)``."""
     callbacks = _guard(True, guard_timeout)
-    before = _pg_seq()
+    before = pg_seq()
     trainer = ddp_trainer(info, callbacks=callbacks)
     trainer.validate(SlowRankModule(slow_rank, sleep_s), dataloaders=id_loader(n, batch_size), verbose=False)
     return _record(trainer, callbacks, before)
@@ -190,7 +190,7 @@ def validate_keys_boundaries_only(info, n: int, batch_size: int, step_plan: list
     """Scenario: ``log_keys`` under ``CollectiveGuard(collectives=False)`` (hook boundaries only)."""
     model = hazards.KeyPlanProbe([[(k, float(v)) for k, v in row] for row in step_plan], [[]] * info.world_size)
     callbacks = _guard(True, None, collectives=False)
-    before = _pg_seq()
+    before = pg_seq()
     trainer = ddp_trainer(info, callbacks=callbacks)
     trainer.validate(model, dataloaders=id_loader(n, batch_size), verbose=False)
     return _record(trainer, callbacks, before, seen_ids=model.seen_ids)
@@ -235,7 +235,7 @@ def timed_validate(info, batches: int, repeats: int) -> dict:
             if round_ >= 0:
                 seconds[mode].append(time.perf_counter() - start)
                 checks[mode] = callbacks[0].checks if callbacks else 0
-    return {"seconds": seconds, "checks": checks, "pg_seq": _pg_seq(), "bare_check_s": _bare_checks(info, 300)}
+    return {"seconds": seconds, "checks": checks, "pg_seq": pg_seq(), "bare_check_s": _bare_checks(info, 300)}
 
 
 def _bare_checks(info, count: int) -> float:
@@ -259,7 +259,7 @@ def gather_rows(info, action: str, guard=True) -> dict:
     guard. Record keys: ``result`` (what the probe gathered), ``callback_metrics``, ``pg_seq``, ``checks``."""
     model = collectives.CollectiveProbe(action)
     callbacks = _guard(guard, None)
-    before = _pg_seq()
+    before = pg_seq()
     trainer = ddp_trainer(info, callbacks=callbacks)
     trainer.validate(model, dataloaders=id_loader(info.world_size, 1), verbose=False)
     return _record(trainer, callbacks, before, result=model.result)
