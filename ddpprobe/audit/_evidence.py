@@ -9,7 +9,7 @@ import collections
 import dataclasses
 from typing import Optional
 
-from ddpprobe.audit._stages import STAGE_LOOP
+from ddpprobe.audit._stages import STAGE_LOOP, loop_of_hook
 from ddpprobe.probes.trace import batch_samples, describe_collective, sample_label, split_trace
 
 __all__ = ["STAGE_LOOP", "Counts", "counts", "diagnose", "first_divergence", "sequence", "split", "trace_summary"]
@@ -437,10 +437,7 @@ def _loop_of(entry: dict) -> Optional[str]:
     hook = entry.get("hook") or entry.get("running") or ""
     if entry.get("sync") == "epoch" or not (hook.endswith("_step") or "backward" in hook):
         return None
-    for part, loop in (("train", "train"), ("validation", "val"), ("test", "test"), ("predict", "predict")):
-        if part in hook:
-            return loop
-    return None
+    return loop_of_hook(hook)
 
 
 def _counts_text(counts: list) -> str:

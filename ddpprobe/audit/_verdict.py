@@ -7,6 +7,8 @@ import dataclasses
 import math
 from typing import Optional
 
+from ddpprobe.audit._stages import STAGE_LOOP, loop_of_hook
+
 #: The verdicts, in the words the report uses.
 SYNCED_EQUAL = "synced, equals single-process"
 SYNCED_DIFFERS = "synced, differs from single-process"
@@ -115,16 +117,9 @@ def padding_duplicates(dataset_size: Optional[int], world_size: int) -> Optional
 
 
 def loader_kind(hook: str, stage: str) -> str:
-    """Which loader a hook's values come from: ``"train"``, ``"val"`` or ``"test"``."""
-    if "train" in hook:
-        return "train"
-    if "validation" in hook:
-        return "val"
-    if "test" in hook:
-        return "test"
-    if "predict" in hook:
-        return "predict"
-    return {"fit": "train", "validate": "val", "test": "test", "predict": "predict"}[stage]
+    """Which loader a hook's values come from: ``"train"``, ``"val"``, ``"test"`` or ``"predict"``; for a
+    hook of no loop (``on_fit_end``), the stage's loop."""
+    return loop_of_hook(hook) or STAGE_LOOP[stage]
 
 
 def _key_logs(logs: list, name: str) -> list:
