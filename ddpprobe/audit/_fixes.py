@@ -60,6 +60,15 @@ FIXES = {
         "all-reduces gradients at every step",
         "tests/facts/test_uneven_shards.py::test_uneven_shards_cut_to_equal_batch_counts_let_fit_with_a_synced_epoch_log_finish",
     ),
+    "even_batches": (
+        "give every rank the same number of batches (Lightning's DistributedSampler pads a map-style dataset; "
+        "cut an IterableDataset's shards to equal batch counts)",
+        "tests/facts/test_uneven_shards.py::test_uneven_shards_cut_to_equal_batch_counts_let_fit_with_a_synced_epoch_log_finish",
+    ),
+    "pad_gather": (
+        "pad each rank's tensor to one shape before all_gather, gather the true sizes too, and trim",
+        "tests/facts/test_collectives.py::test_pad_gather_trim_returns_every_ranks_rows_for_uneven_first_dimensions",
+    ),
     "compute_everywhere": (
         "call metric.compute() (and any collective) on every rank; print or use the result on rank 0 only",
         "tests/facts/test_collective_hazards_torchmetrics.py::test_metric_compute_on_every_rank_gives_every_rank_the_whole_set_value_and_self_print_prints_once",

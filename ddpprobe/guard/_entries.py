@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from ddpprobe.audit._fixes import fix_line
 from ddpprobe.probes.trace import describe_collective
 
 #: Fields of a collective (as the trace names them) that must be equal on every rank, in this order.
@@ -116,9 +117,15 @@ def _plural(text: str) -> str:
 
 
 def consequence(entries: list, pg_timeout_s: float) -> str:
-    """What would happen if the ranks went on, and the fix, for entries whose ``id`` differ."""
+    """What would happen if the ranks went on, for entries whose ``id`` differ, then the fixes a fact proves
+    for that case (``ddpprobe.audit._fixes.FIXES``, each naming its fact test; none where no fact proves
+    one)."""
+    text, fixes = _consequence(entries, f"the process-group timeout ({pg_timeout_s:g} s)")
+    return "\n".join([text, *(fix_line(name) for name in fixes)])
+
+
+def _consequence(entries: list, waiting: str) -> tuple:
     kinds = {e["kind"] for e in entries}
-    waiting = f"the process-group timeout ({pg_timeout_s:g} s)"
     # Only boundaries, some at a batch: the ranks are at different batches (or one has no next batch). A
     # collective on some ranks while the others are at a batch boundary is a collective they skipped, not
     # uneven batches (every rank reached that batch: its start boundary came first).
@@ -126,44 +133,44 @@ def consequence(entries: list, pg_timeout_s: float) -> str:
         return (
             "The ranks ran different numbers of batches: the next collective of the ranks with more batches "
             "(DistributedDataParallel's gradient all_reduce in fit, a step-level sync_dist, a Lightning broadcast) "
-            f"has no partner, or pairs with another step's, and fails or blocks until {waiting}. Give every rank "
-            "the same number of batches (Lightning's DistributedSampler pads a map-style dataset; an "
-            "IterableDataset must yield as many batches on every rank)."
+            f"has no partner, or pairs with another step's, and fails or blocks until {waiting}.",
+            ["even_batches"],
         )
     if kinds == {"boundary"}:
-        return f"The ranks are at different points of the run: their next collectives would not pair ({waiting})."
+        return f"The ranks are at different points of the run: their next collectives would not pair ({waiting}).", []
     if "boundary" in kinds:
         alone = ranks_text([e["rank"] for e in entries if e["kind"] == "collective"])
         return (
             f"{alone} would wait in a collective the other ranks do not call: it fails when a peer leaves (gloo) "
-            f"or blocks until {waiting} (NCCL), or pairs with an unrelated collective. Make every collective on "
-            "every rank: call Metric.compute() and self.all_gather everywhere and print on rank 0 only "
-            "(self.print), and log a value that only some ranks have without sync_dist."
+            f"or blocks until {waiting} (NCCL), or pairs with an unrelated collective.",
+            ["compute_everywhere", "rank_zero_only"],
         )
     fields = [e["fields"] for e in entries]
     if len({f["op"] for f in fields}) > 1:
         return (
             "The ranks would enter different collectives: the backend pairs them anyway (exchanging wrong data), "
-            f"aborts, or blocks until {waiting}. Make the same collectives in the same order on every rank."
+            f"aborts, or blocks until {waiting}.",
+            [],
         )
     if len({f.get("root") for f in fields}) > 1:
         return (
             "The ranks name different source or destination ranks (src=/dst=) for the same collective: each "
             "waits for data from, or sends to, a different rank, so the collective exchanges wrong data or "
-            f"blocks until {waiting}. Pass the same src/dst on every rank (e.g. strategy.broadcast(obj, src=0))."
+            f"blocks until {waiting}.",
+            [],
         )
     if len({(f["key"], f["hook"] if f["source"] == "self.log" else None) for f in fields}) > 1:
         return (
             "The values of different keys would be reduced together: every key would hold a mix of the ranks' "
-            "values, and nothing would raise. Log the same keys, from the same hooks, in the same order, on every "
-            "rank (a per-rank value: one shared key, or no sync_dist)."
+            "values, and nothing would raise.",
+            ["same_keys"],
         )
     if len({f["metric"] for f in fields}) > 1:
-        return (
-            "The states of different metrics would be synced together. Call compute() on the same metrics, in "
-            "the same order, on every rank."
-        )
+        return "The states of different metrics would be synced together.", []
+    dtype_at = 1 + COLLECTIVE_ID.index("dtype")  # the position in an entry's ``id`` (after its kind)
+    same_dtype = len({repr(e["id"][dtype_at]) for e in entries}) == 1
     return (
         "The ranks would contribute tensors of different dtypes or shapes: the backend aborts, cuts the data or "
-        f"blocks until {waiting}. Pad to one shape (all_gather needs equal shapes) and use one dtype."
+        f"blocks until {waiting}.",
+        ["pad_gather"] if same_dtype else [],
     )

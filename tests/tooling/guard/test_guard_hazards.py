@@ -18,6 +18,7 @@ import re
 import pytest
 
 from ddpprobe import RankFailed
+from ddpprobe.audit._fixes import fix_line
 from ddpprobe.probes import hazards, log_spec
 from tests.support import guarded, oracle
 
@@ -76,7 +77,8 @@ def test_keys_named_after_the_rank_raise_collective_mismatch_on_every_rank_namin
 ):
     """Rank ``r`` logs ``f"loss_rank{r}"`` with ``sync_dist=True``: without the guard every rank's key
     silently holds the all-rank mean. With it, every rank raises ``CollectiveMismatch`` at the first sync,
-    its message naming each rank's key and saying the values of different keys would be reduced together."""
+    its message naming each rank's key, saying the values of different keys would be reduced together, and
+    giving the fix with the fact that proves it (the same keys in the same order on every rank)."""
     plan = [[[f"loss_rank{r}", float(r)]] for r in range(world_size)]
     with pytest.raises(RankFailed) as failure:
         _log_keys(run_world, world_size, hook, plan)
@@ -86,6 +88,7 @@ def test_keys_named_after_the_rank_raise_collective_mismatch_on_every_rank_namin
         for r in range(world_size):
             _line(r, f"(self.log epoch sync of 'loss_rank{r}', logged in {hook})", message)
         assert KEY_MIX in message, message
+        assert fix_line("same_keys") in message, message
 
 
 def test_the_mismatch_names_the_line_each_key_was_logged_from(run_world):
@@ -243,13 +246,14 @@ def _long_and_short(world_size):
 
 def _at_the_short_ranks_last_batch(message: str, stage: str, world_size: int) -> None:
     """The ranks with fewer batches are at the start of their last batch and say so; the others at the
-    start of the same batch, with more to come."""
+    start of the same batch, with more to come; the fix is equal batch counts, with the fact that proves it."""
     long, short, fewest = _long_and_short(world_size)
     for r in long:
         _line(r, f"is at on_{stage}_batch_start (batch {fewest - 1}, epoch 0)", message)
     for r in short:
         _line(r, f"is at on_{stage}_batch_start (batch {fewest - 1}, epoch 0, this rank's last batch)", message)
     assert UNEVEN in message, message
+    assert fix_line("even_batches") in message, message
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
