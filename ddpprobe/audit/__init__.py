@@ -4,7 +4,7 @@
 package the module is written for), then runs one stage (``validate``, ``fit``, ``test`` or
 ``predict``) of your module on your data twice, in fresh worlds started by
 :func:`ddpprobe.run_world`: once in a single process (W=1), once on ``world_size`` ranks (W=N, gloo on
-CPUs by default). Each rank writes a trace as it runs (ddpprobe/probes/trace.py): every collective in
+CPUs by default). Each rank writes a trace as it runs (ddpprobe/trace/): every collective in
 order with the hook, the logged key, op, dtype, shape and the user's line; every ``self.log`` call with
 its value and batch size; every batch's sample ids (or content hashes). Each rank also records the
 final ``trainer.callback_metrics``, what it printed, the removed Lightning 1.x hooks the module

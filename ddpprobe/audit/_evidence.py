@@ -1,6 +1,6 @@
 """What the ranks' traces prove: per-rank counts of batches and samples, duplicates across ranks, the first
 point where the ranks' collective sequences diverge, and the call site that made them diverge. Rules on
-recorded events only (written and read by ddpprobe/probes/trace.py, ``split_trace``), so they can be read
+recorded events only (written and read by ddpprobe/trace/, ``split_trace``), so they can be read
 and tested on hand-written events without launching a world."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ import dataclasses
 from typing import Optional
 
 from ddpprobe.audit._stages import STAGE_LOOP, loop_of_hook
-from ddpprobe.probes.trace import batch_samples, describe_collective, sample_label, split_trace
+from ddpprobe.trace import batch_samples, describe_collective, sample_label, split_trace
 
 __all__ = ["STAGE_LOOP", "Counts", "counts", "diagnose", "first_divergence", "sequence", "split", "trace_summary"]
 
 
-#: One rank's trace events grouped (the reader lives with the writer, ddpprobe/probes/trace.py).
+#: One rank's trace events grouped (the reader lives with the writer, ddpprobe/trace/).
 split = split_trace
 
 

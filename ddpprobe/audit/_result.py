@@ -62,7 +62,7 @@ class AuditResult:
     ``error``) or ``"pending"``: entered and never left), ``stage`` (``"end"``, ``"raised"`` or None:
     the rank never finished), ``stage_error``, ``flight_recorder_entries``; ``first_divergence`` is None
     or ``{"kind": "missing" | "mismatch" | "keys", "index", "ranks", "entries", "message"}``. The event
-    format each rank writes is documented in ddpprobe/probes/trace.py.
+    format each rank writes is documented in ddpprobe/trace/.
     """
 
     model: str

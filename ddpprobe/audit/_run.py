@@ -21,7 +21,7 @@ from ddpprobe.audit._fixes import REMOVED_HOOKS
 from ddpprobe.audit._inputs import AuditInputError
 from ddpprobe.audit._result import AuditResult
 from ddpprobe.audit._verdict import Reference, padding_duplicates, rows
-from ddpprobe.probes.trace import FLIGHT_RECORDER_ENV, read_trace, split_trace
+from ddpprobe.trace import FLIGHT_RECORDER_ENV, read_trace, split_trace
 
 #: Lightning's hint that a logged value should be synced (rank 0's warnings are counted in the report).
 SYNC_DIST_HINT = "It is recommended to use `self.log("
@@ -33,7 +33,7 @@ class World:
 
     Attributes:
         records: each rank's ``audit_rank`` record (for a failed world, a stand-in read from its trace).
-        traces: each rank's trace, split (ddpprobe/probes/trace.py ``split_trace``).
+        traces: each rank's trace, split (ddpprobe/trace/ ``split_trace``).
         stdout: what each rank printed.
         error: ``{"type", "message"}`` when the world failed, else None.
         weights: the weights file rank 0 saved after ``fit``, while the audit's folder exists, else None.

@@ -24,7 +24,7 @@ from ddpprobe.audit._loaders import as_loaders, describe
 from ddpprobe.audit._stages import TRAINER_LOADERS
 from ddpprobe.launch import RankInfo
 from ddpprobe.probes.common import ddp_trainer, recorded_warnings, seed_everything
-from ddpprobe.probes.trace import CollectiveTrace
+from ddpprobe.trace import CollectiveTrace
 
 
 def _float(value):
@@ -220,7 +220,7 @@ def audit_rank(
         sys_path: import paths of the process that started the audit, prepended where missing (the
             rank's working directory is its own scratch folder, so the caller's ``""`` entry would
             not find the user's package).
-        trace_dir: folder for this rank's trace (``rank<r>.jsonl``, ddpprobe/probes/trace.py), written
+        trace_dir: folder for this rank's trace (``rank<r>.jsonl``, ddpprobe/trace/), written
             while the stage runs; default: the rank's own folder. The audit gives a folder of its own,
             which outlives a world that dies or hangs (the launcher removes the rank folders). After
             ``fit``, rank 0 saves the trained weights there (``weights.pt``).

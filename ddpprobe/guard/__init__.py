@@ -11,7 +11,7 @@ state syncs, ``all_gather``, ``strategy.reduce``, barriers, ``reduce_boolean_dec
 boundary (setup, each batch's start and end, each epoch's end, teardown), every rank posts what it is
 about to do to the world's c10d store and waits for the others' posts of the same check. A difference
 raises ``CollectiveMismatch`` on every rank, naming each rank's side in the words of the audit
-(``ddpprobe.probes.trace.describe_collective``); a peer that raised makes the waiting ranks raise
+(``ddpprobe.trace.describe_collective``); a peer that raised makes the waiting ranks raise
 ``PeerFailed`` naming its error; a peer that does not arrive within the guard's timeout is named with its
 last check (``GuardTimeout``). All are ``GuardError``. The guard makes no collective of its own.
 

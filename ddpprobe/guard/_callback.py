@@ -15,10 +15,11 @@ from typing import Optional
 import torch
 import torch.distributed
 
+from ddpprobe import trace
 from ddpprobe._lightning import pl
 from ddpprobe.guard import _entries
 from ddpprobe.guard._exchange import Exchange
-from ddpprobe.probes.trace import COLLECTIVES, CallClassifier, collective_fields
+from ddpprobe.trace import CallClassifier
 
 #: The guard's timeout when none is given: half the process-group timeout, at most this many seconds.
 DEFAULT_TIMEOUT_CAP_S = 300.0
@@ -102,7 +103,7 @@ class CollectiveGuard(pl.Callback):
     so a rank that never arrives cannot hang the check, and the process group sees exactly the
     collectives it sees without the guard.
 
-    Checked: the ``torch.distributed`` functions the trace wraps (``ddpprobe.probes.trace.COLLECTIVES``),
+    Checked: the ``torch.distributed`` functions the trace wraps (``ddpprobe.trace.COLLECTIVES``),
     called on the main thread on the whole world: ``self.log(..., sync_dist=True)`` syncs, torchmetrics
     state syncs at ``compute()``, ``self.all_gather``, ``strategy.reduce`` / ``barrier`` / ``broadcast``,
     ``reduce_boolean_decision``; compared by op, reduce op, dtype, shape, src/dst rank, source, Lightning
@@ -143,12 +144,11 @@ class CollectiveGuard(pl.Callback):
         self.collectives = collectives
         self.checks = 0
         self._exchange: Optional[Exchange] = None
-        self._originals: dict = {}
+        self._listener = _GuardListener(self)
         self._model = None
         self._log_before = _NONE
         self._classifier: Optional[CallClassifier] = None
         self._thread = None
-        self._local = threading.local()
 
     def __getstate__(self) -> dict:
         # Only the settings cross a pickle (``strategy="ddp_spawn"`` sends the callbacks to new processes).
@@ -202,9 +202,7 @@ class CollectiveGuard(pl.Callback):
         self._uninstall()
 
     def _uninstall(self) -> None:
-        for name, original in self._originals.items():
-            setattr(torch.distributed, name, original)
-        self._originals.clear()
+        trace.detach(self._listener)
         if self._model is not None:  # put back the instance's own log (another wrapper's), or none
             if self._log_before is _NONE:
                 vars(self._model).pop("log", None)
@@ -238,43 +236,11 @@ class CollectiveGuard(pl.Callback):
         model.log = log
 
     def _install_collectives(self) -> None:
-        for name in COLLECTIVES:
-            original = getattr(torch.distributed, name, None)
-            if original is not None:
-                self._originals[name] = original
-                setattr(torch.distributed, name, self._wrap(name, original))
+        trace.attach(self._listener)
 
     def _whole_world(self, args, kwargs) -> bool:
         groups = [a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.distributed.ProcessGroup)]
         return not groups or torch.distributed.get_world_size(groups[0]) == self._exchange.world_size
-
-    def _wrap(self, name: str, original):
-        guard = self
-
-        @functools.wraps(original)
-        def collective(*args, **kwargs):
-            if (
-                guard._exchange is None
-                or getattr(guard._local, "inside", False)
-                or threading.get_ident() != guard._thread
-                or not guard._whole_world(args, kwargs)
-            ):
-                return original(*args, **kwargs)
-            fields = {
-                **collective_fields(name, args, kwargs),
-                "group_size": guard._exchange.world_size,
-                "root": _root(original, args, kwargs),
-                **guard._classifier.context(sys._getframe(1), loops_are_library=True),
-            }
-            ex = guard._exchange
-            guard._check(_entries.collective(ex.n, ex.rank, fields))
-            guard._local.inside = True
-            try:
-                return original(*args, **kwargs)
-            finally:
-                guard._local.inside = False
-
-        return collective
 
     # -- hook boundaries -------------------------------------------------------------------------
 
@@ -313,3 +279,24 @@ class CollectiveGuard(pl.Callback):
 
     def on_predict_epoch_end(self, trainer, pl_module, *args):
         self._boundary("on_predict_epoch_end", trainer)
+
+
+class _GuardListener(trace.Listener):
+    """Checks each collective of the guard's thread on the whole world before it enters the backend (the
+    shared patch of ``torch.distributed``, ddpprobe/trace/_patch.py)."""
+
+    def __init__(self, guard: CollectiveGuard):
+        self.guard = guard
+
+    def before(self, call: trace.Call) -> None:
+        guard = self.guard
+        ex = guard._exchange
+        if ex is None or threading.get_ident() != guard._thread or not guard._whole_world(call.args, call.kwargs):
+            return
+        fields = {
+            **call.fields,
+            "group_size": ex.world_size,
+            "root": _root(call.original, call.args, call.kwargs),
+            **guard._classifier.context(call.frame, loops_are_library=True),
+        }
+        guard._check(_entries.collective(ex.n, ex.rank, fields))

@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import Optional
 
 from ddpprobe.audit._fixes import fix_line
-from ddpprobe.probes.trace import describe_collective
+from ddpprobe.trace import describe_collective
 
 #: Fields of a collective (as the trace names them) that must be equal on every rank, in this order.
 COLLECTIVE_ID = ("op", "reduce_op", "dtype", "shape", "group_size", "root", "source", "key", "log_hook", "metric")

@@ -53,7 +53,7 @@ from ddpprobe._lightning import pl
 from ddpprobe.launch import RankInfo
 from ddpprobe.probes.common import batch_ids, ddp_trainer, floats, id_loader, recorded_warnings
 from ddpprobe.probes.hazards import announce
-from ddpprobe.probes.trace import CollectiveTrace, read_trace
+from ddpprobe.trace import CollectiveTrace, read_trace
 
 #: Where ``MetricsReadProbe`` reads a metrics property: the stage it runs (``fit`` or ``validate``) and hook.
 READ_WHERE = {
@@ -166,13 +166,13 @@ class MetricsReadProbe(pl.LightningModule):
             value = torch.tensor(hook_value(self.global_rank))
             self.log(HOOK_KEY, value, on_step=False, on_epoch=True, sync_dist=True, reduce_fx="sum")
         if self.read_first:
-            first = self.trace._seq
+            first = self.trace.collectives_seen
             dict(self.trainer.callback_metrics)
-            self.first_read_seqs = [first, self.trace._seq]
-        before = self.trace._seq
+            self.first_read_seqs = [first, self.trace.collectives_seen]
+        before = self.trace.collectives_seen
         if self.reader == "every_rank" or (self.reader == "rank0" and self.trainer.is_global_zero):
             self.read = floats(getattr(self.trainer, self.prop))
-        self.read_seqs = [before, self.trace._seq]
+        self.read_seqs = [before, self.trace.collectives_seen]
         extra = torch.tensor(local_extra(self.global_rank))
         if self.then == "reduce":
             self.then_value = float(self.trainer.strategy.reduce(extra, reduce_op="sum"))

@@ -20,7 +20,7 @@ import torch
 from ddpprobe._lightning import fabric, pl
 from ddpprobe.launch import RankInfo
 from ddpprobe.probes.common import ddp_trainer, id_loader
-from ddpprobe.probes.trace import pg_seq
+from ddpprobe.trace import pg_seq
 
 #: ``kind -> torch dtype`` of the tensor inputs; the other kinds are Python numbers. ``"int64_clone"`` is an
 #: int64 tensor passed as ``x.clone()``: its record's ``input_after`` is the original ``x``.

@@ -20,7 +20,7 @@ from ddpprobe._lightning import pl
 from ddpprobe.guard import CollectiveGuard
 from ddpprobe.probes.common import ddp_trainer, floats, id_loader, seed_everything
 from ddpprobe.probes.data import IdDataset
-from ddpprobe.probes.trace import pg_seq
+from ddpprobe.trace import pg_seq
 
 
 def _callbacks(guard: bool) -> list:

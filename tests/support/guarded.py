@@ -19,7 +19,7 @@ from ddpprobe._lightning import pl
 from ddpprobe.guard import CollectiveGuard
 from ddpprobe.probes import collectives, hazards, iterable
 from ddpprobe.probes.common import ddp_trainer, floats, id_loader, seed_everything
-from ddpprobe.probes.trace import pg_seq
+from ddpprobe.trace import pg_seq
 
 
 def _guard(guard: bool, guard_timeout, collectives: bool = True) -> list:

@@ -1,7 +1,7 @@
 """The audit's rules on recorded evidence, without launching a world: how per-rank traces become counts
 and a first divergence (ddpprobe/audit/_evidence.py), and how the recomputed synced mean names the
 floored-count bug (ddpprobe/audit/_verdict.py). The events are written by hand in the format of
-ddpprobe/probes/trace.py."""
+ddpprobe/trace/."""
 
 import pytest
 

@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from ddpprobe.guard import CollectiveGuard, CollectiveMismatch, GuardTimeout, PeerFailed, _entries
 from ddpprobe.guard._exchange import Exchange
-from ddpprobe.probes.trace import describe_collective
+from ddpprobe.trace import describe_collective
 
 pytestmark = pytest.mark.not_a_fact("tests the guard's store protocol, not a fact about DDP")
 
