@@ -32,6 +32,7 @@ PROBE_MODULES = (
     "nccl",
     "outside_log_reductions",
     "parity_gradients",
+    "parity_loggers",
     "parity_samplers",
     "predict",
     "rank_state",
