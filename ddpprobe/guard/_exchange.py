@@ -1,17 +1,41 @@
-"""The guard's protocol over the world's store: post an entry, wait for every rank's entry of the same
-check, compare, raise.
+"""The guard's protocol over the world's store: each rank announces a digest of its entry, the last rank to
+arrive sets the check's verdict, the others wait for that one key; full entries travel only when the
+digests differ.
 
-Keys, under the prefix ``ddpprobe-guard/<session>/`` (one session per ``Trainer`` stage a guard runs):
-``<n>/<rank>`` holds rank ``rank``'s entry (ddpprobe/guard/_entries.py) for check ``n``. A rank posts its
-entry, then waits (``store.wait``, server-side, no polling) for all ``W`` entries of ``n`` until the
-guard's timeout, reads them in one ``multi_get`` and compares their ``id``. Once a rank holds every entry
-of check ``n``, every rank has posted ``n`` and so has read every entry of ``n - 1``: it deletes its own
-``n - 1`` key, so the store holds about two entries per rank whatever the run's length.
+Keys, under the prefix ``ddpprobe-guard/<session>/`` (one session per ``Trainer`` stage a guard runs), for
+check ``n``:
 
-A rank that raises posts a ``raised`` entry under its next check number: the peers waiting there (they
-can only wait at that number, since it posted every earlier one) wake at once and raise ``PeerFailed``.
-A rank whose wait times out replaces its own entry with a ``raised`` one before raising ``GuardTimeout``,
-so a peer that arrives late learns it instead of going on alone.
+``n/ref``
+    the digest of the first entry to arrive (``compare_set``: set once, read by every later rank).
+``n/a``
+    the arrival counter (``add``): the rank that brings it to ``W`` is the check's last arrival.
+``n/v``
+    the verdict (``compare_set``: written once): ``differ``, or the last arrival's position record
+    ``{"rank", "n", "text"}`` when every rank's digest equalled ``n/ref``.
+``n/e/<rank>``
+    rank ``rank``'s full entry (ddpprobe/guard/_entries.py), written only once the verdict is ``differ``.
+``s/<rank>``
+    rank ``rank``'s position record (``{"n", "text"}``, overwritten at every check it did not close).
+
+A rank at check ``n``: reads ``n/ref`` (setting it if first); if its digest differs it sets the verdict to
+``differ`` at once; adds one to ``n/a``; then either closes the check (the ``W``-th arrival: every rank
+has compared its digest, so a verdict still unset means they all agree) or writes its position record
+and waits (``store.wait``, server-side, no polling) for ``n/v``. That is five store requests per rank per
+check, four of them answered, whatever the world size; the store's server handles ``O(W)`` requests per
+check instead of ``O(W^2)`` entries. When the verdict is ``differ`` every rank writes its full entry,
+waits for all ``W`` of them and compares them as before (the first difference, in the audit's words).
+
+The last arrival deletes ``n/ref`` and ``n/a`` (every rank has used them), the previous check's verdict
+(every rank has read it: all are at ``n``) and its own position record (its position is in ``n/v``), so
+in a run whose checks agree the store holds ``W`` keys of the session however long the run: ``W - 1``
+position records and the last verdict.
+
+A rank that raises writes a ``raised`` entry under its next check number and sets that check's verdict
+to ``differ``: the peers waiting there (they can only wait at that number, since it passed every earlier
+one) wake at once, read its entry and raise ``PeerFailed``. A rank whose wait times out sets the verdict
+to ``differ`` (unless the last arrival closed the check in the meantime) and writes a ``raised`` entry
+before raising ``GuardTimeout``, naming the missing ranks from their position records; a peer that
+arrives late learns it instead of going on alone.
 
 Only store operations: the guard adds no collective to the process group.
 """
@@ -19,6 +43,7 @@ Only store operations: the guard adds no collective to the process group.
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 
 import torch.distributed
@@ -28,6 +53,14 @@ from ddpprobe.guard._errors import CollectiveMismatch, GuardError, GuardTimeout,
 
 #: Prefix of every key the guard writes in the world's store.
 PREFIX = "ddpprobe-guard"
+#: The verdict of a check whose ranks' digests differ (or where a rank raised or timed out).
+DIFFER = "differ"
+
+
+def digest(entry: dict) -> str:
+    """What a rank announces for ``entry``: 16 hex digits of the BLAKE2b hash of its ``id`` in JSON
+    (equal on every rank exactly when the ``id`` is, but for a 2**-64 chance)."""
+    return hashlib.blake2b(json.dumps(entry["id"]).encode(), digest_size=8).hexdigest()
 
 
 class Exchange:
@@ -55,16 +88,12 @@ class Exchange:
         self.n = 0
         #: The guard error this rank raised, raised again at every later check.
         self.error = None
-
-    def _keys(self, n: int) -> list:
-        return [f"{n}/{r}" for r in range(self.world_size)]
-
-    def _post(self, entry: dict) -> None:
-        self.store.set(f"{entry['n']}/{self.rank}", json.dumps(entry))
+        #: Whether this rank's position record ``s/<rank>`` is in the store.
+        self._has_slot = False
 
     def check(self, entry: dict) -> None:
-        """Post ``entry`` (its ``n`` is this check's number) and return once every rank posted the same
-        ``id``; raise ``CollectiveMismatch``, ``PeerFailed`` or ``GuardTimeout`` (on this rank) if not."""
+        """Announce ``entry`` (its ``n`` is this check's number) and return once every rank announced the
+        same ``id``; raise ``CollectiveMismatch``, ``PeerFailed`` or ``GuardTimeout`` (on this rank) if not."""
         if self.error is not None:  # a guard error the caller swallowed (Lightning's broadcasts do): raise it again
             raise self.error
         n = self.n
@@ -76,8 +105,49 @@ class Exchange:
             raise
 
     def _compare(self, n: int, entry: dict) -> None:
-        self._post(entry)
-        keys = self._keys(n)
+        store, mine = self.store, digest(entry)
+        try:
+            if store.compare_set(f"{n}/ref", "", mine).decode() != mine:
+                store.compare_set(f"{n}/v", "", DIFFER)
+            if store.add(f"{n}/a", 1) == self.world_size:
+                verdict = self._close(n, entry)
+            else:
+                store.set(f"s/{self.rank}", json.dumps({"n": n, "text": entry["text"]}))
+                self._has_slot = True
+                verdict = self._verdict(n, entry)
+        except torch.distributed.DistStoreError as exc:
+            raise GuardError(
+                f"CollectiveGuard, check #{n}: the world's store cannot be reached ({exc})", n, {}
+            ) from exc
+        if verdict == DIFFER:
+            self._explain(n, entry)
+
+    def _close(self, n: int, entry: dict) -> str:
+        """The last arrival: set the verdict (every digest is in; ``differ`` is already set if one was
+        different) and delete what no rank reads any more."""
+        record = json.dumps({"rank": self.rank, "n": n, "text": entry["text"]})
+        verdict = self.store.compare_set(f"{n}/v", "", record).decode()
+        for key in (f"{n}/ref", f"{n}/a") + ((f"{n - 1}/v",) if n > 0 else ()):
+            self.store.delete_key(key)
+        if verdict != DIFFER and self._has_slot:
+            self.store.delete_key(f"s/{self.rank}")
+            self._has_slot = False
+        return verdict
+
+    def _verdict(self, n: int, entry: dict) -> str:
+        key = f"{n}/v"
+        try:
+            self.store.wait([key], self.timeout)
+        except torch.distributed.DistStoreError as exc:
+            if "timeout" not in str(exc).lower():
+                raise
+            self._timed_out(n, entry)  # returns only if the last arrival closed the check in the meantime
+        return self.store.get(key).decode()
+
+    def _explain(self, n: int, entry: dict) -> None:
+        """The digests differ: every rank writes its full entry; read all ``W`` and raise the difference."""
+        self.store.set(f"{n}/e/{self.rank}", json.dumps(entry))
+        keys = [f"{n}/e/{r}" for r in range(self.world_size)]
         try:
             self.store.wait(keys, self.timeout)
         except torch.distributed.DistStoreError as exc:
@@ -85,19 +155,19 @@ class Exchange:
                 raise GuardError(
                     f"CollectiveGuard, check #{n}: the world's store cannot be reached ({exc})", n, {}
                 ) from exc
-            if not self.store.check(keys):  # not a late arrival at the last moment: a timeout
-                self._timed_out(n, entry, keys)
+            missing = [r for r, key in enumerate(keys) if not self.store.check([key])]
+            if missing:
+                self._raise_timeout(n, entry, missing)
         entries = [json.loads(value) for value in self.store.multi_get(keys)]
-        if n > 0:
-            self.store.delete_key(f"{n - 1}/{self.rank}")
-        ids = {json.dumps(e["id"]) for e in entries}
-        if len(ids) > 1:
+        if len({json.dumps(e["id"]) for e in entries}) > 1:
             self._differ(n, entries)
 
     def post_raised(self, error: str, hook) -> None:
-        """Post a ``raised`` entry under the next check number (from ``on_exception``), without waiting."""
+        """Write a ``raised`` entry under the next check number and set its verdict to ``differ`` (from
+        ``on_exception``), without waiting."""
         try:
-            self._post(_entries.raised(self.n, self.rank, error, hook))
+            self.store.set(f"{self.n}/e/{self.rank}", json.dumps(_entries.raised(self.n, self.rank, error, hook)))
+            self.store.compare_set(f"{self.n}/v", "", DIFFER)
         except Exception:  # noqa: BLE001 - the store may be gone with the world; the rank raises anyway
             pass
         self.n += 1
@@ -126,21 +196,39 @@ class Exchange:
             sides,
         )
 
-    def _timed_out(self, n: int, entry: dict, keys: list) -> None:
-        missing = [r for r, key in enumerate(keys) if not self.store.check([key])]
-        if not missing:  # the last one arrived between the two looks
+    def _positions(self, n: int) -> dict:
+        """``{rank: (its last check, its text there)}`` from the position records and the verdict of check
+        ``n - 1`` (the record of that check's last arrival); ranks with none are left out."""
+        positions = {}
+        for r in range(self.world_size):
+            if self.store.check([f"s/{r}"]):
+                record = json.loads(self.store.get(f"s/{r}"))
+                positions[r] = (record["n"], record["text"])
+        if n > 0 and self.store.check([f"{n - 1}/v"]):
+            value = self.store.get(f"{n - 1}/v").decode()
+            if value != DIFFER:
+                record = json.loads(value)
+                if positions.get(record["rank"], (-1, None))[0] < record["n"]:
+                    positions[record["rank"]] = (record["n"], record["text"])
+        return positions
+
+    def _timed_out(self, n: int, entry: dict) -> None:
+        """No verdict within the timeout: claim the verdict ``differ``, unless the last arrival closed the
+        check between the wait and now (then return), and raise ``GuardTimeout`` naming the missing ranks."""
+        if self.store.compare_set(f"{n}/v", "", DIFFER).decode() != DIFFER:
             return
-        last_seen = {}
-        for r in missing:
-            previous = f"{n - 1}/{r}"
-            last_seen[r] = (
-                json.loads(self.store.get(previous))["text"] if n > 0 and self.store.check([previous]) else None
-            )
+        positions = self._positions(n)
+        missing = [r for r in range(self.world_size) if r != self.rank and positions.get(r, (-1,))[0] < n]
+        self._raise_timeout(n, entry, missing, positions)
+
+    def _raise_timeout(self, n: int, entry: dict, missing: list, positions=None) -> None:
+        positions = self._positions(n) if positions is None else positions
+        last_seen = {r: positions[r][1] if r in positions and n > 0 else None for r in missing}
         error = (
             f"CollectiveGuard timed out: {_entries.ranks_text(missing)} did not reach check #{n} "
             f"within {self.timeout_s:g} s"
         )
-        self._post(_entries.raised(n, self.rank, error, None))
+        self.store.set(f"{n}/e/{self.rank}", json.dumps(_entries.raised(n, self.rank, error, None)))
         here = [r for r in range(self.world_size) if r not in missing]
         lines = [
             f"  {_entries.ranks_text([r])} "
