@@ -255,6 +255,7 @@ TOPIC_ORDER = (
     "tests/facts/test_uneven_shards.py",
     "tests/facts/test_user_samplers.py",
     "tests/facts/test_samplers_rewrapped.py",
+    "tests/facts/test_preemption.py",
     "tests/facts/test_several_dataloaders.py",
 )
 
