@@ -33,6 +33,7 @@ PROBE_MODULES = (
     "outside_log_reductions",
     "parity_gradients",
     "parity_loggers",
+    "parity_metrics",
     "parity_samplers",
     "predict",
     "rank_state",
