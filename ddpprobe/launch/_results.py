@@ -89,6 +89,10 @@ class WorldError(RuntimeError):
         stacks: ``{rank: text}``, the Python stack (faulthandler's format) each rank still running when
             the world was ended was in when it was asked, whatever ended it (a peer's failure or the
             timeout); empty when every rank had ended.
+        records: one entry per rank, ordered by rank: the scenario's return value (decoded from JSON, as
+            ``WorldResult.records``) for each rank that finished and reported it before the world was
+            ended, None for a rank that gave none (it raised, died, or was still running). A rank that
+            finished while a peer failed keeps what it recorded here, whatever the failure's kind.
     """
 
     def __init__(
@@ -99,6 +103,7 @@ class WorldError(RuntimeError):
         outputs: dict,
         rank_errors: Optional[dict] = None,
         stacks: Optional[dict] = None,
+        records: Optional[list] = None,
     ):
         super().__init__(message)
         self.ranks = ranks
@@ -106,14 +111,17 @@ class WorldError(RuntimeError):
         self.outputs = outputs
         self.rank_errors = dict(rank_errors or {})
         self.stacks = dict(stacks or {})
+        self.records = list(records) if records is not None else [None] * len(pids)
 
 
 class RankFailed(WorldError):
     """A rank's scenario raised. ``exc_types[r]`` is the exception's class name on rank ``r``,
     ``tracebacks[r]`` its formatted traceback."""
 
-    def __init__(self, message, ranks, pids, outputs, exc_types, tracebacks, rank_errors=None, stacks=None):
-        super().__init__(message, ranks, pids, outputs, rank_errors, stacks)
+    def __init__(
+        self, message, ranks, pids, outputs, exc_types, tracebacks, rank_errors=None, stacks=None, records=None
+    ):
+        super().__init__(message, ranks, pids, outputs, rank_errors, stacks, records)
         self.exc_types = exc_types
         self.tracebacks = tracebacks
 
@@ -122,8 +130,8 @@ class RankDied(WorldError):
     """A rank ended without reporting (killed by a signal, ``os._exit``, a crash in C code).
     ``exitcodes[r]`` is the exit code, negative for a signal (``-9`` is SIGKILL)."""
 
-    def __init__(self, message, ranks, pids, outputs, exitcodes, rank_errors=None, stacks=None):
-        super().__init__(message, ranks, pids, outputs, rank_errors, stacks)
+    def __init__(self, message, ranks, pids, outputs, exitcodes, rank_errors=None, stacks=None, records=None):
+        super().__init__(message, ranks, pids, outputs, rank_errors, stacks, records)
         self.exitcodes = exitcodes
 
 
@@ -131,8 +139,8 @@ class WorldTimeout(WorldError):
     """The world ran past its timeout; every rank was killed. ``stacks[r]`` is the Python stack
     rank ``r`` was in when it was asked (faulthandler's format), for each rank that had not finished."""
 
-    def __init__(self, message, ranks, pids, outputs, stacks, rank_errors=None):
-        super().__init__(message, ranks, pids, outputs, rank_errors, stacks)
+    def __init__(self, message, ranks, pids, outputs, stacks, rank_errors=None, records=None):
+        super().__init__(message, ranks, pids, outputs, rank_errors, stacks, records)
 
 
 def build_result(
@@ -147,6 +155,8 @@ def build_result(
             failed ranks not in it follow by rank.
         timeout: the world's timeout in seconds, named when it ran out.
         timed_out: the world ran past its timeout (also implied by any ``stuck`` rank).
+
+    Every error raised carries ``records``: the record of each rank whose message is ``ok``, None for the others.
 
     Raises (the first that applies; a death is the cause of its peers' "connection closed" errors):
         RankDied: a rank ended without reporting.
@@ -163,6 +173,7 @@ def build_result(
     pids = [by_rank[r].pid for r in ranks]
     rank_errors = {r: _rank_error(by_rank[r]) for r in failed + stuck}
     stacks = {r: by_rank[r].stack for r in stuck}
+    records = [json.loads(by_rank[r].record_json) if by_rank[r].status == "ok" else None for r in ranks]
 
     lines = [_failure_line(by_rank[r]) for r in failed]
     if stuck:
@@ -186,6 +197,7 @@ def build_result(
             exitcodes={r: by_rank[r].exitcode for r in died},
             rank_errors=rank_errors,
             stacks=stacks,
+            records=records,
         )
     if raised:
         raise RankFailed(
@@ -197,6 +209,7 @@ def build_result(
             tracebacks={r: by_rank[r].traceback for r in raised},
             rank_errors=rank_errors,
             stacks=stacks,
+            records=records,
         )
     if unserialisable:
         raise TypeError(message("returned a record JSON cannot hold", unserialisable, with_stderr=False))
@@ -209,18 +222,19 @@ def build_result(
             outputs,
             stacks=stacks,
             rank_errors=rank_errors,
+            records=records,
         )
     return WorldResult(
         RankResult(
             rank=r,
-            record=json.loads(by_rank[r].record_json),
+            record=record,
             stdout=by_rank[r].stdout,
             stderr=by_rank[r].stderr,
             files=by_rank[r].files,
             pid=by_rank[r].pid,
             exitcode=by_rank[r].exitcode,
         )
-        for r in ranks
+        for r, record in zip(ranks, records)
     )
 
 

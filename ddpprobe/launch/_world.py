@@ -12,7 +12,7 @@ import sys
 import time
 from typing import Callable, Optional
 
-from ddpprobe.launch import _external
+from ddpprobe.launch import _activity, _external
 from ddpprobe.launch._arguments import (
     check_devices,
     check_env,
@@ -36,11 +36,19 @@ OK_EXIT_GRACE_S = 2.0
 #: Seconds the launcher waits for ranks to write their stacks after it asks for them.
 STACK_GRACE_S = 1.0
 
-#: Seconds the launcher keeps listening after a rank reported an exception, for a peer's death to
-#: arrive: a rank that dies (``os._exit``, a signal) makes its peers' collectives fail with
-#: "connection closed by peer", and that secondary error can reach the launcher a moment before the
-#: death does. The death is the cause, so it is waited for; ranks blocked in a collective just cost this.
-FAILURE_SETTLE_S = 0.5
+#: Seconds the launcher keeps listening, at most, after a rank reported an exception, for the ranks still
+#: running to report too: a peer's death (a rank that dies makes its peers' collectives fail with
+#: "connection closed by peer", and that secondary error can reach the launcher before the death does;
+#: the death is the cause), the other ranks that lose the same partner, the records of ranks finishing.
+#: It stops sooner, once every rank still running is asleep (ddpprobe/launch/_activity.py): blocked in a
+#: collective whose partners are not coming. A loaded machine delays a rank's report, not this test.
+FAILURE_SETTLE_S = 10.0
+
+#: Seconds every rank still running must stay asleep, after a failure, before the launcher ends the world.
+SETTLE_IDLE_S = 0.3
+
+#: Seconds between two looks at the ranks still running while the launcher settles.
+SETTLE_POLL_S = 0.05
 
 
 def run_world(
@@ -220,15 +228,19 @@ class _World:
 
     def _settle(self, grace: float) -> None:
         """After a failure: keep handling reports until every rank is accounted for, one rank is known
-        to have died, or ``grace`` seconds passed."""
+        to have died, every rank still running has been asleep for ``SETTLE_IDLE_S``, or ``grace``
+        seconds passed."""
         end = time.monotonic() + grace
+        watch = _activity.Watch(SETTLE_IDLE_S)
         while len(self.results) < self.spec.world_size:
             if any(self.results[r].status == "died" for r in self.arrival):
                 return
             remaining = end - time.monotonic()
             if remaining <= 0:
                 return
-            self._handle(multiprocessing.connection.wait(self._waitables(), timeout=remaining))
+            if watch.asleep([self.processes[r].pid for r in self._unfinished()]):
+                return
+            self._handle(multiprocessing.connection.wait(self._waitables(), timeout=min(remaining, SETTLE_POLL_S)))
 
     def _waitables(self) -> list:
         return list(self.conns) + [s for s, r in self.sentinels.items() if r not in self.results]
@@ -275,6 +287,7 @@ class _World:
             for rank in unfinished:
                 _signal(self.processes[rank].pid, STACK_SIGNAL)
             self._await_stacks(unfinished)
+            self._take_sent()
         # A rank that reported its record is leaving by itself (destroying its process group);
         # give it a moment so its exit code is its own, not our SIGKILL.
         end = time.monotonic() + OK_EXIT_GRACE_S
@@ -288,11 +301,19 @@ class _World:
             _killpg(process.pid)
         for process in self.processes:
             process.join(timeout=10)
+        self._take_sent()
         for conn in list(self.conns):
             conn.close()
         for life in self.lifelines:
             life.close()
-        self.stuck = unfinished
+        self.stuck = [r for r in unfinished if r not in self.results]
+
+    def _take_sent(self) -> None:
+        """Receive every message already sent: a rank that finished while the world was being ended
+        (after a peer's failure or at the timeout) keeps its record instead of being counted unfinished."""
+        for conn in list(self.conns):
+            if conn.poll():
+                self._receive(conn)
 
     def _await_stacks(self, ranks: list) -> None:
         end = time.monotonic() + STACK_GRACE_S

@@ -19,9 +19,8 @@ scenario                 what each rank does
                          (or, the fix, every rank logs)
 =======================  ============================================================================
 
-Ranks that complete print their record as one line ``ddpprobe-record: {json}`` to stdout before
-returning it (``announce``), so a fact can read what the surviving ranks got even when a peer's
-failure makes the launcher raise instead of returning records (``read_announced``).
+When a peer's failure makes the launcher raise, the ranks that completed still give their records:
+``WorldError.records`` (None for a rank that gave none).
 
 Sources: pytorch_lightning/trainer/connectors/logger_connector/result.py ``_ResultCollection.metrics``
 (epoch values computed key by key, in the order the keys were first logged), ``_ResultMetric.compute``
@@ -32,7 +31,6 @@ torchmetrics/metric.py ``Metric.forward``, ``Metric.sync``, ``Metric._sync_dist`
 
 from __future__ import annotations
 
-import json
 import os
 import time
 
@@ -43,9 +41,6 @@ from ddpprobe._lightning import pl
 from ddpprobe.launch import RankInfo
 from ddpprobe.probes.common import batch_ids, ddp_trainer, floats, id_loader, recorded_warnings, trainer_metrics
 
-#: Prefix of the stdout line ``announce`` writes.
-ANNOUNCE_PREFIX = "ddpprobe-record: "
-
 #: The key ``monitor_rank0_key`` logs and its callbacks monitor.
 MONITORED = "val_score"
 
@@ -54,21 +49,6 @@ CALLBACKS = ("checkpoint", "early_stopping")
 
 #: Where ``metric_compute`` calls ``compute()``.
 COMPUTE_WHERE = ("rank0", "every_rank")
-
-
-def announce(record: dict) -> dict:
-    """Print ``record`` as one ``ddpprobe-record: {json}`` line to stdout (flushed) and return it."""
-    print(ANNOUNCE_PREFIX + json.dumps(record, sort_keys=True), flush=True)
-    return record
-
-
-def read_announced(stdout: str):
-    """The record a rank announced in its ``stdout`` (``announce``), or None if it announced none
-    (it failed before). Raises ``ValueError`` if it announced more than one."""
-    lines = [line[len(ANNOUNCE_PREFIX) :] for line in stdout.splitlines() if line.startswith(ANNOUNCE_PREFIX)]
-    if len(lines) > 1:
-        raise ValueError(f"a rank announced {len(lines)} records; expected at most one")
-    return json.loads(lines[0]) if lines else None
 
 
 def _check_plan(name: str, plan, world_size: int) -> list:
@@ -121,7 +101,7 @@ def log_keys(info: RankInfo, n: int, batch_size: int, step_plan: list = None, ep
     Args:
         step_plan, epoch_end_plan: per-rank log plans (see ``KeyPlanProbe``); None logs nothing there.
 
-    Record keys (announced, see ``announce``): ``seen_ids`` (batches of sample ids), the three metric
+    Record keys: ``seen_ids`` (batches of sample ids), the three metric
     dicts (``trainer_metrics``), ``warnings``.
     """
     empty = [[] for _ in range(info.world_size)]
@@ -131,7 +111,7 @@ def log_keys(info: RankInfo, n: int, batch_size: int, step_plan: list = None, ep
     with recorded_warnings() as warnings:
         trainer = ddp_trainer(info)
         trainer.validate(model, dataloaders=id_loader(n, batch_size), verbose=False)
-    return announce({"seen_ids": model.seen_ids, **trainer_metrics(trainer), "warnings": warnings})
+    return {"seen_ids": model.seen_ids, **trainer_metrics(trainer), "warnings": warnings}
 
 
 class MeanComputeProbe(pl.LightningModule):
@@ -171,12 +151,12 @@ class MeanComputeProbe(pl.LightningModule):
 def metric_compute(info: RankInfo, where: str, n: int, batch_size: int) -> dict:
     """Scenario: ``trainer.validate`` a ``MeanComputeProbe(where)`` over ``IdDataset(n)``.
 
-    Record keys (announced): ``computed`` (the float ``compute()`` returned on this rank, None where it
+    Record keys: ``computed`` (the float ``compute()`` returned on this rank, None where it
     was not called), ``seen_ids``.
     """
     model = MeanComputeProbe(where)
     ddp_trainer(info).validate(model, dataloaders=id_loader(n, batch_size), verbose=False)
-    return announce({"computed": model.computed, "seen_ids": model.seen_ids})
+    return {"computed": model.computed, "seen_ids": model.seen_ids}
 
 
 class RecordingLogger(pl.loggers.Logger):
@@ -336,7 +316,7 @@ def monitor_rank0_key(
             returning, so that rank 0, blocked in a collective this rank never enters, reaches its own
             process-group timeout instead of being ended with the world. Rank 0 always raises.
 
-    Record keys (announced): ``raised`` (``"Type: message"`` of what ``fit`` raised here, or None),
+    Record keys: ``raised`` (``"Type: message"`` of what ``fit`` raised here, or None),
     ``epochs_run``, ``callback_metrics``, ``files`` (``.ckpt`` files under the world folder, relative
     to it, sorted), ``best_model_score`` (ModelCheckpoint), ``stopped_epoch`` (EarlyStopping),
     ``should_stop``.
@@ -373,14 +353,12 @@ def monitor_rank0_key(
         if name.endswith(".ckpt")
     )
     score = getattr(watcher, "best_model_score", None)
-    return announce(
-        {
-            "raised": raised,
-            "epochs_run": model.epochs_run,
-            "callback_metrics": floats(trainer.callback_metrics),
-            "files": files,
-            "best_model_score": None if score is None else float(score),
-            "stopped_epoch": getattr(watcher, "stopped_epoch", None),
-            "should_stop": trainer.should_stop,
-        }
-    )
+    return {
+        "raised": raised,
+        "epochs_run": model.epochs_run,
+        "callback_metrics": floats(trainer.callback_metrics),
+        "files": files,
+        "best_model_score": None if score is None else float(score),
+        "stopped_epoch": getattr(watcher, "stopped_epoch", None),
+        "should_stop": trainer.should_stop,
+    }

@@ -24,8 +24,8 @@ expected value without Lightning. Collectives are counted with ``trace.Collectiv
 ``torch.distributed``'s Python functions (written before the call enters the backend), so a record says
 how many collectives a read of a metrics property ran and which.
 
-Ranks that complete print their record with ``hazards.announce`` before returning it, so a fact can
-read what the surviving ranks got when a peer's failure makes the launcher raise.
+When a peer's failure makes the launcher raise, a fact reads what the ranks that completed got from
+``WorldError.records``.
 
 Sources: pytorch_lightning/trainer/connectors/logger_connector/logger_connector.py
 ``_LoggerConnector.metrics``, ``callback_metrics``, ``logged_metrics``, ``progress_bar_metrics``,
@@ -52,7 +52,6 @@ from torchmetrics.classification import BinaryAUROC
 from ddpprobe._lightning import pl
 from ddpprobe.launch import RankInfo
 from ddpprobe.probes.common import batch_ids, ddp_trainer, floats, id_loader, recorded_warnings
-from ddpprobe.probes.hazards import announce
 from ddpprobe.trace import CollectiveTrace, read_trace
 
 #: Where ``MetricsReadProbe`` reads a metrics property: the stage it runs (``fit`` or ``validate``) and hook.
@@ -205,7 +204,7 @@ def metrics_read(
         progress_bar: ``enable_progress_bar`` (the default ``TQDMProgressBar``; enabled on global rank 0
             only, ``ProgressBar.setup``).
 
-    Record keys (announced): ``read`` (``{key: float}`` the read returned here, None where this rank did
+    Record keys: ``read`` (``{key: float}`` the read returned here, None where this rank did
     not read), ``read_collectives`` (the ``torch.distributed`` calls the read ran: ``[op, ...]``),
     ``first_read_collectives`` (those the ``read_first`` read of ``callback_metrics`` ran; ``[]`` without it),
     ``then_value`` (what the collective
@@ -228,16 +227,14 @@ def metrics_read(
     events = [e for e in read_trace(path) if e["event"] == "collective"]
     low, high = model.read_seqs if model.read_seqs else (0, 0)
     first_low, first_high = model.first_read_seqs if model.first_read_seqs else (0, 0)
-    return announce(
-        {
-            "read": model.read,
-            "read_collectives": [e["op"] for e in events if low <= e["seq"] < high],
-            "first_read_collectives": [e["op"] for e in events if first_low <= e["seq"] < first_high],
-            "then_value": model.then_value,
-            "callback_metrics": floats(trainer.callback_metrics),
-            "seen_ids": model.seen_ids,
-        }
-    )
+    return {
+        "read": model.read,
+        "read_collectives": [e["op"] for e in events if low <= e["seq"] < high],
+        "first_read_collectives": [e["op"] for e in events if first_low <= e["seq"] < first_high],
+        "then_value": model.then_value,
+        "callback_metrics": floats(trainer.callback_metrics),
+        "seen_ids": model.seen_ids,
+    }
 
 
 # -- torchmetrics list states ---------------------------------------------------------------------
@@ -344,7 +341,7 @@ def list_state(
     """Scenario: ``trainer.validate`` a ``ListStateProbe`` (one batch per rank, nothing logged); the
     arguments are ``ListStateProbe``'s.
 
-    Record keys (announced): ``computed`` (``{"dtype", "values"}`` for a tensor, ``{"list": [...]}`` for a
+    Record keys: ``computed`` (``{"dtype", "values"}`` for a tensor, ``{"list": [...]}`` for a
     list of tensors), ``warnings``.
     """
     if not isinstance(updates, (list, tuple)) or len(updates) != info.world_size:
@@ -352,7 +349,7 @@ def list_state(
     model = ListStateProbe(metric, list(updates), reduce=reduce, dtype=dtype, fill_empty=fill_empty)
     with recorded_warnings() as warnings:
         ddp_trainer(info).validate(model, dataloaders=id_loader(info.world_size, 1), verbose=False)
-    return announce({"computed": model.computed, "warnings": warnings})
+    return {"computed": model.computed, "warnings": warnings}
 
 
 # -- self.all_gather of what is not a tensor ------------------------------------------------------------

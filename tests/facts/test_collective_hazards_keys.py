@@ -160,7 +160,7 @@ def test_a_key_only_some_ranks_log_crashes_those_ranks_and_leaves_a_wrong_value_
     pairings = oracle.pairing_means([[(key, value) for key, value in keys] for keys in plan])
     oracle.assert_distinct(**pairings)
     intended_shared = oracle.sync_reduce("mean", [[(dict(keys)["shared"], 1)] for keys in plan])
-    survivor = hazards.read_announced(err.outputs[last][0])
+    survivor = err.records[last]
     assert survivor is not None, f"rank {last} did not finish:\n{err}"
     semantics.number(
         f"shared on rank {last}",

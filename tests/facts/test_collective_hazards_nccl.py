@@ -62,7 +62,7 @@ def test_nccl_a_key_only_some_ranks_log_leaves_those_ranks_waiting_until_the_pro
         f"reported after {elapsed:.1f}s; expected at the {PG_TIMEOUT_S}s process-group timeout (a wait, "
         f"not a crash at once), before the {WORLD_TIMEOUT_S}s world timeout (not the launcher ending a hang)"
     )
-    survivor = hazards.read_announced(err.outputs[last][0])
+    survivor = err.records[last]
     assert survivor is not None and keys._same([survivor["callback_metrics"]], [expected[last]]), survivor
 
 

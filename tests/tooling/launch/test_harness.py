@@ -167,9 +167,9 @@ def raise_then_die(info, delay_s=0.05):
 
 def test_a_death_that_arrives_just_after_a_peers_exception_is_still_reported_as_the_death(run_world):
     """When a rank dies, its peers' collectives fail with "connection closed by peer", and that error can
-    reach the launcher a moment before the death does. The launcher keeps listening briefly
-    (``FAILURE_SETTLE_S``) after an exception, so a death close behind it is reported as ``RankDied``,
-    with the exception still in the message."""
+    reach the launcher a moment before the death does. After an exception the launcher keeps listening
+    while a rank still running is at work (up to ``FAILURE_SETTLE_S``), so a death close behind it is
+    reported as ``RankDied``, with the exception still in the message."""
     with pytest.raises(RankDied) as failure:
         run_world(raise_then_die, 2, timeout=60)
 

@@ -66,6 +66,33 @@ def abort_after_what(info, rank=1, noise_lines=3 * STDERR_TAIL_LINES):
     return {}
 
 
+def finish_but_one(info, rank=1):
+    """Every rank but ``rank`` returns its record at once; rank ``rank`` enters an all_reduce nobody else
+    enters and fails when the others leave (gloo: "Connection closed by peer"). A rank sends its record
+    before it destroys its process group (ddpprobe/launch/_rank.py ``rank_main``), so every finished
+    rank's record is sent before rank ``rank`` can fail."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group(info.backend, rank=info.rank, world_size=info.world_size)
+    if info.rank == rank:
+        dist.all_reduce(torch.zeros(1))
+    return {"rank": info.rank, "squares": [info.rank**2]}
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_a_failed_world_keeps_the_records_of_the_ranks_that_finished_and_none_for_the_rank_that_raised(
+    run_world, world_size
+):
+    with pytest.raises(RankFailed) as failure:
+        run_world(finish_but_one, world_size, rank=1, timeout=60, pg_timeout=20)
+
+    err = failure.value
+    assert err.ranks == [1], f"{err.ranks}\n{err}"
+    expected = [None if r == 1 else {"rank": r, "squares": [r**2]} for r in range(world_size)]
+    assert err.records == expected, err.records
+
+
 def test_an_exception_message_longer_than_the_stderr_tail_is_kept_whole_naming_the_rank(run_world):
     with pytest.raises(RankFailed) as failure:
         run_world(raise_long_message, 2, rank=1, timeout=60)
@@ -134,6 +161,18 @@ def test_a_death_is_reported_as_the_cause_even_when_a_peers_error_arrived_first(
         1: "ended with signal SIGKILL (exit code -9) without reporting a result",
     }
     assert str(err).startswith(f"{WORLD}: rank(s) [1] died\nrank 0 raised RuntimeError: Connection closed by peer")
+
+
+def test_every_kind_of_world_error_keeps_each_finished_ranks_record_and_none_for_the_others():
+    """``records`` holds one entry per rank, ordered by rank, whichever error the world raises."""
+    error = RankMessage(rank=1, status="error", pid=101, exc_type="ValueError", error="bad", traceback="Traceback ...")
+    died = RankMessage(rank=1, status="died", pid=101, exitcode=-9)
+    stuck = RankMessage(rank=1, status="stuck", pid=101, stack='File "x.py", line 3 in hang')
+
+    for kind, other in ((RankFailed, error), (RankDied, died), (WorldTimeout, stuck)):
+        with pytest.raises(kind) as failure:
+            build_result([other, _ok(2, {"r": 2}), _ok(0, {"r": 0})], "world of 3", timeout=5)
+        assert failure.value.records == [{"r": 0}, None, {"r": 2}], (kind, failure.value.records)
 
 
 def test_a_rank_still_running_makes_a_timeout_with_its_stack():
