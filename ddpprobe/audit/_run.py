@@ -32,7 +32,8 @@ class World:
     """One world's outcome.
 
     Attributes:
-        records: each rank's ``audit_rank`` record (for a failed world, a stand-in read from its trace).
+        records: each rank's ``audit_rank`` record; in a failed world, the records of the ranks that finished
+            (``WorldError.records``) and, for a rank that gave none, what its trace shows (``_trace_only``).
         traces: each rank's trace, split (ddpprobe/trace/ ``split_trace``).
         stdout: what each rank printed.
         error: ``{"type", "message"}`` when the world failed, else None.
@@ -78,9 +79,11 @@ def run_one(params: dict, size: int, root: str, settings, progress: Optional[Cal
             raise
         traces = [split_trace(read_trace(trace_path(folder, r))) for r in range(size)]
         stdout = [exc.outputs.get(r, ("", ""))[0] for r in range(size)]
-        return World(
-            [_record_from_trace(t) for t in traces], traces, stdout, {"type": type(exc).__name__, "message": str(exc)}
-        )
+        records = [rec if rec is not None else _trace_only(t) for rec, t in zip(exc.records, traces)]
+        for record in records:
+            if record.get("input_error"):
+                raise AuditInputError(record["input_error"])
+        return World(records, traces, stdout, {"type": type(exc).__name__, "message": str(exc)})
     for rank in run:
         if rank.record.get("input_error"):
             raise AuditInputError(rank.record["input_error"])
@@ -130,8 +133,9 @@ def _validates(world: World) -> bool:
     return any("validation" in (c.get("hook") or "") for c in world.records[0]["log_calls"])
 
 
-def _record_from_trace(rank: dict) -> dict:
-    """A stand-in for the record of a rank whose world failed: what its trace holds."""
+def _trace_only(rank: dict) -> dict:
+    """What is known of a rank that gave no record (it died, or was still running when its world was
+    ended): the ``self.log`` calls, values and stage error its trace holds; nothing else was recorded."""
     from ddpprobe.audit._scenario import _summarise_calls
 
     error = rank["stage_error"]
