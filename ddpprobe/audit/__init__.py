@@ -59,8 +59,7 @@ from ddpprobe.audit._experiment import (
 )
 from ddpprobe.audit._fixes import FIXES
 from ddpprobe.audit._inputs import AuditInputError, _ref, check_options, preflight
-from ddpprobe.audit._result import AuditResult
-from ddpprobe.audit._verdict import (
+from ddpprobe.audit._kinds import (
     FLOORED_COUNT_ISSUE,
     NO_VALUE,
     NO_VALUE_ON_SOME,
@@ -77,6 +76,7 @@ from ddpprobe.audit._verdict import (
     TRAINED_APART,
     KeyRow,
 )
+from ddpprobe.audit._result import AuditResult
 
 __all__ = [
     "AuditInputError",

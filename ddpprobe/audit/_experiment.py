@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import collections
 
-from ddpprobe.audit._verdict import close
+from ddpprobe import hazards
+from ddpprobe.audit._values import close
 
 #: Verdicts of the values a module writes to ``self.logger.experiment`` itself.
 EXPERIMENT_DIVERGENT = "rank-divergent: each rank wrote its own value, the logger got rank 0's"
@@ -39,17 +40,14 @@ def _divergent(tag: str, hook, values: list, collectives_per_rank: list) -> tupl
         [c for c in rank if c.get("hook") == hook and c.get("source") in ("user", "torchmetrics")]
         for rank in collectives_per_rank
     ]
-    cause = (
-        f"each rank computed {tag!r} in {hook} and wrote its own value "
-        f"({', '.join(format(v, '.6g') for v in values if v is not None)}); "
-        "logger.experiment is a no-op on every rank but 0, so the logger has rank 0's value only"
-    )
+    shown = ", ".join(format(v, ".6g") for v in values if v is not None)
+    cause = hazards.cause("experiment_rank_local", tag=tag, hook=hook, values=shown)
     if hook and not any(in_hook):
         cause += (
             f"; no rank ran a collective in {hook}, so each value was computed from that rank's own outputs "
             "(its shard of the data)"
         )
-    return EXPERIMENT_DIVERGENT, cause, ["gather_dedupe", "metric_object"]
+    return EXPERIMENT_DIVERGENT, cause, ["experiment_rank_local"]
 
 
 def _differs(counts: dict) -> tuple:
@@ -62,7 +60,7 @@ def _differs(counts: dict) -> tuple:
         f"the ranks wrote the same value, computed over {sum(dup[0]['samples'])} samples of which "
         f"{dup[0]['duplicates']} repeat"
     )
-    return EXPERIMENT_DIFFERS, cause, ["gather_dedupe"]
+    return EXPERIMENT_DIFFERS, cause, ["repeated_samples"]
 
 
 def experiment_rows(
@@ -113,7 +111,7 @@ def experiment_rows(
                 "per_rank": values,
                 "verdict": verdict,
                 "cause": cause,
-                "fixes": fixes,
+                "hazards": fixes,
                 "problem": verdict != EXPERIMENT_EQUAL,
             }
         )
@@ -129,7 +127,7 @@ def experiment_rows(
             row.update(
                 verdict=EXPERIMENT_LOCAL,
                 problem=True,
-                fixes=["gather_dedupe", "metric_object"],
+                hazards=["experiment_rank_local"],
                 cause=(
                     f"written in {row['hook']} from the same rank-local outputs as the rank-divergent values "
                     "(no rank ran a collective there); on this data the ranks' values happen to agree"
@@ -137,6 +135,14 @@ def experiment_rows(
             )
     for row in out:
         _unmoved_note(row, unmoved)
+        evidence = {
+            "per-rank values": row["per_rank"],
+            "hook": row["hook"],
+            "unmoved": bool(row.get("unmoved")),
+            "duplicates": next((c.get("duplicates") for c in counts.values() if c.get("duplicates")), 0),
+        }
+        row["evidence"] = evidence
+        row["fixes"] = [h for h in row["hazards"] if hazards.HAZARDS[h].applies(evidence)]
     return out
 
 
@@ -149,4 +155,5 @@ def _unmoved_note(row: dict, unmoved) -> None:
     if not here or not row["problem"]:
         return
     row["cause"] += "; " + "; ".join(unmoved_text(u) for u in here)
-    row["fixes"] = [f for f in row["fixes"] if f != "gather_dedupe"]
+    row["unmoved"] = True
+    row["hazards"] = [*row["hazards"], "unmoved_leaves"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import textwrap
 
-from ddpprobe.audit._fixes import fix_line
+from ddpprobe import hazards
 
 #: Past this many ranks the table shows min / max / distinct instead of one column per rank.
 MAX_RANK_COLUMNS = 4
@@ -146,18 +146,36 @@ def _key_table(result) -> list:
     return lines
 
 
+def advice_lines(names: list, fixes: list, evidence: dict) -> list:
+    """The fix line of each registry entry of ``names`` whose fix applies (``fixes``), and for each other one a
+    line saying that no proven fix applies, with the evidence (ddpprobe/hazards/ ``advice``)."""
+    lines = []
+    for name in dict.fromkeys(names):
+        lines += hazards.advice(name, evidence) if name not in fixes else [hazards.fix_line(name)]
+    return lines
+
+
 def _notes(result) -> list:
-    """One note per (cause, fixes), naming the keys that share it, each fix with its proving fact."""
+    """One note per cause, naming the keys that share it; on a problem row, the fix of each registry entry the
+    evidence proves where its preconditions hold, else that no proven fix applies (a row that is a
+    consequence of the ranks' divergence gets neither: the divergence's own note has them)."""
     notes: dict = {}
+    consequences = set(result.consequence_keys)
     for row in result.rows:
-        if row.cause or row.fixes:
+        if row.cause or row.hazards:
             key = row.key + (" [steps]" if row.level == "step" else "")
-            notes.setdefault((row.cause, tuple(row.fixes)), []).append(key)
+            advice = (
+                [] if not row.problem or row.key in consequences else advice_lines(row.hazards, row.fixes, row.evidence)
+            )
+            if row.problem and row.key not in consequences and not row.hazards:
+                advice = [f"{hazards.NO_FIX}: no registry entry's evidence holds for this key"]
+            notes.setdefault((row.cause, tuple(advice)), []).append(key)
     lines = [""] if notes else []
-    for (cause, fixes), keys in notes.items():
-        lines += _wrap(f"{', '.join(keys)}: {cause}", "  ")
-        for fix in fixes:
-            lines += _wrap(fix_line(fix), "    ")
+    for (cause, advice), keys in notes.items():
+        mark = " (a consequence of the divergence below)" if all(k.split(" [")[0] in consequences for k in keys) else ""
+        lines += _wrap(f"{', '.join(keys)}{mark}: {cause}", "  ")
+        for line in advice:
+            lines += _wrap(line, "    ")
     return lines
 
 
@@ -179,8 +197,12 @@ def _trace_section(result) -> list:
         diagnosis = divergence.get("diagnosis") or {}
         if diagnosis.get("explanation"):
             lines += _wrap(diagnosis["explanation"], "  ")
-        for fix in diagnosis.get("fixes") or []:
-            lines += _wrap(fix_line(fix), "    ")
+        if diagnosis.get("hazard"):
+            advice = advice_lines([diagnosis["hazard"]], diagnosis.get("fixes") or [], diagnosis.get("evidence") or {})
+        else:
+            advice = [f"{hazards.NO_FIX}: no registry entry's evidence holds for this divergence"]
+        for line in advice:
+            lines += _wrap(line, "    ")
     if result.world_error:
         first = result.world_error["message"].splitlines()
         lines += _wrap(f"the world failed ({result.world_error['type']}): " + " / ".join(first[:2]), "  ")
@@ -203,7 +225,7 @@ def _stdout_section(result) -> list:
     per_rank = ", ".join(f"rank {r}: {n}" for r, n in enumerate(result.stdout_lines["world"]))
     lines = ["", f"stdout lines (print): W=1: {single}; W={result.world_size}: {per_rank}"]
     if sum(result.stdout_lines["world"]) > single and all(result.stdout_lines["world"]):
-        lines += _wrap("every rank prints: use self.print(...) or @rank_zero_only to print once", "  ")
+        lines += _wrap(f"every rank prints; {hazards.fix_line('print_every_rank')}", "  ")
     if result.removed_hooks:
         lines.append("removed Lightning 1.x hooks defined by the module:")
         lines += [f"  {h['hook']}: {h['effect']}" for h in result.removed_hooks]
@@ -245,8 +267,8 @@ def _experiment_section(result) -> list:
         if row["cause"] and (row["verdict"], row["hook"]) not in shown:
             shown.add((row["verdict"], row["hook"]))
             lines += _wrap(f"{row['tag']} (and the others like it): {row['cause']}", "  ")
-            for fix in row["fixes"]:
-                lines += _wrap(fix_line(fix), "    ")
+            for line in advice_lines(row.get("hazards") or [], row["fixes"], row.get("evidence") or {}):
+                lines += _wrap(line, "    ")
     return lines
 
 
@@ -257,20 +279,57 @@ def _findings(result) -> list:
     for where, info in raised:
         if info:
             lines += _wrap(f"the stage raised on {where}: {info['type']}: {info['message']}", "")
+            lines += ["  " + line for line in user_frames(info.get("traceback") or [])]
     for kind, info in result.counts.items():
         if info.get("unsharded"):
             lines += _wrap(f"{kind} set not sharded: every rank ran all {info['samples'][0]} samples", "")
-            lines += _wrap(fix_line("shard_iterable"), "  ")
+            for line in hazards.advice("unsharded_data", {"sampler": info.get("sampler"), **info}):
+                lines += _wrap(line, "  ")
     if result.sync_dist_warnings:
         lines.append(f"Lightning warned (rank 0): {len(result.sync_dist_warnings)} 'use sync_dist=True' warning(s)")
     return lines
 
 
 def _outcome(result) -> list:
-    problems = result.problems
-    if not problems:
+    """The problems grouped by root cause: the ranks' divergence first with what it took down under it, each
+    marked as a consequence, then the others."""
+    findings = result.findings
+    if not findings:
         return ["", "no problems found, exit code 0"]
-    return ["", f"{len(problems)} problem(s), exit code 1:"] + [f"  - {p}" for p in problems]
+    lines = ["", f"{len(findings)} problem(s), exit code 1:"]
+    for finding in findings:
+        lines.append(f"  - {finding['problem']}")
+        lines += [f"      consequence: {c}" for c in finding["consequences"]]
+    return lines
+
+
+def _library_roots() -> tuple:
+    """Folders whose frames are not the user's: the standard library, installed packages, ddpprobe itself."""
+    import os
+    import sysconfig
+
+    paths = sysconfig.get_paths()
+    roots = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if paths.get(k)}
+    roots.add(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return tuple(sorted(roots)) + ("<frozen", "<string")
+
+
+def user_frames(traceback_lines: list) -> list:
+    """The frames of a formatted traceback (``traceback.format_exception`` lines) in the user's own files, with
+    their source lines: the frames of Lightning, torch, the standard library and ddpprobe are left out."""
+    out, keep = [], False
+    for chunk in traceback_lines:
+        for line in chunk.rstrip("\n").split("\n"):
+            stripped = line.strip()
+            if stripped.startswith("File "):
+                path = stripped[len("File ") :].split('"')[1] if '"' in stripped else stripped
+                keep = not path.startswith(_library_roots()) and "site-packages" not in path
+                if keep:
+                    out.append(stripped)
+            elif keep and stripped and not stripped.startswith(("Traceback", "^", "~")):
+                out.append("  " + stripped)
+                keep = False
+    return out
 
 
 #: The report's sections, in order; each takes the result and returns its lines.

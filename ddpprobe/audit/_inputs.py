@@ -79,10 +79,39 @@ def _call(ref: str, what: str):
             "reading the audit's command line does); it must build its object with no "
             "arguments and without reading sys.argv"
         ) from None
+    except TypeError as exc:
+        if _called_without_arguments(exc, found):
+            raise AuditInputError(
+                f"the {what} factory {ref!r} cannot be called with no arguments ({exc}); point at a function that "
+                "takes none, e.g. `def make_model(): return MyModel(hidden=32)`"
+            ) from None
+        raise AuditInputError(_own_error(what, ref, exc)) from None
     except Exception as exc:  # noqa: BLE001 - the user's factory raising is bad input
-        raise AuditInputError(
-            f"the {what} factory {ref!r} raised {type(exc).__name__}: {exc}; it must build its object with no arguments"
-        ) from None
+        raise AuditInputError(_own_error(what, ref, exc)) from None
+
+
+def _called_without_arguments(exc: TypeError, factory) -> bool:
+    """The ``TypeError`` is the call's own (the factory needs arguments), not one raised inside the factory."""
+    import inspect
+
+    try:
+        inspect.signature(factory).bind()
+    except TypeError:
+        return exc.__traceback__ is not None and exc.__traceback__.tb_next is None
+    except ValueError:  # no signature to read (a builtin)
+        return False
+    return False
+
+
+def _own_error(what: str, ref: str, exc: BaseException) -> str:
+    """The factory's own error as it raised it, with the traceback's frames in the user's own files."""
+    import traceback
+
+    from ddpprobe.audit._format import user_frames
+
+    frames = user_frames(traceback.format_exception(exc))
+    where = ("\n" + "\n".join("  " + line for line in frames)) if frames else ""
+    return f"the {what} factory {ref!r} raised {type(exc).__name__}: {exc}{where}"
 
 
 def declared_package(ref: str) -> Optional[str]:

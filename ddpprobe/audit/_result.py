@@ -8,7 +8,7 @@ import json
 import math
 from typing import Optional
 
-from ddpprobe.audit._verdict import KeyRow
+from ddpprobe.audit._kinds import KeyRow
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,43 +90,25 @@ class AuditResult:
     unmoved: list = dataclasses.field(default_factory=list)
 
     @property
+    def findings(self) -> list:
+        """The problems grouped by root cause (ddpprobe/audit/_findings.py): ``[{"problem", "consequences"}]``,
+        the ranks' divergence (or the world's failure) first with the problems it caused listed under it."""
+        from ddpprobe.audit._findings import findings
+
+        return findings(self)
+
+    @property
+    def consequence_keys(self) -> list:
+        """The logged keys whose problem is a consequence of the ranks' divergence or the world's failure."""
+        from ddpprobe.audit._findings import consequence_keys
+
+        return consequence_keys(self)
+
+    @property
     def problems(self) -> list:
-        """Sentences, one per finding that makes the audit fail."""
-        out = [
-            f"{row.key}{' (step values)' if row.level == 'step' else ''}: {row.verdict}"
-            for row in self.rows
-            if row.problem
-        ]
-        tags = list(dict.fromkeys(f"{r['tag']}: {r['verdict']}" for r in self.experiment_rows if r["problem"]))
-        out += [f"logger.experiment {t}" for t in tags]
-        out += [
-            f"{c['callback']}(monitor={c['monitor']!r}) ended with different {', '.join(c['differs'])} on the ranks"
-            for c in self.callbacks
-            if c["differs"]
-        ]
-        divergence = (self.trace or {}).get("first_divergence")
-        if divergence:
-            out.append(f"the ranks' collectives diverge: {divergence['message']}")
-        if self.world_error:
-            out.append(f"the {self.world_size}-rank world failed: {self.world_error['type']}")
-        for kind, info in self.counts.items():
-            if self.stage == "predict" and kind == "predict" and info.get("identified") and not info.get("unsharded"):
-                if info.get("duplicates") or info.get("missing_vs_single"):
-                    out.append(
-                        f"predict ran {info['duplicates']} repeated and {info['missing_vs_single'] or 0} "
-                        "missing sample(s) compared with the single process"
-                    )
-            if info.get("unsharded"):
-                out.append(
-                    f"every rank ran all {info['samples'][0]} samples of the {kind} set (the data is not "
-                    "sharded: each rank repeats the others' work)"
-                )
-        for where, info in [("W=1", self.raised["single"])] + [
-            (f"rank {r}", info) for r, info in enumerate(self.raised["world"])
-        ]:
-            if info:
-                out.append(f"the {self.stage} stage raised {info['type']} ({where})")
-        return out
+        """Sentences, one per problem that makes the audit fail: each root cause followed by its consequences
+        (:attr:`findings` keeps them grouped)."""
+        return [text for f in self.findings for text in (f["problem"], *f["consequences"])]
 
     @property
     def exit_code(self) -> int:
@@ -147,6 +129,7 @@ class AuditResult:
         """JSON-ready form (what ``--json`` prints), with ``problems`` and ``exit_code`` added."""
         out = dataclasses.asdict(self)
         out["problems"] = self.problems
+        out["findings"] = self.findings
         out["exit_code"] = self.exit_code
         return out
 

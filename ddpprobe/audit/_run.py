@@ -17,10 +17,12 @@ from typing import Callable, Optional
 from ddpprobe.audit import _evidence
 from ddpprobe.audit._callbacks import callback_rows
 from ddpprobe.audit._experiment import experiment_rows
-from ddpprobe.audit._fixes import REMOVED_HOOKS
 from ddpprobe.audit._inputs import AuditInputError
+from ddpprobe.audit._keys import Reference
 from ddpprobe.audit._result import AuditResult
-from ddpprobe.audit._verdict import Reference, padding_duplicates, rows
+from ddpprobe.audit._values import padding_duplicates
+from ddpprobe.audit._verdict import rows
+from ddpprobe.hazards import REMOVED_HOOKS
 from ddpprobe.trace import FLIGHT_RECORDER_ENV, read_trace, split_trace
 
 #: Lightning's hint that a logged value should be synced (rank 0's warnings are counted in the report).
@@ -239,7 +241,7 @@ def assemble(worlds: dict, inputs: dict, limit_batches: Optional[int], rtol: flo
             {w["message"] for w in first.get("warnings") or [] if SYNC_DIST_HINT in w["message"]}
         ),
         counts={kind: c.to_dict() for kind, c in counts.items()},
-        trace=_evidence.trace_summary(traces, stage),
+        trace=_evidence.trace_summary(traces, stage, _evidence.shards_of(world.records)),
         world_error=world.error,
         predictions=[rec.get("predictions") for rec in world.records] if stage == "predict" else None,
         experiment_rows=experiment_rows(

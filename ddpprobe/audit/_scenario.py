@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import traceback
 from typing import Optional
 
 import torch
@@ -18,10 +19,10 @@ from torch.utils.data import DataLoader
 
 from ddpprobe._lightning import pl
 from ddpprobe.audit._errors import AuditInputError
-from ddpprobe.audit._fixes import REMOVED_HOOKS
 from ddpprobe.audit._inputs import resolve_ref
 from ddpprobe.audit._loaders import as_loaders, describe
 from ddpprobe.audit._stages import TRAINER_LOADERS
+from ddpprobe.hazards import REMOVED_HOOKS
 from ddpprobe.launch import RankInfo
 from ddpprobe.probes.common import ddp_trainer, recorded_warnings, seed_everything
 from ddpprobe.trace import CollectiveTrace
@@ -166,8 +167,9 @@ def check_model(model, model_ref: str) -> None:
 
 
 def _loader_info(loaders) -> list:
-    """``[{"dataset_size", "per_rank", "sampler"}]`` for a loader or a list of loaders (None entries
-    where the dataset has no length, e.g. an ``IterableDataset``)."""
+    """``[{"dataset_size", "per_rank", "batches", "sampler"}]`` for a loader or a list of loaders: the set's
+    size, this rank's shard in samples and in batches (``len(loader)``); None where the dataset has no length,
+    e.g. an ``IterableDataset``."""
     if loaders is None:
         return []
     if isinstance(loaders, DataLoader):
@@ -176,8 +178,14 @@ def _loader_info(loaders) -> list:
         loaders = list(loaders.values())
     out = []
     for loader in loaders:
-        entry = {"dataset_size": None, "per_rank": None, "sampler": type(getattr(loader, "sampler", None)).__name__}
+        entry = {
+            "dataset_size": None,
+            "per_rank": None,
+            "batches": None,
+            "sampler": type(getattr(loader, "sampler", None)).__name__,
+        }
         try:
+            entry["batches"] = len(loader)
             entry["dataset_size"] = len(loader.dataset)
             entry["per_rank"] = len(loader.sampler)
         except TypeError:
@@ -232,7 +240,8 @@ def audit_rank(
     type), ``model_class``, ``log_calls`` (one entry per distinct call site: name, hook, on_step,
     on_epoch, sync_dist, reduce_fx, rank_zero_only, metric_object, calls), ``callback_metrics``
     (name -> float), ``removed_hooks``, ``loaders`` (kind -> list of dataset_size/per_rank/sampler),
-    ``raised`` (``{"type", "message"}`` if the stage raised, else None), ``experiment_calls`` and
+    ``raised`` (``{"type", "message", "traceback"}`` if the stage raised, the traceback as
+    ``traceback.format_exception`` lines; else None), ``experiment_calls`` and
     ``logger_metrics`` (what reached the logger; rank 0 only), ``experiment_attempts`` (the
     ``logger.experiment`` calls this rank's code made, reaching the logger on rank 0 only), ``warnings``,
     ``predictions`` (``predict`` only: number of prediction batches this rank returned), ``weights_digest``
@@ -320,7 +329,8 @@ def _run_stage(trainer, model, stage: str, loaders: dict, trace: CollectiveTrace
             getattr(trainer, stage)(model, verbose=False, **loaders)
     except Exception as exc:  # noqa: BLE001 - what the user's module raises is a finding
         trace.stage_raised(exc)
-        return {"type": type(exc).__name__, "message": str(exc)}, predictions
+        error = {"type": type(exc).__name__, "message": str(exc)}
+        return {**error, "traceback": traceback.format_exception(exc)}, predictions
     trace.stage_ended({k: _float(v) for k, v in sorted(trainer.callback_metrics.items())})
     return None, predictions
 

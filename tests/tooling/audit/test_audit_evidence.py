@@ -117,7 +117,7 @@ def test_a_metric_objects_step_values_are_each_ranks_own_although_its_epoch_valu
     assert step.per_rank == pytest.approx(steps), oracle.side_by_side("val_acc step", step.per_rank) + f"  {steps}"
     assert step.verdict == ddp_audit.STEP_RANK_LOCAL and step.problem and result.exit_code == 1
     text = " ".join(result.format().split())
-    assert f"(shown by {ddp_audit.FIXES['metric_step_sync'][1]})" in text, text
+    assert f"(shown by {ddp_audit.FIXES['metric_step_local'][1]})" in text, text
 
 
 def test_a_step_only_metric_shows_each_ranks_step_values_not_dashes_and_no_callback_metrics_claim(backend):
@@ -194,7 +194,7 @@ def test_uneven_user_shards_a_step_and_epoch_synced_value_aborts_a_rank_and_the_
         "rank 0's all_reduce float32 [] (self.log step sync of 'val_both', logged in validation_step)" in message
         and "paired with rank 1's all_reduce float32 [] (self.log epoch sync of 'val_both'" in message
     ), message
-    assert divergence["diagnosis"]["fixes"] == ["even_batches_step"], divergence["diagnosis"]
+    assert divergence["diagnosis"]["fixes"] == ["uneven_batches_step_sync"], divergence["diagnosis"]
     steps = result.row("val_both", level="step")
     assert steps.verdict == ddp_audit.STEP_SYNCED and steps.evidence["steps per rank"] == batches, steps
     assert result.row("val_both", level="epoch").verdict == ddp_audit.NO_VALUE
@@ -222,7 +222,7 @@ def test_uneven_user_shards_in_fit_the_trace_shows_rank_0s_third_training_step_a
     step, epoch_sync = divergence["entries"]
     assert (step["op"], step["source"]) == ("broadcast", "library") and "training_epoch_loop" in step["origin"], step
     assert (epoch_sync["source"], epoch_sync["key"], epoch_sync["sync"]) == ("self.log", "train_loss", "epoch")
-    assert divergence["diagnosis"]["fixes"] == ["even_batches_fit"], divergence["diagnosis"]
+    assert divergence["diagnosis"]["fixes"] == ["uneven_batches_fit"], divergence["diagnosis"]
     assert result.counts["train"]["batches"] == [len(range(r, n, world_size)) for r in range(world_size)]
     assert result.exit_code == 1
 
@@ -274,7 +274,7 @@ def test_compute_under_if_global_rank_0_is_named_with_its_metric_and_line(backen
     assert (entry["source"], entry["metric"]) == ("torchmetrics", "BinaryAccuracy"), entry
     assert "on_validation_epoch_end" in entry["call_site"] and "compute()" in divergence["message"]
     assert entry["states"] == ["tp", "fp", "tn", "fn"] and divergence["absent"] == [1]
-    assert divergence["diagnosis"]["fixes"] == ["compute_everywhere"], divergence["diagnosis"]
+    assert divergence["diagnosis"]["fixes"] == ["metric_compute_on_some_ranks"], divergence["diagnosis"]
     row = result.row("val_acc")
     assert row.logged_on == [] and row.verdict == ddp_audit.NOT_IN_WORLD and row.problem
     assert "[]" not in row.cause and "sync_dist=True" not in row.cause, row.cause
@@ -296,7 +296,7 @@ def test_the_same_all_reduce_under_different_keys_is_found_although_the_run_fini
     assert divergence is not None and divergence["kind"] == "keys", result.format()
     assert [e["key"] for e in divergence["entries"]] == ["loss_rank0", "loss_rank1"]
     assert all(e["op"] == "all_reduce" and e["dtype"] == "float32" for e in divergence["entries"])
-    assert divergence["diagnosis"]["fixes"] == ["same_keys"], divergence["diagnosis"]
+    assert divergence["diagnosis"]["fixes"] == ["keys_differ"], divergence["diagnosis"]
     assert result.world_error is None and all(t["stage"] == "end" for t in result.trace["ranks"])
     whole = oracle.mean(oracle.values(range(n)))
     own = [oracle.mean(oracle.values(oracle.shard(n, world_size, r))) for r in range(world_size)]
@@ -304,7 +304,7 @@ def test_the_same_all_reduce_under_different_keys_is_found_although_the_run_fini
     assert result.row("loss_rank0").per_rank[0] == pytest.approx(whole)
     assert result.row("loss_rank1").per_rank[1] == pytest.approx(whole)
     assert (
-        result.row("loss_rank0").fixes == ["same_keys"]
+        result.row("loss_rank0").fixes == ["keys_differ"]
         and "averaged with another key's" in result.row("loss_rank0").cause
     )
     assert result.exit_code == 1
@@ -337,7 +337,7 @@ def test_predict_with_all_gather_in_predict_step_leaves_the_rank_with_more_batch
     assert entry["source"] == "user" and "predict_step" in entry["call_site"], entry
     diagnosis = divergence["diagnosis"]  # one all_gather per batch: the count follows the batches
     assert diagnosis["culprit"]["counts"] == result.counts["predict"]["batches"], diagnosis
-    assert diagnosis["fixes"] == ["predict_writer"], diagnosis
+    assert diagnosis["fixes"] == ["predict_collective"], diagnosis
     assert result.exit_code == 1
 
 

@@ -63,7 +63,7 @@ def test_the_original_multilabel_module_is_flagged_each_rank_writing_its_own_sha
         else:  # the shards happen to agree: still rank-local, written from the same outputs
             assert row["verdict"] == ddp_audit.EXPERIMENT_LOCAL, row
             assert "from the same rank-local outputs" in row["cause"], row
-        assert "gather_dedupe" in row["fixes"], row
+        assert "experiment_rank_local" in row["fixes"], row
     assert result.stdout_lines["world"] == [NUM_LABELS] * world_size and result.exit_code == 1
 
 

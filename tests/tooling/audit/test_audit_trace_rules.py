@@ -5,6 +5,7 @@ ddpprobe/trace/."""
 
 import pytest
 
+from ddpprobe import audit as ddp_audit
 from ddpprobe.audit import FLOORED_COUNT_ISSUE, _evidence, _verdict
 
 pytestmark = pytest.mark.not_a_fact("tests the audit's rules, not a fact about DDP")
@@ -108,7 +109,7 @@ def test_the_floored_count_bug_is_named_only_when_the_recomputed_floored_mean_is
         [_rank(batches=[[0, 1], [2, 3]]), _rank(batches=[[4]])], _rank(batches=[[0, 1, 2, 3, 4]]), "val"
     )
     cause, fixes, _ = _verdict.differs_cause("v", calls, 3.25, 2.6, logs, [], counts, 2, "validate", None, 1e-5, 1e-6)
-    assert FLOORED_COUNT_ISSUE in cause and fixes == ["mean_metric"], cause
+    assert FLOORED_COUNT_ISSUE in cause and fixes == ["floored_count"], cause
     cause, _, _ = _verdict.differs_cause("v", calls, 3.0, 2.6, logs, [], counts, 2, "validate", None, 1e-5, 1e-6)
     assert cause.startswith("unknown") and FLOORED_COUNT_ISSUE not in cause, cause
 
@@ -151,6 +152,6 @@ def test_a_training_key_of_weights_trained_apart_that_the_ranks_disagree_on_is_j
         rec["log_calls"][0]["sync_dist"] = False
     apart = _verdict.Reference(record=_record("train_v", "training_step", 1.0), trained_apart=True, steps=[4, 2])
     (row,) = _verdict.rows(apart, world, 2, "fit")
-    assert (row.verdict, row.single) == (_verdict.RANK_DIVERGENT, None), row
+    assert (row.verdict, row.single) == (ddp_audit.RANK_DIVERGENT, None), row
     assert "a sync of the ranks' values (sync_dist=True, reduce_fx='mean') gives 4.5 on every rank" in row.cause
     assert "single-process" not in row.cause.replace("no single-process run", ""), row.cause

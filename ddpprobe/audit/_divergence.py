@@ -1,0 +1,201 @@
+"""The ranks' collective sequences (Python-level calls, or the backend's own with the Flight Recorder) and the
+first point where they stop matching. Pure Python, on recorded events."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from ddpprobe.audit._culprit import diagnose
+from ddpprobe.trace import describe_collective
+
+#: Flight Recorder dtype names (c10's) in torch's spelling, as the Python-level trace writes them.
+_DTYPES = {
+    "Float": "float32",
+    "Double": "float64",
+    "Half": "float16",
+    "BFloat16": "bfloat16",
+    "Long": "int64",
+    "Int": "int32",
+    "Short": "int16",
+    "Char": "int8",
+    "Byte": "uint8",
+    "Bool": "bool",
+}
+
+
+#: The fields a Flight Recorder entry takes from the Python-level call that covers it.
+_OWNER_FIELDS = ("source", "key", "sync", "metric", "states", "state_sizes", "hook", "running", "call_site", "origin")
+
+
+def _op(name: Optional[str]) -> str:
+    return (name or "?").split(":", 1)[-1]
+
+
+def sequence(rank: dict, use_flight_recorder: bool) -> list:
+    """The rank's collectives in the order the backend ran them, each as ``{"op", "dtype", "shape",
+    "source", "key", "metric", "hook", "call_site", "status"}``.
+
+    With the Flight Recorder's entries the sequence is the backend's (``all_gather_object`` is two
+    ``all_gather``\\ s, and the DDP reducer's gradient all_reduces appear, with ``source``
+    ``"internal"``); each entry takes the key, hook and call site of the Python-level call whose
+    process-group sequence numbers cover it. Without them it is the Python-level calls.
+    """
+    python = rank["collectives"]
+    if not use_flight_recorder:
+        return [dict(c) for c in python]
+    covering = []
+    for call in python:
+        start = call.get("pg_seq")
+        end = call.get("pg_seq_after")
+        covering.append((start, start + 1 if end is None and start is not None else end, call))
+    out = []
+    for entry in sorted(rank["flight_recorder"] or [], key=lambda e: e.get("collective_seq_id") or 0):
+        seq = entry.get("collective_seq_id")
+        owner = None
+        for start, end, call in covering:
+            if start is not None and end is not None and start < seq <= end:
+                owner = call
+        op = _op(entry.get("profiling_name"))
+        shapes = entry.get("input_sizes") or []
+        dtype = (entry.get("input_dtypes") or [None])[0]
+        item = {
+            "op": op,
+            "dtype": _DTYPES.get(dtype, dtype),
+            "shape": shapes[0] if shapes else None,
+            "source": "internal",
+            "key": None,
+            "metric": None,
+            "hook": None,
+            "call_site": None,
+            "status": "done",
+        }
+        if owner is not None:
+            item.update({k: owner.get(k) for k in _OWNER_FIELDS})
+            item["status"] = owner["status"]
+        out.append(item)
+    return out
+
+
+def _signature(entry: dict) -> tuple:
+    return (entry["op"], entry.get("dtype"), tuple(entry["shape"]) if entry.get("shape") is not None else None)
+
+
+def _divergence(kind: str, index: int, entries: list, message: str, ranks=None, absent=()) -> dict:
+    return {
+        "kind": kind,
+        "index": index,
+        "ranks": list(range(len(entries))) if ranks is None else ranks,
+        "absent": list(absent),
+        "entries": entries,
+        "message": f"collective #{index} of the run: {message}",
+    }
+
+
+def _missing(i: int, entries: list, sequences: list, ended: list) -> Optional[dict]:
+    """Some ranks have no collective at ``i``: they never entered the one the others entered."""
+    present = [r for r, e in enumerate(entries) if e is not None]
+    absent = [r for r, e in enumerate(entries) if e is None]
+    if not absent:
+        return None
+    states = {"end": "its stage finished", "raised": "its stage raised", None: "it ended without finishing its stage"}
+    why = []
+    for r in absent:
+        last = describe_collective(sequences[r][-1]) if sequences[r] else "none"
+        why.append(f"rank {r} never entered it ({states[ended[r]]}; its last collective: {last})")
+    waiting = [r for r in present if entries[r].get("status") != "done"]
+    message = (
+        f"rank(s) {present} entered {describe_collective(entries[present[0]])}; "
+        + "; ".join(why)
+        + (f"; rank(s) {waiting} waited there" if waiting else "")
+    )
+    return _divergence("missing", i, entries, message, ranks=present, absent=absent)
+
+
+def _mismatch(i: int, entries: list) -> Optional[dict]:
+    """The ranks called different collectives (op, dtype or shape) at ``i``."""
+    if len({_signature(e) for e in entries}) == 1:
+        return None
+    parts = [f"rank {r}: {describe_collective(e)}" for r, e in enumerate(entries)]
+    return _divergence("mismatch", i, entries, "the ranks called different collectives: " + "; ".join(parts))
+
+
+def _synced(entries: list) -> bool:
+    """A reduction (not a barrier) in which a logged value or a Metric's state takes part."""
+    return entries[0]["op"] != "barrier" and any(e.get("source") in ("self.log", "torchmetrics") for e in entries)
+
+
+def _keys(i: int, entries: list) -> Optional[dict]:
+    """The same collective carrying different logged keys at ``i``."""
+    if len({e.get("key") for e in entries}) == 1 or not _synced(entries):
+        return None
+    parts = [f"rank {r}: {describe_collective(e)}" for r, e in enumerate(entries)]
+    message = (
+        f"the same {entries[0]['op']} carries different keys, so each rank's value is reduced with another "
+        "key's: " + "; ".join(parts)
+    )
+    return _divergence("keys", i, entries, message)
+
+
+def _purpose(i: int, entries: list) -> Optional[dict]:
+    """The same collective made for different purposes at ``i`` (a step and an epoch sync of one key, a
+    ``self.log`` sync and a Metric's or the user's own collective)."""
+    if len({(e.get("source"), e.get("sync"), e.get("metric")) for e in entries}) == 1 or not _synced(entries):
+        return None
+    parts = [f"rank {r}'s {describe_collective(e)}" for r, e in enumerate(entries)]
+    message = (
+        f"the same {entries[0]['op']} serves different purposes on the ranks, so they reduce unrelated values "
+        "together: " + " paired with ".join(parts)
+    )
+    return _divergence("purpose", i, entries, message)
+
+
+def first_divergence(sequences: list, ended: list) -> Optional[dict]:
+    """The first position where the ranks' collective sequences stop matching, or None.
+
+    Args:
+        sequences: per rank, what :func:`sequence` returns.
+        ended: per rank, how its stage ended (``"end"``, ``"raised"`` or None: killed or still running).
+
+    Returns:
+        ``{"kind", "index", "ranks", "absent", "entries", "message"}``; ``kind`` is ``"missing"`` (some
+        ranks never entered the collective the others entered: those wait; ``ranks`` the ranks that did,
+        ``absent`` the others), ``"mismatch"`` (different op, dtype or shape at the same position),
+        ``"keys"`` (the same op, dtype and shape logged under different keys on different ranks: the
+        values of one key are reduced with another's; the run can finish and be wrong) or ``"purpose"``
+        (the same op, dtype and shape made for different purposes: a step sync with an epoch sync of one
+        key, a ``self.log`` sync with a Metric's or the user's own collective). ``entries`` holds each
+        rank's entry (None where it has none).
+    """
+    for i in range(max((len(s) for s in sequences), default=0)):
+        entries = [s[i] if i < len(s) else None for s in sequences]
+        found = _missing(i, entries, sequences, ended) or _mismatch(i, entries) or _keys(i, entries)
+        found = found or _purpose(i, entries)
+        if found is not None:
+            return found
+    return None
+
+
+def trace_summary(world: list, stage: str = "validate", shards: Optional[dict] = None) -> dict:
+    """The JSON form of the W=N traces: per rank, its Python-level collectives, its Flight Recorder
+    entries' count, how its stage ended; and the first divergence with the cause :func:`diagnose` finds
+    (``first_divergence["diagnosis"]``); ``shards``: ``{loop: [batches in each rank's shard]}`` where recorded."""
+    use_fr = all(rank["flight_recorder"] for rank in world)
+    sequences = [sequence(rank, use_fr) for rank in world]
+    ended = [rank["stage"] for rank in world]
+    divergence = first_divergence(sequences, ended)
+    if divergence is not None:
+        divergence["diagnosis"] = diagnose(divergence, world, sequences, stage, shards)
+    return {
+        "level": "flight_recorder" if use_fr else "python",
+        "ranks": [
+            {
+                "collectives": rank["collectives"],
+                "stage": rank["stage"],
+                "stage_error": rank["stage_error"],
+                "flight_recorder_entries": None if rank["flight_recorder"] is None else len(rank["flight_recorder"]),
+                "flight_recorder_unavailable": rank["flight_recorder_unavailable"],
+            }
+            for rank in world
+        ],
+        "first_divergence": divergence,
+    }

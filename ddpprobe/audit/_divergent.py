@@ -1,0 +1,136 @@
+"""Verdict causes of keys the ranks do not hold alike (rank-divergent values, keys logged on some ranks only,
+keys stored under no name) and of keys the ranks agree on without a sync of their own. Pure Python."""
+
+from __future__ import annotations
+
+from ddpprobe import hazards
+from ddpprobe.audit._keys import _Inputs, _Key
+from ddpprobe.audit._kinds import NOT_STORED, RANK_DIVERGENT, RANK_DIVERGENT_MEANING, SOME_RANKS_ONLY
+
+
+def _some_ranks_only(ins: _Inputs, key: _Key) -> tuple:
+    others = [r for r in range(len(ins.world)) if r not in key.logged_on]
+    cause = f"self.log({key.name!r}) ran on rank(s) {key.logged_on} only, never on rank(s) {others}"
+    if ins.ended is not None and all(ins.ended[r] != "end" for r in others):
+        cause += (
+            f"; rank(s) {others} stopped before they reached it (their stage raised or never finished: see "
+            "the collective trace)"
+        )
+        return SOME_RANKS_ONLY, cause, [], {}
+    mine = {c["name"] for r in key.logged_on for c in ins.world[r]["log_calls"]}
+    partners = sorted(
+        {
+            c["name"]
+            for r in others
+            for c in ins.world[r]["log_calls"]
+            if c["sync_dist"] and c["hook"] in key.hooks and c["name"] not in mine
+        }
+    )
+    ranks = f"rank(s) {key.logged_on}"
+    evidence = {"ranks": key.logged_on, "key": key.name, "sync_dist": key.sync_dist and not key.metric_object}
+    if key.sync_dist and not key.metric_object and partners:
+        cause += (
+            f"; rank(s) {others} log {partners} from the same hook with sync_dist=True instead, so their "
+            "all_reduces pair with this key's: its value is averaged with another key's"
+        )
+        return SOME_RANKS_ONLY, cause, ["keys_differ"], {**evidence, "keys per rank": partners}
+    if key.sync_dist and not key.metric_object:
+        name = "rank0_only_synced_log" if key.logged_on == [0] else "key_on_some_ranks"
+        return SOME_RANKS_ONLY, hazards.cause(name, key=key.name, ranks=ranks), [name], evidence
+    if key.metric_object:
+        cause += "; the Metric's compute() syncs its state with ranks that never join it"
+        evidence["metric"] = "the logged Metric"
+        return SOME_RANKS_ONLY, cause, ["metric_compute_on_some_ranks"], evidence
+    monitors = {cb.get("monitor") for rec in ins.world for cb in rec.get("callbacks") or []}
+    evidence["monitored"] = key.name in monitors
+    cause = hazards.cause("unsynced_key_on_some_ranks", key=key.name, ranks=ranks, others=f"rank(s) {others}")
+    return SOME_RANKS_ONLY, cause, ["unsynced_key_on_some_ranks"], evidence
+
+
+def _not_stored(ins: _Inputs, key: _Key, reference: dict) -> tuple:
+    # Never "equal": two missing values compare nothing. With several dataloaders Lightning stores the key
+    # as f"{name}/dataloader_idx_{i}" (pytorch_lightning/trainer/connectors/logger_connector/result.py
+    # ``_ResultCollection.log``, ``add_dataloader_idx``).
+    stored = sorted(
+        {k for rec in [reference, *ins.world] if rec for k in rec["callback_metrics"] if k.startswith(f"{key.name}/")}
+    )
+    cause = f"callback_metrics has no {key.name!r} after the stage" + (
+        f"; it has {stored}: the stage ran several dataloaders, audit one at a time" if stored else ""
+    )
+    return NOT_STORED, cause, [], {}
+
+
+def _rank_divergent(ins: _Inputs, key: _Key) -> tuple:
+    """Each rank keeps its own value: what a sync of the ranks' values gives, and whether that is the
+    single-process value on the same weights."""
+    cause, fixes, evidence = RANK_DIVERGENT_MEANING, [], {}
+    known = [v for v in key.per_rank if v is not None]
+    if len(known) != len(key.per_rank):
+        return RANK_DIVERGENT, cause, fixes, evidence
+    unweighted = sum(known) / len(known)
+    evidence = {"per-rank values": known, "mean of the ranks' values": unweighted, "metric_object": key.metric_object}
+    if key.single is None:
+        if not key.compared:
+            cause += (
+                f"; a sync of the ranks' values (sync_dist=True, reduce_fx='mean') gives {unweighted:.6g} on every "
+                "rank; no single-process run had these weights, so whether that is the whole set's value is "
+                "not compared"
+            )
+        return RANK_DIVERGENT, cause, fixes, evidence
+    evidence["single-process"] = key.single
+    samples = key.counts.samples if key.counts is not None else None
+    weighted = (
+        sum(v * n for v, n in zip(known, samples)) / sum(samples)
+        if samples and sum(samples) and len(samples) == len(known)
+        else None
+    )
+    if ins.close(unweighted, key.single):
+        return RANK_DIVERGENT, hazards.cause("rank_local_mean"), ["rank_local_mean"], evidence
+    if weighted is not None and ins.close(weighted, key.single):
+        evidence["samples per rank"] = samples
+        return RANK_DIVERGENT, hazards.cause("rank_local_weighted", samples=samples), ["rank_local_weighted"], evidence
+    return _rank_divergent_unexplained(key, cause, unweighted, weighted, evidence)
+
+
+def _rank_divergent_unexplained(key: _Key, cause: str, unweighted: float, weighted, evidence: dict) -> tuple:
+    """Rank-local values whose mean (plain or sample-weighted) is not the single-process value. "Not a
+    per-sample mean" is proven only when the ranks ran exactly the single process's samples; with repeated
+    samples (padding) a per-sample mean synced over the ranks is the padded set's mean too, so the cause is
+    ``unknown`` with both candidates, and the fix that holds for either (drop the repeats) is the one given."""
+    c = key.counts
+    shown = f"averaging the ranks' values gives {unweighted:.6g}" + (
+        f" (weighted by their samples {weighted:.6g})" if weighted is not None else ""
+    )
+    shown += f", not the single-process {key.single:.6g}"
+    if c is not None and c.identified and c.duplicates and not c.unsharded:
+        repeats = ", ".join(f"{k} x{v}" for k, v in c.duplicated.items())
+        cause += (
+            f"; {shown}; unknown whether sync_dist=True would give it: the ranks ran {sum(c.samples)} samples, "
+            f"{c.duplicates} of them repeats ({repeats}), and a per-sample mean synced over the ranks counts the "
+            "repeats too. Candidates: (1) the repeated samples: for: they ran; against: nothing recorded. "
+            "(2) not a per-sample mean: for: nothing recorded; against: nothing recorded"
+        )
+        evidence.update({"samples per rank": c.samples, "duplicates": c.duplicates, "sampler": c.sampler})
+        return RANK_DIVERGENT, cause, ["repeated_samples"], evidence
+    if c is None or not c.identified or c.duplicates or c.missing_vs_single:
+        cause += f"; {shown}; unknown why: which samples the ranks ran is not known to be the single process's"
+        return RANK_DIVERGENT, cause, [], evidence
+    return RANK_DIVERGENT, hazards.cause("rank_local_metric", shown=shown), ["rank_local_metric"], evidence
+
+
+def _synced_by(ins: _Inputs, key: _Key) -> str:
+    """Why ranks agree on a key neither logged with sync_dist=True nor a Metric object."""
+    own = [[c for c in rank if c.get("hook") in key.hooks and c.get("source") == "user"] for rank in ins.collectives]
+    if own and all(own):
+        ops = ", ".join(dict.fromkeys(f"{c['op']} at {c['call_site']}" for c in own[0]))
+        return f"synced by the module's own collectives in {key.hooks[0]} on every rank ({ops})"
+    if any(own):
+        made = [r for r, found in enumerate(own) if found]
+        return (
+            f"the ranks agree although it is neither logged with sync_dist=True nor a torchmetrics object; in "
+            f"{key.hooks[0]} only rank(s) {made} ran a collective of the module's own"
+        )
+    return (
+        "the ranks agree although it is neither logged with sync_dist=True nor a torchmetrics object, and no "
+        "rank ran a collective in its hook (equal by chance)"
+    )

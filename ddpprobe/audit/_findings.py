@@ -1,0 +1,118 @@
+"""The audit's problems grouped by root cause: where the ranks' collectives diverged (or the world failed), that
+is one finding, and what it took down (the world's failure, errors raised in the collectives, keys left without
+a value on some ranks, the key whose sync was the culprit) are listed under it as its consequences; every other
+problem is a finding of its own. Pure Python, on an :class:`~ddpprobe.audit.AuditResult`."""
+
+from __future__ import annotations
+
+from ddpprobe.audit._kinds import NO_VALUE, NO_VALUE_ON_SOME, NOT_IN_WORLD, SOME_RANKS_ONLY
+
+#: Verdicts a key gets because the stage did not complete on some ranks, not because of how it was logged.
+CONSEQUENCE_VERDICTS = (NO_VALUE, NO_VALUE_ON_SOME, NOT_IN_WORLD)
+
+
+def _row_text(row) -> str:
+    return f"{row.key}{' (step values)' if row.level == 'step' else ''}: {row.verdict}"
+
+
+def _diagnosis(result) -> dict:
+    return ((result.trace or {}).get("first_divergence") or {}).get("diagnosis") or {}
+
+
+def _culprit_key(result):
+    found = _diagnosis(result).get("culprit") or {}
+    return (found.get("entry") or {}).get("key")
+
+
+def consequence_keys(result) -> list:
+    """The keys whose problem follows from the ranks' divergence or the world's failure: no value on the ranks
+    that never finished, or logged on some ranks only because the others stopped first (no registry entry), or
+    the key whose sync the divergence's culprit is."""
+    if not ((result.trace or {}).get("first_divergence") or result.world_error):
+        return []
+    culprit = _culprit_key(result)
+    out = []
+    for row in result.rows:
+        if not row.problem:
+            continue
+        if (
+            row.verdict in CONSEQUENCE_VERDICTS
+            or (row.verdict == SOME_RANKS_ONLY and not row.hazards)
+            or (culprit and row.key == culprit)
+        ):
+            out.append(row.key)
+    return list(dict.fromkeys(out))
+
+
+def _raised(result) -> list:
+    return [("W=1", result.raised["single"])] + [(f"rank {r}", i) for r, i in enumerate(result.raised["world"])]
+
+
+def findings(result) -> list:
+    """``[{"problem": str, "consequences": [str]}]``: the root causes, the ranks' divergence (or the world's
+    failure) first with what it took down, then every other problem."""
+    divergence = (result.trace or {}).get("first_divergence")
+    consequences_of = set(consequence_keys(result))
+    root, under = None, []
+    raised_root = None
+    explanation = _diagnosis(result).get("explanation") or ""
+    if divergence and "outside any collective" in explanation:
+        raised_root = next((w for w, info in _raised(result) if info and w != "W=1"), None)
+    if divergence or result.world_error:
+        if divergence:
+            root = f"the ranks' collectives diverge: {divergence['message']}"
+        if result.world_error:
+            failed = f"the {result.world_size}-rank world failed: {result.world_error['type']}"
+            root, under = (root, [failed]) if root else (failed, [])
+    out = []
+    for row in result.rows:
+        if not row.problem:
+            continue
+        if root and row.key in consequences_of:
+            under.append(_row_text(row))
+        else:
+            out.append({"problem": _row_text(row), "consequences": []})
+    tags = list(dict.fromkeys(f"{r['tag']}: {r['verdict']}" for r in result.experiment_rows if r["problem"]))
+    out += [{"problem": f"logger.experiment {t}", "consequences": []} for t in tags]
+    out += [
+        {
+            "problem": f"{c['callback']}(monitor={c['monitor']!r}) ended with different {', '.join(c['differs'])} "
+            "on the ranks",
+            "consequences": [],
+        }
+        for c in result.callbacks
+        if c["differs"]
+    ]
+    for kind, info in result.counts.items():
+        if result.stage == "predict" and kind == "predict" and info.get("identified") and not info.get("unsharded"):
+            if info.get("duplicates") or info.get("missing_vs_single"):
+                text = (
+                    f"predict ran {info['duplicates']} repeated and {info['missing_vs_single'] or 0} missing "
+                    "sample(s) compared with the single process"
+                )
+                out.append({"problem": text, "consequences": []})
+        if info.get("unsharded"):
+            text = (
+                f"every rank ran all {info['samples'][0]} samples of the {kind} set (the data is not sharded: "
+                "each rank repeats the others' work)"
+            )
+            out.append({"problem": text, "consequences": []})
+    raised_findings = []
+    for where, info in _raised(result):
+        if not info:
+            continue
+        text = f"the {result.stage} stage raised {info['type']} ({where})"
+        if root and where != raised_root and where != "W=1":
+            under.append(text)
+        else:
+            raised_findings.append(text)
+    if root and raised_root is not None:
+        own = next(t for t in raised_findings if t.endswith(f"({raised_root})"))
+        raised_findings.remove(own)
+        return [{"problem": own, "consequences": [root, *under]}, *out, *_plain(raised_findings)]
+    head = [{"problem": root, "consequences": under}] if root else []
+    return head + out + _plain(raised_findings)
+
+
+def _plain(texts: list) -> list:
+    return [{"problem": t, "consequences": []} for t in texts]

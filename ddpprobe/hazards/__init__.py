@@ -1,0 +1,88 @@
+"""The hazard registry: the one body of knowledge the audit and the guard explain with.
+
+Each :class:`Hazard` is one way ranks go wrong under DDP, as a passing fact of ``tests/facts/`` proves it:
+its name, the evidence it needs (which recorded quantities prove it: :attr:`Hazard.evidence`), the cause
+worded with a run's numbers (:meth:`Hazard.cause`), the fix, the preconditions under which that fix applies
+(:attr:`Hazard.applies`, a predicate over the run's evidence), and the fact tests that prove the cause
+(:attr:`Hazard.facts`) and the fix (:attr:`Hazard.fix_fact`). The audit (ddpprobe/audit/) decides from its
+records which entry the evidence proves and words its cause and fix here; the guard (ddpprobe/guard/) asks
+:func:`guard_fix_lines` for the fix lines of a mismatch. A fix is printed only where its preconditions hold;
+otherwise the line says that no proven fix applies and shows the evidence (:func:`advice`).
+
+Pure Python, importing nothing of ddpprobe, torch or Lightning, so a guarded training job loads it cheaply.
+"""
+
+from __future__ import annotations
+
+from ddpprobe.hazards._entries import HAZARDS, REMOVED_HOOKS, Hazard
+from ddpprobe.hazards._guard import alone, guard_hazard, reads_metrics
+
+__all__ = [
+    "HAZARDS",
+    "REMOVED_HOOKS",
+    "Hazard",
+    "NO_FIX",
+    "advice",
+    "alone",
+    "cause",
+    "evidence_text",
+    "fix_line",
+    "guard_fix_lines",
+    "guard_hazard",
+    "reads_metrics",
+]
+
+#: The start of the line printed where a hazard is proven but no fix's preconditions hold.
+NO_FIX = "No proven fix applies"
+
+
+def fix_line(name: str) -> str:
+    """``"Fix: <what> (shown by <test>)"`` of the entry ``name``. Raises ``KeyError`` for an unknown name and
+    ``ValueError`` for an entry without a fix."""
+    hazard = HAZARDS[name]
+    if hazard.fix is None:
+        raise ValueError(f"the hazard {name!r} has no proven fix")
+    return f"Fix: {hazard.fix} (shown by {hazard.fix_fact})"
+
+
+def evidence_text(evidence: dict) -> str:
+    """``"name value, name value"`` of the recorded quantities in ``evidence`` (floats to 6 digits, ``None`` and
+    empty values left out)."""
+    parts = []
+    for name, value in evidence.items():
+        if value is None or value == [] or value == {} or value == "":
+            continue
+        parts.append(f"{name} {format(value, '.6g') if isinstance(value, float) else value}")
+    return ", ".join(parts)
+
+
+def advice(name: str, evidence: dict) -> list:
+    """The lines to print for the proven hazard ``name`` in a run with ``evidence``: its fix line where the
+    entry has a fix and its preconditions hold, else one line saying that no proven fix applies, with the
+    evidence (and, where the entry has a fix, which precondition failed)."""
+    hazard = HAZARDS[name]
+    if hazard.fix is not None and hazard.applies(evidence):
+        return [fix_line(name)]
+    shown = evidence_text({k: v for k, v in evidence.items() if k in hazard.evidence}) or "none recorded"
+    why = f" (the fix of {name!r} needs {hazard.requires})" if hazard.fix is not None else ""
+    return [f"{NO_FIX}{why}; evidence: {shown}"]
+
+
+def cause(name: str, **numbers) -> str:
+    """The cause of the entry ``name`` worded with this run's ``numbers`` (:meth:`Hazard.cause`)."""
+    return HAZARDS[name].cause(**numbers)
+
+
+def guard_fix_lines(entries: list) -> list:
+    """The fix lines for the guard's entries at a failing check (ddpprobe/guard/_entries.py: ``kind``,
+    ``rank``, ``fields``): the fix of the entry :func:`guard_hazard` names where its preconditions hold, else
+    one line saying no proven fix applies, with what the ranks were doing. Never raises."""
+    try:
+        found = guard_hazard(entries)
+    except Exception:  # noqa: BLE001 - a fix line must never turn a guard error into another error
+        found = None
+    if found is None:
+        sides = "; ".join(f"rank {e.get('rank')} {e.get('text', '')}".strip() for e in entries)
+        return [f"{NO_FIX}: no fact proves a fix for this difference ({sides})"]
+    name, evidence = found
+    return advice(name, evidence)
