@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
 # Stress: run the suite N times in a row with 4 pytest-xdist workers (default 20 runs), then report
 # how many runs passed and failed, the processes each run left behind, and the slowest test of each
-# run. Flaky facts, launcher races and leaked ranks or forkservers show up here.
+# run. Flaky facts, launcher races and leaked ranks or forkservers show up here; more workers than
+# cores (4 or 6 on 2 cores) make every rank wait for a core, which is what turns a race into a failure.
 #
-# Usage: scripts/stress.sh [N] [extra pytest arguments...]
-#   scripts/stress.sh                  # 20 runs of `pytest -n 4`
-#   scripts/stress.sh 3                # 3 runs
-#   scripts/stress.sh 5 -m integration # 5 runs of the integration tests only
+# Usage: [STRESS_WORKERS=W] scripts/stress.sh [N] [extra pytest arguments...]
+#   scripts/stress.sh                   # 20 runs of `pytest -n 4`
+#   scripts/stress.sh 3                 # 3 runs
+#   STRESS_WORKERS=6 scripts/stress.sh 5   # 5 runs of `pytest -n 6`
+#   scripts/stress.sh 5 -m integration  # 5 runs of the integration tests only
+#
+# Each run's full output (every failure's traceback and the ranks' reports, `--tb=long -rfE`) is kept
+# in its log, run<i>.log, with its junitxml; the logs of failed runs are listed at the end. Each run's
+# line gives its wall time and the load average (1 min) before and after it.
 #
 # Leftover processes: every process a run starts (pytest, its workers, forkservers, ranks and their
 # children) inherits DDPPROBE_STRESS_RUN=<this run>; right after pytest exits, any process still
@@ -26,6 +32,12 @@ if ! [[ "$runs" =~ ^[1-9][0-9]*$ ]]; then
 fi
 
 python="${PYTHON:-python}"
+workers="${STRESS_WORKERS:-4}"
+if ! [[ "$workers" =~ ^[1-9][0-9]*$ ]]; then
+    echo "stress: STRESS_WORKERS must be a positive integer (pytest-xdist workers), got '$workers'" >&2
+    exit 2
+fi
+failed_logs=()
 logs="$(mktemp -d -t ddpprobe-stress.XXXXXX)"
 token="stress-$$-$RANDOM"
 passed=0
@@ -51,10 +63,13 @@ for ((i = 1; i <= runs; i++)); do
     tag="$token-$i"
     junit="$logs/run$i.xml"
     log="$logs/run$i.log"
+    load_before=$(cut -d' ' -f1 /proc/loadavg)
     start=$(date +%s.%N)
-    DDPPROBE_STRESS_RUN="$tag" "$python" -m pytest -n 4 -p no:cacheprovider -q --junitxml="$junit" "$@" >"$log" 2>&1
+    DDPPROBE_STRESS_RUN="$tag" "$python" -m pytest -n "$workers" -p no:cacheprovider -q --tb=long -rfE \
+        --junitxml="$junit" "$@" >"$log" 2>&1
     rc=$?
     seconds=$(awk -v s="$start" -v e="$(date +%s.%N)" 'BEGIN { printf "%.1f", e - s }')
+    load="load ${load_before} -> $(cut -d' ' -f1 /proc/loadavg)"
 
     left=$(carriers "$tag")
     nleft=0
@@ -83,19 +98,23 @@ EOF
     summary=$(tail -n 1 "$log")
     if [ "$rc" -eq 0 ] && [ "$nleft" -eq 0 ]; then
         passed=$((passed + 1))
-        echo "stress: run $i/$runs passed in $seconds s ($summary); slowest fact test ${slowest/$'\t'/ s }" >&2
+        echo "stress: run $i/$runs passed in $seconds s, $load ($summary); slowest fact test ${slowest/$'\t'/ s }" >&2
     else
         failed=$((failed + 1))
-        echo "stress: run $i/$runs FAILED (pytest exit $rc, $nleft process(es) left) in $seconds s: $summary" >&2
+        echo "stress: run $i/$runs FAILED (pytest exit $rc, $nleft process(es) left) in $seconds s, $load: $summary" >&2
         grep -E "^(FAILED|ERROR)" "$log" >&2 || true
-        echo "stress: its output: $log" >&2
+        echo "stress: its full output: $log" >&2
+        failed_logs+=("$log")
     fi
 done
 
-echo "stress: $runs run(s) of pytest -n 4 $*: $passed passed, $failed failed, $leftover_total process(es) left behind"
+echo "stress: $runs run(s) of pytest -n $workers $*: $passed passed, $failed failed, $leftover_total process(es) left behind"
 if [ -s "$slowest_summary" ]; then
     worst=$(sort -t$'\t' -k2,2 -gr "$slowest_summary" | head -n 1)
     echo "stress: slowest fact test over all runs: $(echo "$worst" | cut -f2) s in run $(echo "$worst" | cut -f1): $(echo "$worst" | cut -f3)"
 fi
 echo "stress: logs and junitxml reports in $logs"
+for log in ${failed_logs[@]+"${failed_logs[@]}"}; do
+    echo "stress: failed run's output: $log"
+done
 [ "$failed" -eq 0 ]
