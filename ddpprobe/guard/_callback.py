@@ -63,7 +63,13 @@ def _root(original, args, kwargs) -> Optional[str]:
 def _last_batch(trainer, hook: str) -> Optional[bool]:
     """Whether the running loop runs no batch after the current one: its data fetcher has none (it fetches
     one batch ahead: pytorch_lightning/loops/fetchers.py ``_PrefetchDataFetcher``), or, in fit, the
-    optimizer step of this batch reaches ``max_steps`` (``_stops_at_max_steps``); None where it cannot say."""
+    optimizer step of this batch reaches ``max_steps`` (``_stops_at_max_steps``); None where it cannot say:
+    at ``on_train_batch_start`` under manual optimization with ``max_steps`` (whether ``training_step``
+    steps an optimizer, and so reaches ``max_steps``, shows only at the batch's end), on every rank alike,
+    so shards of different lengths are compared at ``on_train_batch_end``, before the next batch's
+    gradient all_reduce."""
+    if hook == "on_train_batch_start" and _steps_known_at_end_only(trainer):
+        return None
     try:
         fetcher = trainer._active_loop._data_fetcher
         if fetcher is None or type(fetcher).__name__ == "_DataLoaderIterDataFetcher":
@@ -72,6 +78,16 @@ def _last_batch(trainer, hook: str) -> Optional[bool]:
     except Exception:  # noqa: BLE001 - another release's loop layout
         return None
     return done or (hook in ("on_train_batch_start", "on_train_batch_end") and _stops_at_max_steps(trainer, hook))
+
+
+def _steps_known_at_end_only(trainer) -> bool:
+    """Manual optimization with ``max_steps`` set: ``global_step`` counts the optimizer steps the user's
+    ``training_step`` makes (pytorch_lightning/loops/optimization/manual.py), known after the batch only."""
+    try:
+        max_steps = trainer.fit_loop.epoch_loop.max_steps
+        return not trainer.lightning_module.automatic_optimization and max_steps is not None and max_steps >= 0
+    except Exception:  # noqa: BLE001 - another release's loop layout
+        return False
 
 
 def _stops_at_max_steps(trainer, hook: str) -> bool:
