@@ -130,9 +130,12 @@ def _append(line: dict) -> None:
             fh.write(json.dumps(line) + "\n")
 
 
-def log_call(test: str, ref: str, world_size, key: str, seconds: float, reused: bool, ok: bool) -> None:
+def log_call(
+    test: str, ref: str, world_size, key: str, seconds: float, reused: bool, ok: bool, warm: bool = False
+) -> None:
     """One ``run_world`` call, when ``DDPPROBE_WORLD_LOG`` is set: the test, the scenario, its world size
-    and key, the seconds it took, whether the result was a stored one and whether it returned."""
+    and key, the seconds it took, whether the result was a stored one, whether it returned and whether a
+    warm world ran it (ddpprobe/plugin/_warm.py)."""
     _append(
         {
             "test": test,
@@ -142,6 +145,7 @@ def log_call(test: str, ref: str, world_size, key: str, seconds: float, reused: 
             "seconds": round(seconds, 4),
             "reused": reused,
             "ok": ok,
+            "warm": warm,
         }
     )
 

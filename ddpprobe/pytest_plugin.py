@@ -19,7 +19,9 @@ option                 environment variable          meaning
 ``--skip-unavailable`` ``DDPPROBE_SKIP_UNAVAILABLE``  under nccl, skip facts needing more CUDA devices
                                                      than this machine has, instead of refusing the run
 ``--fresh-worlds``     ``DDPPROBE_FRESH_WORLDS``     start a new world at every ``run_world`` call (no
-                                                     world is shared between tests)
+                                                     world is shared between tests, none is warm)
+``--warm-worlds``      ``DDPPROBE_WARM_WORLDS``      run scenarios on warm worlds: ranks that stay up
+                                                     and run scenario after scenario (ddpprobe/plugin/_warm.py)
 =====================  ============================  ===============================================
 
 Shared worlds: a world that completed is started once per session. A later ``run_world`` call with the same
@@ -28,10 +30,17 @@ gets a copy of its result (ddpprobe/_shared_worlds.py); a world that raised is n
 needs worlds of its own (it compares two worlds, or counts processes) says so with
 ``@pytest.mark.fresh_world("reason")``.
 
+Warm worlds (``--warm-worlds``): a world that is started runs on the ranks of a warm world of its kind when
+one answers for it (ddpprobe/plugin/_warm.py), else fresh; a failed warm world is ended and the call runs
+again in a fresh world. A test that fails a world by design gets fresh worlds at once: marked
+``fresh_world`` or ``waits_for_timeout``, or whose code passes ``pg_timeout=``, names a ``WorldError``
+(``RankFailed``, ``RankDied``, ``WorldTimeout``) or reads the ranks' processes (``pid``, ``exitcode``);
+so does a call given its own ``timeout=`` or ``pg_timeout=``.
+
 Under pytest-xdist: the controller starts one preloaded forkserver that every worker on this host forks
 its ranks from (``pytest_configure_node``), and the tests that wait for a timeout by design (marked
 ``waits_for_timeout``, or passing ``pg_timeout=`` to a world) are collected first, so their waits pass while
-other workers run CPU-bound tests (``_start_waiting_tests_first``).
+other workers run CPU-bound tests (``ddpprobe/plugin/_test_code.py``).
 
 Refused before any test runs, with pytest's usage error (exit code 4) naming the value and the fix: an
 unknown backend, start method or Lightning package; timeouts that are not seconds; a world size that is
@@ -44,7 +53,6 @@ end of the run (``ERROR: ...``, exit code 4), with no test run.
 from __future__ import annotations
 
 import functools
-import inspect
 import os
 import sys
 import time
@@ -65,6 +73,7 @@ from ddpprobe.launch import (
     run_world as _run_world,
     start_shared_forkserver,
 )
+from ddpprobe.plugin import _test_code, _warm
 
 #: How each launch setting is named in a usage error: the option (its variable is named by the resolver).
 _OPTIONS = {
@@ -139,7 +148,14 @@ def pytest_addoption(parser) -> None:
         action="store_true",
         default=os.environ.get("DDPPROBE_FRESH_WORLDS", "").strip().lower() in ("1", "true", "yes"),
         help="start a new world at every run_world call instead of sharing a completed world between the "
-        "tests that ask for the same one (default DDPPROBE_FRESH_WORLDS=1)",
+        "tests that ask for the same one or running it on a warm world (default DDPPROBE_FRESH_WORLDS=1)",
+    )
+    group.addoption(
+        "--warm-worlds",
+        action="store_true",
+        default=False,
+        help="run each world on the ranks of a warm world of its kind, kept up from scenario to scenario; a "
+        "failed warm world reruns the call fresh (default DDPPROBE_WARM_WORLDS=1)",
     )
 
 
@@ -245,7 +261,7 @@ def _world_size_of(item) -> Optional[int]:
 def pytest_collection_modifyitems(config, items) -> None:
     """Keep the facts of the chosen world sizes, then mark every fact this run cannot run with a
     ``skipif`` carrying its reason (so the skip is reported at the test), or refuse the run. Under
-    pytest-xdist, the tests that wait for a timeout go first (``_start_waiting_tests_first``)."""
+    pytest-xdist, the tests that wait for a timeout go first (``ddpprobe/plugin/_test_code.py``)."""
     settings = config.stash[_SETTINGS]
     sizes = settings["world_sizes"]
     if sizes:
@@ -309,38 +325,7 @@ def pytest_collection_modifyitems(config, items) -> None:
         )
         return
     if hasattr(config, "workerinput"):
-        _start_waiting_tests_first(items)
-
-
-def _start_waiting_tests_first(items) -> None:
-    """Move the tests that wait for a timeout by design to the front, keeping the order within each part.
-
-    A test waits when it is marked ``waits_for_timeout`` or passes ``pg_timeout=`` to a world (what a fact
-    that provokes a hang does, so it is released in seconds). Such a test holds its worker for seconds
-    while using almost no CPU; started first, those seconds pass while the other workers run the CPU-bound
-    tests, instead of at the end with the cores idle. Under xdist's default distribution (``--dist load``)
-    the first worker's first batch of tests is the front of this list. Every worker collects the same
-    order, as xdist requires.
-    """
-    items[:] = sorted(items, key=lambda item: not _waits_for_timeout(item))
-
-
-def _waits_for_timeout(item) -> bool:
-    if item.get_closest_marker("waits_for_timeout") is not None:
-        return True
-    function = getattr(item, "function", None)
-    return function is not None and "pg_timeout=" in _body_of(function)
-
-
-@functools.lru_cache(maxsize=None)
-def _body_of(function) -> str:
-    """The source of ``function`` from its ``def`` line on (its decorators, e.g. parameters, left out)."""
-    try:
-        source = inspect.getsource(function)
-    except (OSError, TypeError):
-        return ""
-    start = source.find(f"def {function.__name__}(")
-    return source[start:] if start >= 0 else source
+        _test_code.start_waiting_tests_first(items)
 
 
 def _refuse(config, items, message: str) -> None:
@@ -420,8 +405,22 @@ def _shared_worlds_store(request, tmp_path_factory) -> _shared_worlds.SharedWorl
     return _shared_worlds.SharedWorlds(str(base / "ddpprobe-worlds"))
 
 
+@pytest.fixture(scope="session")
+def _warm_pool(request):
+    """This process's warm worlds (``--warm-worlds``), ended at the session's end; None when off."""
+    config = request.config
+    if config.getoption("--fresh-worlds") or not _warm.enabled(config.getoption("--warm-worlds")):
+        yield None
+        return
+    pool = _warm.WarmPool()
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
 @pytest.fixture
-def run_world(request, backend, _shared_worlds_store):
+def run_world(request, backend, _shared_worlds_store, _warm_pool):
     """``ddpprobe.run_world`` with this session's backend, timeouts and start method filled in.
 
     A world that needs more CUDA devices than this machine has (``backend="nccl"``, given to the call or
@@ -434,6 +433,7 @@ def run_world(request, backend, _shared_worlds_store):
     settings = config.stash[_SETTINGS]
     defaults = {key: settings[key] for key in ("backend", "timeout", "pg_timeout", "start_method")}
     reuse = not config.getoption("--fresh-worlds") and request.node.get_closest_marker("fresh_world") is None
+    pool = _warm_pool if _warm_pool is not None and not _test_code.fails_by_design(request.node) else None
 
     @functools.wraps(_run_world)
     def run(scenario, world_size: int = 2, **kwargs):
@@ -457,11 +457,16 @@ def run_world(request, backend, _shared_worlds_store):
             return _run_world(scenario, world_size, **merged)
         ref = f"{getattr(scenario, '__module__', None)}:{getattr(scenario, '__qualname__', None)}"
         key = _shared_worlds.world_key(ref, world_size, merged)
-        started, outcome = time.monotonic(), {"reused": False, "ok": False}
+        started, outcome = time.monotonic(), {"reused": False, "ok": False, "warm": False}
+        warm = pool if pool is not None and not {"timeout", "pg_timeout"} & set(kwargs) else None
+
+        def start():
+            result = warm.run(scenario, world_size, merged) if warm is not None else None
+            outcome["warm"] = result is not None
+            return result if result is not None else _run_world(scenario, world_size, **merged)
+
         try:
-            result, outcome["reused"] = _shared_worlds_store.run(
-                key, lambda: _run_world(scenario, world_size, **merged), reuse=reuse
-            )
+            result, outcome["reused"] = _shared_worlds_store.run(key, start, reuse=reuse)
             outcome["ok"] = True
             return result
         finally:

@@ -21,7 +21,8 @@ Public names (``__all__``): what users and the other rooms import. Users: ``run_
 ``RankInfo`` (what a scenario receives). The probes, the audit, the card, ``runif`` and the pytest plugin:
 ``resolve_settings``, ``Settings``, ``SettingsError``, ``BACKENDS``, ``START_METHODS``, ``DEFAULT_TIMEOUT_S``,
 ``MAX_WORLD_SIZE``, ``cuda_device_count``, ``external_world``, ``leave_external_world``; the pytest plugin's
-one forkserver per run: ``start_shared_forkserver``, ``attach_forkserver``. The launcher's own
+one forkserver per run: ``start_shared_forkserver``, ``attach_forkserver``; its warm worlds: ``WarmWorld``,
+``warm_call``, ``WarmCall``. The launcher's own
 tests: ``RankMessage``, ``build_result``, ``STDERR_TAIL_LINES``.
 
 Layout (everything prefixed with ``_`` is private; other modules import only the names above):
@@ -35,6 +36,8 @@ Layout (everything prefixed with ``_`` is private; other modules import only the
 - ``_rank.py``: the body of one rank process (environment, output capture, stacks on request);
 - ``_message.py``: ``RankMessage``, the one message a rank's run produces, and ``run_scenario``;
 - ``_results.py``: ``RankResult``, ``WorldResult``, the errors and ``build_result``, the one builder;
+- ``_warm.py``: ``WarmWorld``, ranks that stay up and run scenario after scenario as fresh worlds would;
+  ``_warm_rank.py``: the body of such a rank (the reset before each scenario);
 - ``_external.py``: running inside a world torchrun or srun launched; ``python -m ddpprobe.launch``;
 - ``_files.py``: reading what a rank left on disk; ``_spec.py``: ``RankInfo`` and what a rank needs.
 """
@@ -62,6 +65,7 @@ from ddpprobe.launch._settings import (
     resolve_settings,
 )
 from ddpprobe.launch._spec import MAX_WORLD_SIZE, RankInfo
+from ddpprobe.launch._warm import WarmCall, WarmWorld, warm_call
 from ddpprobe.launch._world import run_world
 
 __all__ = [
@@ -77,6 +81,8 @@ __all__ = [
     "RankResult",
     "Settings",
     "SettingsError",
+    "WarmCall",
+    "WarmWorld",
     "WorldError",
     "WorldResult",
     "WorldTimeout",
@@ -88,4 +94,5 @@ __all__ = [
     "resolve_settings",
     "run_world",
     "start_shared_forkserver",
+    "warm_call",
 ]
