@@ -35,6 +35,7 @@ PROBE_MODULES = (
     "parity_loggers",
     "parity_metrics",
     "parity_samplers",
+    "parity_spawn",
     "parity_training",
     "predict",
     "rank_state",
