@@ -149,9 +149,9 @@ class GatherGradProbe(RegressionProbe):
 
     def training_step(self, batch, batch_idx):
         rank = self.global_rank
-        x = torch.tensor(gathered_input(rank), requires_grad=True)
+        x = torch.tensor(gathered_input(rank), device=self.device, requires_grad=True)
         gathered = self.all_gather(x, sync_grads=self.sync_grads)
-        weights = torch.arange(1, gathered.shape[0] + 1, dtype=torch.float32).unsqueeze(-1)
+        weights = torch.arange(1, gathered.shape[0] + 1, dtype=torch.float32, device=self.device).unsqueeze(-1)
         loss = ((rank + 1) * weights * gathered**2).sum()
         self.result = {"gathered": gathered.detach().tolist(), "grad": None, "error": None}
         try:

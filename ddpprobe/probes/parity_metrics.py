@@ -81,7 +81,7 @@ class StepReductionProbe(PlainFitProbe):
         self.at_epoch_end: dict = {}
 
     def training_step(self, batch, batch_idx):
-        value = torch.tensor(step_value(self.global_rank))
+        value = torch.tensor(step_value(self.global_rank), device=self.device)
         for fx in self.reduce_fxs:
             self.log(f"v_{fx}", value, on_step=True, on_epoch=False, sync_dist=True, reduce_fx=fx)
         return super().training_step(batch, batch_idx)
@@ -112,7 +112,11 @@ class InferenceProbe(PlainFitProbe):
         self.log("inferred", mean, sync_dist=True)
         self.log("explicit", mean, sync_dist=True, batch_size=len(batch["id"]))
         self.log("unweighted", mean, sync_dist=True, batch_size=1)
-        self.log("f64", torch.tensor(float64_value(self.global_rank), dtype=torch.float64), sync_dist=True)
+        self.log(
+            "f64",
+            torch.tensor(float64_value(self.global_rank), dtype=torch.float64, device=self.device),
+            sync_dist=True,
+        )
 
 
 def validate_inference(info: RankInfo, n: int, batch_size: int) -> dict:

@@ -125,7 +125,7 @@ class StepMonitorProbe(PlainFitProbe):
     """Logs ``step_monitor_value(rank, batch_idx)`` as ``"v"`` (step and epoch, ``sync_dist=True``)."""
 
     def training_step(self, batch, batch_idx):
-        value = torch.tensor(step_monitor_value(self.global_rank, batch_idx))
+        value = torch.tensor(step_monitor_value(self.global_rank, batch_idx), device=self.device)
         self.log("v", value, on_step=True, on_epoch=True, sync_dist=True, batch_size=len(batch["id"]))
         return super().training_step(batch, batch_idx)
 

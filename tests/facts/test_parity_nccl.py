@@ -1,0 +1,76 @@
+"""The NCCL twins of the parity facts whose Lightning test runs only on two GPUs: the same scenario and the
+same assertions, on CUDA devices over NCCL. They run with ``--backend nccl`` on a machine with at least
+two CUDA devices (``run_if(min_gpus=2, backend="nccl")``) and skip elsewhere with that reason; their gloo
+statements, which run everywhere, are the facts each twin names.
+
+Lightning's tests these mirror carry ``@RunIf(min_cuda_gpus=2)`` (tests/tests_pytorch/...); each twin's
+docstring names the one it mirrors.
+"""
+
+from ddpprobe.runif import run_if
+from tests.facts import (
+    test_parity_gradients as gradients,
+    test_parity_loggers as loggers,
+    test_parity_metrics as metrics,
+    test_parity_training as training,
+)
+
+pytestmark = run_if(min_gpus=2, backend="nccl")
+
+
+def test_manual_backward_averages_gradients_over_two_gpus(run_world, semantics):
+    """test_parity_gradients.py::test_manual_backward_averages_gradients_over_ranks_before_the_optimizer_step
+    at W=2 over NCCL. Mirrors tests_pytorch/strategies/test_ddp_integration.py::test_ddp_gradients_synced."""
+    gradients.test_manual_backward_averages_gradients_over_ranks_before_the_optimizer_step(run_world, semantics, 2)
+
+
+def test_all_gather_with_sync_grads_sums_the_gradients_over_two_gpus(run_world, semantics):
+    """test_parity_gradients.py::test_all_gather_with_sync_grads_gives_each_rank_the_sum_over_ranks_of_the_gradients_of_its_slice
+    at W=2 over NCCL. Mirrors tests_pytorch/utilities/test_all_gather_grad.py::test_all_gather_sync_grads."""
+    gradients.test_all_gather_with_sync_grads_gives_each_rank_the_sum_over_ranks_of_the_gradients_of_its_slice(
+        run_world, semantics, 2
+    )
+
+
+def test_a_logged_metric_is_reset_at_each_epoch_end_on_two_gpus(run_world, semantics):
+    """test_parity_metrics.py::test_a_logged_metric_is_reset_at_each_epoch_end_while_an_unlogged_one_keeps_growing
+    over NCCL. Mirrors tests_pytorch/core/test_metric_result_integration.py::test_result_reduce_ddp."""
+    metrics.test_a_logged_metric_is_reset_at_each_epoch_end_while_an_unlogged_one_keeps_growing(run_world, semantics)
+
+
+def test_step_level_reduce_fx_and_its_aliases_reduce_across_two_gpus(run_world, semantics):
+    """test_parity_metrics.py::test_a_step_level_synced_value_is_reduced_across_ranks_with_reduce_fx_and_its_case_insensitive_aliases
+    at W=2 over NCCL. Mirrors tests_pytorch/trainer/logging_/test_train_loop_logging.py::
+    test_logging_sync_dist_true_ddp."""
+    metrics.test_a_step_level_synced_value_is_reduced_across_ranks_with_reduce_fx_and_its_case_insensitive_aliases(
+        run_world, semantics, 2
+    )
+
+
+def test_the_progress_bar_counts_one_ranks_batches_on_two_gpus(run_world, semantics):
+    """test_parity_loggers.py::test_the_progress_bar_runs_on_global_rank_0_only_and_counts_one_ranks_batches
+    over NCCL. Mirrors tests_pytorch/callbacks/progress/test_tqdm_progress_bar.py::
+    test_progress_bar_max_val_check_interval_ddp."""
+    loggers.test_the_progress_bar_runs_on_global_rank_0_only_and_counts_one_ranks_batches(run_world, semantics)
+
+
+def test_the_profiler_writes_one_file_per_gpu(run_world, semantics):
+    """test_parity_loggers.py::test_the_profiler_writes_one_file_per_rank_named_by_its_local_rank at W=2 over
+    NCCL. Mirrors tests_pytorch/profilers/test_profiler.py::test_pytorch_profiler_trainer_ddp."""
+    loggers.test_the_profiler_writes_one_file_per_rank_named_by_its_local_rank(run_world, semantics, 2)
+
+
+def test_a_step_level_monitor_keeps_the_top_k_steps_on_two_gpus(run_world, semantics):
+    """test_parity_training.py::test_a_step_level_monitor_keeps_the_top_k_steps_of_the_synced_value_and_rank_0_writes_them
+    over NCCL. Mirrors tests_pytorch/checkpointing/test_checkpoint_callback_frequency.py::test_top_k_ddp."""
+    training.test_a_step_level_monitor_keeps_the_top_k_steps_of_the_synced_value_and_rank_0_writes_them(
+        run_world, semantics
+    )
+
+
+def test_without_a_monitor_rank_0_keeps_the_last_checkpoint_on_two_gpus(run_world, semantics):
+    """test_parity_training.py::test_without_a_monitor_every_rank_names_the_last_epochs_checkpoint_and_rank_0_keeps_only_it
+    over NCCL. Mirrors test_checkpoint_callback_frequency.py::test_model_checkpoint_ddp_monitor_none."""
+    training.test_without_a_monitor_every_rank_names_the_last_epochs_checkpoint_and_rank_0_keeps_only_it(
+        run_world, semantics
+    )
