@@ -62,6 +62,20 @@ def collective_in(traceback: str) -> Optional[str]:
     return frames[-1] if frames else None
 
 
+def where_waiting(err, rank: int) -> str:
+    """Where rank ``rank`` of a failed world (``err``, a ``WorldError``) was, as traceback text (most recent
+    call last, ``File "...", line N, in name`` lines), whether it raised or was ended by the launcher: its
+    traceback if it raised, else its main thread's frames from the Python stack the launcher captured when
+    it ended it (``err.stacks``, faulthandler's format: the ``Current thread`` block, most recent call
+    first). :func:`collective_in` reads either. Raises ``KeyError`` for a rank with neither."""
+    if rank in getattr(err, "tracebacks", {}):
+        return err.tracebacks[rank]
+    stack = err.stacks[rank]
+    current = stack.split("Current thread", 1)[-1]
+    frames = re.findall(r'File "([^"]+)", line (\d+) in (\w+|<module>)', current)
+    return "\n".join(f'  File "{path}", line {line}, in {name}' for path, line, name in reversed(frames))
+
+
 def assert_stuck_until_the_timeout(err, elapsed: float, pg_timeout: float, world_size: int) -> None:
     """What a world whose ranks wait in unpaired collectives reports (``err``, a ``RankFailed``): it failed
     no sooner than the process-group timeout (``elapsed`` and ``pg_timeout`` in seconds); rank 0 is among

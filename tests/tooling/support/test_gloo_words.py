@@ -51,3 +51,33 @@ def test_a_text_with_timeout_words_is_a_timeout_whatever_else_it_holds():
     for other in (*TEXTS[gloo.PEER_GONE], *TEXTS[gloo.SIZE_MISMATCH]):
         assert gloo.error_kind(f"{other}\n{timeout}") == gloo.TIMED_OUT
     assert gloo.error_kind(f"{TEXTS[gloo.PEER_GONE][0]}\n{TEXTS[gloo.SIZE_MISMATCH][0]}") == gloo.SIZE_MISMATCH
+
+
+#: A stack the launcher captures from a rank it ends (faulthandler's format, most recent call first).
+ENDED_STACK = """Thread 0x00007f3ddebff6c0 (most recent call first):
+  File "/usr/lib/python3.11/multiprocessing/connection.py", line 250 in recv
+  File "/work/ddpprobe/launch/_rank.py", line 118 in watch
+
+Current thread 0x00007f3dfd43ab80 (most recent call first):
+  File "/venv/torch/distributed/distributed_c10d.py", line 3890 in all_gather
+  File "/venv/torch/distributed/c10d_logger.py", line 83 in wrapper
+  File "/venv/torchmetrics/utilities/distributed.py", line 140 in gather_all_tensors
+  File "/work/ddpprobe/launch/_rank.py", line 185 in rank_main
+"""
+
+
+def test_where_waiting_reads_a_raised_ranks_traceback_and_an_ended_ranks_main_thread_stack():
+    from ddpprobe.launch import RankFailed, RankMessage, build_result
+
+    traceback = 'Traceback:\n  File "/venv/torch/distributed/distributed_c10d.py", line 3252, in all_reduce\n'
+    messages = [
+        RankMessage(rank=0, status="error", pid=1, exc_type="RuntimeError", error="Timed out", traceback=traceback),
+        RankMessage(rank=1, status="stuck", pid=2, stack=ENDED_STACK),
+    ]
+    with pytest.raises(RankFailed) as failure:
+        build_result(messages, "world of 2")
+
+    assert gloo.where_waiting(failure.value, 0) == traceback
+    ended = gloo.where_waiting(failure.value, 1)
+    assert gloo.collective_in(ended) == "all_gather" and "gather_all_tensors" in ended, ended
+    assert "watch" not in ended and ended.splitlines()[0].endswith("in rank_main"), ended
