@@ -7,7 +7,8 @@ file, and prints:
   ``getrusage(RUSAGE_CHILDREN)``; a machine-independent figure of how much work the run is), and the
   load average before and after (the wall time is only meaningful on a quiet machine);
 - the outcome counts (passed, failed, skipped, xfailed, ...);
-- the worlds the ``run_world`` fixture started (their ranks, and how many raised), the calls it answered
+- the worlds the ``run_world`` fixture started (their ranks, how many raised, how many ran on a warm world
+  of ``--warm-worlds``, ddpprobe/plugin/_warm.py), the calls it answered
   with a completed identical world instead, and the distinct world keys (ddpprobe/_shared_worlds.py, read
   from the log ``DDPPROBE_WORLD_LOG`` asks every process of the run to write); CPU seconds per test and per
   started world; the CPU of the controller and of each xdist worker themselves (their imports, collection
@@ -26,6 +27,7 @@ Usage (from the repository root)::
     python benchmarks/bench_suite.py --markdown               # tables as Markdown, for benchmarks/README.md
     python benchmarks/bench_suite.py --target 20 -- -n auto   # exit 1 when the wall time exceeds 20 s
     python benchmarks/bench_suite.py -- -n auto -m integration   # the integration tests only
+    python benchmarks/bench_suite.py -- -n auto --warm-worlds    # the default run on warm worlds
 
 Everything after ``--`` replaces the default pytest arguments (``-n auto``). Exit code: pytest's own
 when it is not 0, else 1 when ``--target`` is given and the wall time exceeds it, else 0.
@@ -122,12 +124,14 @@ def read_world_log(folder: str) -> tuple:
 
 
 def world_counts(calls: list) -> dict:
-    """Worlds started (and their ranks, and how many raised), calls answered by a stored world, distinct keys."""
+    """Worlds started (and their ranks, and how many raised), how many of them ran on a warm world, calls
+    answered by a stored world, distinct keys."""
     started = [c for c in calls if not c["reused"]]
     return {
         "calls": len(calls),
         "started": len(started),
-        "ranks": sum(c["world_size"] for c in started if isinstance(c["world_size"], int)),
+        "warm": sum(bool(c.get("warm")) for c in started),
+        "ranks": sum(c["world_size"] for c in started if isinstance(c["world_size"], int) and not c.get("warm")),
         "raised": sum(not c["ok"] for c in started),
         "reused": len(calls) - len(started),
         "keys": len({c["key"] for c in calls}),
@@ -237,7 +241,8 @@ def main(argv=None) -> int:
     )
     worlds = world_counts(calls)
     print(
-        f"worlds: {worlds['started']} started ({worlds['ranks']} rank processes, {worlds['raised']} raised), "
+        f"worlds: {worlds['started']} started ({worlds['warm']} on warm worlds, the others fresh with "
+        f"{worlds['ranks']} rank processes; {worlds['raised']} raised), "
         f"{worlds['reused']} run_world calls answered by an identical completed world; {worlds['keys']} distinct "
         f"world keys, {worlds['scenarios']} scenarios"
     )
