@@ -18,19 +18,20 @@ The rooms, each a package or module with its own docstring:
 
 The Lightning package every room imports (``pytorch_lightning`` or ``lightning.pytorch``) is chosen once,
 in ``ddpprobe/_lightning.py``. Here: the launcher's public names users need (``run_world`` and its results
-and errors).
+and errors), imported from :mod:`ddpprobe.launch` on first use, so that a training job's ``import
+ddpprobe.guard`` loads the guard, the trace and the hazard registry only (tests/tooling/guard/test_guard_import.py).
 """
 
-from ddpprobe.launch import (
-    RankDied,
-    RankFailed,
-    RankInfo,
-    RankResult,
-    WorldError,
-    WorldResult,
-    WorldTimeout,
-    run_world,
-)
+import importlib
+
+
+def __getattr__(name: str):
+    if name in __all__:
+        value = getattr(importlib.import_module("ddpprobe.launch"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'ddpprobe' has no attribute {name!r}")
+
 
 __all__ = [
     "RankDied",
