@@ -73,16 +73,7 @@ def _check_shards(world, world_size: int) -> None:
     assert seen == _batches(world_size), oracle.side_by_side("batches", seen) + f"  expected {_batches(world_size)}"
 
 
-@run_if(lightning=">=2.6")
-@pytest.mark.parametrize("world_size, static_graph", [(2, True), (3, True), (2, False)])
-def test_manual_backward_averages_every_steps_gradients_with_static_graph_true_or_false(
-    run_world, semantics, world_size, static_graph
-):
-    """``self.manual_backward(loss)`` under ``DDPStrategy(static_graph=True)``, from the first step on, and
-    under ``static_graph=False`` (the control): each rank's ``.grad`` after the backward is the mean of
-    the ranks' batch gradients, so every rank applies the same update and holds the same parameters."""
-    world = run_world(manual.fit_manual, world_size, static_graph=static_graph, n=N, batch_size=BATCH_SIZE)
-
+def _assert_averaged(world, semantics, world_size: int, static_graph: bool) -> None:
     _check_shards(world, world_size)
     averaged, averaged_params = _sgd(world_size, averaged=True)
     local, _ = _sgd(world_size, averaged=False)
@@ -95,6 +86,28 @@ def test_manual_backward_averages_every_steps_gradients_with_static_graph_true_o
     params = [rec["params"] for rec in world.records]
     assert _flat(params) == pytest.approx(_flat(averaged_params), rel=1e-5), oracle.side_by_side("params", params)
     assert [rec["static_graph"] for rec in world.records] == [static_graph] * world_size
+
+
+@run_if(lightning=">=2.6")
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_manual_backward_with_static_graph_true_averages_every_steps_gradients_from_the_first_step(
+    run_world, semantics, world_size
+):
+    """``self.manual_backward(loss)`` under ``DDPStrategy(static_graph=True)``: from the first step on, each
+    rank's ``.grad`` after the backward is the mean of the ranks' batch gradients, so every rank applies
+    the same update and holds the same parameters."""
+    world = run_world(manual.fit_manual, world_size, static_graph=True, n=N, batch_size=BATCH_SIZE)
+    _assert_averaged(world, semantics, world_size, static_graph=True)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_manual_backward_with_static_graph_false_averages_every_steps_gradients(run_world, semantics, world_size):
+    """The control, on every release: with ``static_graph=False`` (the default) each rank's ``.grad`` after
+    ``self.manual_backward`` is the mean of the ranks' batch gradients at every step (DDP's reducer fires
+    during the backward), and the ranks' parameters stay identical. Source: ddp.py ``pre_backward``
+    (``prepare_for_backward``)."""
+    world = run_world(manual.fit_manual, world_size, static_graph=False, n=N, batch_size=BATCH_SIZE)
+    _assert_averaged(world, semantics, world_size, static_graph=False)
 
 
 @run_if(lightning="<2.6")
