@@ -1,8 +1,9 @@
 """Worlds shared within one pytest session: a world that completed is not started again for the same key.
 
 Used by the ``run_world`` fixture (ddpprobe/pytest_plugin.py). A *key* names everything a world's records
-depend on: the scenario (``module:qualname``), the world size, every keyword given to ``run_world``
-(scenario parameters, backend, timeouts, start method, ``env``, ``num_nodes``, ...) with their types
+depend on: the scenario (``module:qualname``), the world size, every keyword of ``run_world``
+(scenario parameters, backend, timeouts, start method, ``env``, ``num_nodes``, ...; those left out at
+their defaults, :func:`with_defaults`, so ``lr=0.05`` given and left out are one key) with their types
 (``1``, ``1.0``, ``True``, a list and a tuple are different keys), and the launcher's environment
 (``os.environ`` but ``IGNORED_ENVIRONMENT``), since each rank starts from it. Two calls with one key
 would start the same world; the second gets the first one's result.
@@ -25,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import inspect
 import json
 import os
 import pickle
@@ -51,6 +53,25 @@ def _typed(value):
     if value is None or isinstance(value, (str, int, float, bool)):
         return [type(value).__name__, value]
     return [type(value).__name__, repr(value)]
+
+
+def with_defaults(function: Callable, kwargs: Mapping, skip: tuple = ()) -> dict:
+    """``kwargs`` completed with ``function``'s default for every parameter it has one for and ``kwargs`` does
+    not give (but those named in ``skip``), so a call that gives a default and one that leaves it out have
+    one key: ``with_defaults(fit, {"n": 8})`` is ``{"n": 8, "lr": 0.05}`` for ``def fit(info, n, lr=0.05)``.
+    A function whose signature cannot be read leaves ``kwargs`` as they are."""
+    try:
+        parameters = inspect.signature(function).parameters
+    except (TypeError, ValueError):
+        return dict(kwargs)
+    filled = dict(kwargs)
+    for name, parameter in parameters.items():
+        if name in skip or name in filled or parameter.default is inspect.Parameter.empty:
+            continue
+        if parameter.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+            continue
+        filled[name] = parameter.default
+    return filled
 
 
 def world_key(ref: str, world_size, kwargs: Mapping, environ: Optional[Mapping[str, str]] = None) -> str:

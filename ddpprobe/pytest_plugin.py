@@ -456,7 +456,8 @@ def run_world(request, backend, _shared_worlds_store, _warm_pool):
         if outside is not None:
             return _run_world(scenario, world_size, **merged)
         ref = f"{getattr(scenario, '__module__', None)}:{getattr(scenario, '__qualname__', None)}"
-        key = _shared_worlds.world_key(ref, world_size, merged)
+        filled = _shared_worlds.with_defaults(_run_world, merged, skip=("scenario", "world_size"))
+        key = _shared_worlds.world_key(ref, world_size, _shared_worlds.with_defaults(scenario, filled))
         started, outcome = time.monotonic(), {"reused": False, "ok": False, "warm": False}
         warm = pool if pool is not None and not {"timeout", "pg_timeout"} & set(kwargs) else None
 
