@@ -313,6 +313,6 @@ class _GuardListener(trace.Listener):
             **call.fields,
             "group_size": ex.world_size,
             "root": _root(call.original, call.args, call.kwargs),
-            **guard._classifier.context(call.frame, loops_are_library=True),
+            **guard._classifier.context(call.frame, call.name),
         }
         guard._check(_entries.collective(ex.n, ex.rank, fields))

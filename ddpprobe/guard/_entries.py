@@ -16,8 +16,10 @@ An *entry* is one JSON object a rank writes to the store before a check:
     whether the loop has a batch after this one. Call sites are not compared: two lines may log the
     same key.
 ``text``
-    the rank's side in words: ``"is about to "`` + ``describe_collective`` (the wording of the audit's
-    first divergence), ``"is at on_train_batch_start (batch 2, epoch 0)"``, or ``"raised Type: message"``.
+    the rank's side in words: ``"is about to "`` + ``describe_collective(..., calls=True)`` (the audit's words
+    for a collective, with the library call the user's line made, or Lightning's loop step:
+    ``"is about to barrier at m.py:20 in validation_step, run by `DDPStrategy.barrier()`"``),
+    ``"is at on_train_batch_start (batch 2, epoch 0)"``, or ``"raised Type: message"``.
 """
 
 from __future__ import annotations
@@ -44,8 +46,10 @@ def collective(n: int, rank: int, fields: dict) -> dict:
         "n": n,
         "rank": rank,
         "id": ["collective"] + [compared.get(k) for k in COLLECTIVE_ID],
-        "fields": {k: fields.get(k) for k in ("op", "key", "metric", "source", "hook", "root")},
-        "text": "is about to " + describe_collective(fields) + (f" [{fields['root']}]" if fields.get("root") else ""),
+        "fields": {k: fields.get(k) for k in ("op", "key", "metric", "source", "hook", "root", "call", "loop_step")},
+        "text": "is about to "
+        + describe_collective(fields, calls=True)
+        + (f" [{fields['root']}]" if fields.get("root") else ""),
     }
 
 

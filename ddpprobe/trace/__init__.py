@@ -78,11 +78,11 @@ for a reader of a trace file.
 """
 
 from ddpprobe.trace._batches import ID_FIELDS, batch_samples, describe_batch, sample_label
-from ddpprobe.trace._classify import RANK_NAMES, CallClassifier, call_site_of
+from ddpprobe.trace._classify import RANK_NAMES, CallClassifier, call_site_of, public_name
 from ddpprobe.trace._patch import COLLECTIVES, Call, Listener, attach, attached, collective_fields, detach, pg_seq
 from ddpprobe.trace._read import read_trace, split_trace
 from ddpprobe.trace._record import FLIGHT_RECORDER_ENV, LOG_OPTIONS, TRACE_SCHEMA, CollectiveTrace
-from ddpprobe.trace._words import describe_collective
+from ddpprobe.trace._words import describe_call, describe_collective
 
 __all__ = [
     "COLLECTIVES",
@@ -101,9 +101,11 @@ __all__ = [
     "call_site_of",
     "collective_fields",
     "describe_batch",
+    "describe_call",
     "describe_collective",
     "detach",
     "pg_seq",
+    "public_name",
     "read_trace",
     "sample_label",
     "split_trace",

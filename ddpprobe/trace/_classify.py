@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import sysconfig
 from typing import Optional
 
@@ -53,6 +54,7 @@ class CallClassifier:
         self._loop_types = tuple(
             t for t in (pl.Trainer, getattr(loops, "_Loop", None), getattr(loops, "Loop", None)) if t
         )
+        self._own = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # ddpprobe's wrappers
         #: ``(key, hook) -> call_site`` of the latest ``self.log`` call of each key (:meth:`note_log`).
         self.log_sites: dict = {}
 
@@ -75,31 +77,27 @@ class CallClassifier:
         """``"file.py:42 in validation_step"`` of :meth:`user_code`, or None."""
         return call_site_of(self.user_code(frame))
 
-    def context(self, frame, loops_are_library: bool = False) -> dict:
+    def context(self, frame, op: Optional[str] = None) -> dict:
         """``{"source", "key", "sync", "metric", "states", "state_sizes", "hook", "running", "call_site",
-        "origin"}`` of the collective called from ``frame`` (the caller of the ``torch.distributed``
-        function): ``sync`` is ``"epoch"`` for a logged key's sync at ``compute()``, ``"step"`` for its
-        step sync; ``state_sizes`` each Metric state's size at the sync; ``running`` the hook running.
+        "origin", "call", "call_kind", "loop_step"}`` of the collective ``op`` called from ``frame`` (the
+        caller of the ``torch.distributed`` function): ``sync`` is ``"epoch"`` for a logged key's sync at
+        ``compute()``, ``"step"`` for its step sync; ``state_sizes`` each Metric state's size at the sync;
+        ``running`` the hook running; ``call``, ``call_kind`` and ``loop_step`` the call chain
+        (:meth:`chain`).
 
-        With ``loops_are_library``, a collective reached from the user's code only through the Trainer or
-        one of its loops (``trainer.fit(...)`` in the user's script, then Lightning's own broadcast or a
-        sync at the epoch end) has no call site of its own (a synced key gets the line that logged it),
-        so it is ``"library"`` where no key or metric names it, not ``"user"``; the walk up the stack
-        stops at that loop."""
+        A collective Lightning makes on its own (:meth:`chain`: through one of its loops, or through
+        ``trainer.fit(...)`` / ``validate`` / ``test`` / ``predict`` in the user's script) has no call site
+        of its own (a synced key gets the line that logged it), so it is ``"library"`` where no key or
+        metric names it, not ``"user"``; the walk for its key stops at that loop."""
         from torchmetrics import Metric
 
+        chain = self.chain(frame, op)
         key = hook = metric = states = sync = state_sizes = None
         source = None
-        through_loop = reached_user = False
-        f = frame
-        while f is not None:
-            reached_user = reached_user or not f.f_code.co_filename.startswith((*self.library, "<"))
+        for f in chain.pop("_walk"):
             owner = f.f_locals.get("self")
             if owner is not None:
                 kind = type(owner).__name__
-                if loops_are_library and not reached_user and isinstance(owner, self._loop_types):
-                    through_loop = True
-                    break
                 if kind == "_ResultMetric" and key is None:
                     key, hook = owner.meta.name, owner.meta.fx
                     sync = "epoch" if f.f_code.co_name == "compute" else "step"
@@ -108,8 +106,7 @@ class CallClassifier:
                     metric, states = type(owner).__name__, list(getattr(owner, "_defaults", {}))
                     state_sizes = {name: _state_size(getattr(owner, name, None)) for name in states}
                     source = "torchmetrics"
-            f = f.f_back
-        call_site = None if through_loop else self.user_frame(frame)
+        call_site = call_site_of(chain.pop("_user"))
         code = frame.f_code
         parts = code.co_filename.replace(os.sep, "/").split("/")
         tail = parts[-3:] if "site-packages" not in parts else parts[parts.index("site-packages") + 1 :]
@@ -117,7 +114,7 @@ class CallClassifier:
         if call_site is None and key is not None:  # a logged value synced by the loop: where it was logged
             call_site = self.log_sites.get((key, hook))
         if source is None:
-            source = "user" if call_site else "library"
+            source = "user" if chain["call"] else "library"
         running = getattr(self.model, "_current_fx_name", None)
         return {
             "source": source,
@@ -130,7 +127,91 @@ class CallClassifier:
             "running": running,
             "call_site": call_site,
             "origin": origin,
+            **chain,
         }
+
+    def chain(self, frame, op: Optional[str] = None) -> dict:
+        """The call chain of the collective ``op`` called from ``frame``: ``{"call", "call_kind",
+        "loop_step"}`` (and, for :meth:`context`, the frames to search for a key and the user's frame).
+
+        Walking out from ``frame``: the first frame of the user's code is the *user's frame*; the library
+        frames inside it (ddpprobe's own wrappers left out) end in the *entry*, the library call the user's
+        line made. ``call`` is the entry's public name (:func:`public_name`: ``"Trainer.callback_metrics"``,
+        ``"MeanMetric.compute"``, ``"DDPStrategy.barrier"``, ``"LightningModule.log"``), or
+        ``"torch.distributed.<op>"`` where the user's line calls ``torch.distributed`` itself; ``call_kind``
+        ``"property"``, ``"method"`` or ``"function"``. A collective Lightning makes on its own (a frame of
+        one of its loops lies between, or the entry is ``Trainer.fit`` / ``validate`` / ``test`` /
+        ``predict``, or no user's frame exists) has ``call`` None and ``loop_step`` the innermost loop or
+        ``Trainer`` frame inside the user's: ``"_EvaluationLoop.run"``, ``"Trainer._run"`` (None where there
+        is none)."""
+        frames = []
+        f = frame
+        while f is not None:
+            frames.append(f)
+            f = f.f_back
+        user = next((i for i, f in enumerate(frames) if self._is_user(f)), None)
+        inner = frames if user is None else frames[:user]
+        steps = [i for i, f in enumerate(inner) if isinstance(f.f_locals.get("self"), self._loop_types)]
+        loops = [i for i in steps if not isinstance(inner[i].f_locals.get("self"), pl.Trainer)]
+        calls = [f for f in inner if not f.f_code.co_filename.startswith(self._own)]
+        entry = calls[-1] if calls else None
+        stage_entry = (
+            entry is not None
+            and isinstance(entry.f_locals.get("self"), pl.Trainer)
+            and entry.f_code.co_name in _STAGE_ENTRIES
+        )
+        if user is None or loops or stage_entry:
+            first = (loops or steps or [None])[0]
+            step = None if first is None else _qualified(inner[first])
+            walk = inner[: loops[0]] if loops else frames
+            return {"call": None, "call_kind": None, "loop_step": step, "_walk": walk, "_user": None}
+        if entry is None:
+            call, kind = (f"torch.distributed.{op}", "function") if op else (None, None)
+        else:
+            call, kind = public_name(entry, self._is_library)
+        return {"call": call, "call_kind": kind, "loop_step": None, "_walk": frames, "_user": frames[user]}
+
+    def _is_user(self, frame) -> bool:
+        return not frame.f_code.co_filename.startswith((*self.library, "<"))
+
+    def _is_library(self, cls) -> bool:
+        module = sys.modules.get(getattr(cls, "__module__", ""), None)
+        path = getattr(module, "__file__", None)
+        return path is not None and path.startswith(self.library)
+
+
+#: ``Trainer`` methods that run a stage's loops: a collective under one, from the user's script, is Lightning's.
+_STAGE_ENTRIES = frozenset({"fit", "validate", "test", "predict"})
+
+
+def _qualified(frame) -> str:
+    """``"ClassName.method"`` of a frame whose ``self`` is set."""
+    return f"{type(frame.f_locals['self']).__name__}.{frame.f_code.co_name}"
+
+
+def public_name(frame, is_library=None) -> tuple:
+    """``(name, kind)`` of the function running in ``frame`` as its library names it: ``kind`` is
+    ``"property"`` (``("Trainer.callback_metrics", "property")``), ``"method"`` (``"DDPStrategy.barrier"``;
+    an instance attribute wrapping a method, as torchmetrics wraps ``compute``, by the attribute's name:
+    ``"MeanMetric.compute"``; a method a user's subclass inherits by the library class that defines it:
+    ``"LightningModule.log"``) or ``"function"`` (``"lightning_fabric.utilities.distributed._sync_ddp"``).
+    ``is_library(cls)`` says whether a class is library code (default: every class is)."""
+    code = frame.f_code
+    name = code.co_name
+    owner = frame.f_locals.get("self")
+    if owner is None:
+        return f"{frame.f_globals.get('__name__', '?')}.{name}", "function"
+    for attr, value in list(getattr(owner, "__dict__", {}).items()):
+        if getattr(value, "__code__", None) is code:
+            name = attr
+            break
+    is_library = is_library or (lambda cls: True)
+    defining = [c for c in type(owner).__mro__ if name in vars(c)]
+    library = [c for c in defining if is_library(c)]
+    public = [c for c in library if not c.__name__.startswith("_")]
+    shown = type(owner) if type(owner) in public else (public or library or defining or [type(owner)])[0]
+    attribute = vars(defining[0]).get(name) if defining else None
+    return f"{shown.__name__}.{name}", "property" if isinstance(attribute, property) else "method"
 
 
 def _state_size(value) -> Optional[str]:

@@ -179,7 +179,7 @@ class _TraceListener(_patch.Listener):
             **call.fields,
             group_size=group_size,
             pg_seq=pg_seq(),
-            **self.trace.classifier.context(call.frame),
+            **self.trace.classifier.context(call.frame, call.name),
         )
 
     def after(self, call: _patch.Call, error) -> None:

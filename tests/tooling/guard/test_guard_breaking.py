@@ -149,12 +149,14 @@ def _mismatch(run_world, world_size: int, scenario, **params) -> dict:
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_a_barrier_on_rank_0_only_raises_collective_mismatch_on_every_rank(run_world, world_size):
     """``if self.global_rank == 0: self.trainer.strategy.barrier()`` in ``validation_step``: every rank
-    raises ``CollectiveMismatch`` at batch 0, naming rank 0's barrier (its line in the user's file) and
+    raises ``CollectiveMismatch`` at batch 0, naming rank 0's barrier (its line in the user's file and the
+    call made there, ``DDPStrategy.barrier()``) and
     the other ranks at the end of batch 0, and saying rank 0 would wait alone (not that the ranks ran
     different numbers of batches: every rank reached batch 0)."""
     errors = _mismatch(run_world, world_size, guard_breaking.hazard, hazard="rank0_barrier")
     for message in errors.values():
-        _line(0, "is about to barrier (your code) at guard_breaking.py", message)
+        _line(0, "is about to barrier at guard_breaking.py", message)
+        _line(0, ", run by `DDPStrategy.barrier()`", message)
         for rank in range(1, world_size):
             _line(rank, "is at on_validation_batch_end (batch 0, epoch 0)", message)
         assert WAIT_ALONE in message and UNEVEN not in message, message
@@ -184,7 +186,8 @@ def test_a_broadcast_whose_source_is_each_ranks_own_raises_collective_mismatch_n
     errors = _mismatch(run_world, world_size, guard_breaking.hazard, hazard="broadcast_own_rank", n=2 * world_size)
     for message in errors.values():
         for rank in range(world_size):
-            _line(rank, "is about to broadcast_object_list object (your code) at guard_breaking.py", message)
+            _line(rank, "is about to broadcast_object_list object at guard_breaking.py", message)
+            _line(rank, ", run by `DDPStrategy.broadcast()`", message)
             _line(rank, f"[src={rank}]", message)
         assert "name different source or destination ranks" in message, message
 

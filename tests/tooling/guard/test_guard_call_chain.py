@@ -1,0 +1,92 @@
+"""The guard names the call the user wrote, not the innermost library frame.
+
+A collective made through a library call on rank 0 only (``CallsModule``, tests/tooling/trace/
+call_modules.py: a metric method, strategy methods, a ``Trainer`` method, ``LightningModule.all_gather``,
+``torch.distributed`` itself, a property read followed by a reduce on every rank) raises
+``CollectiveMismatch`` on every rank, and rank 0's side names the public call made at its line (``run by
+`MeanMetric.compute()```, ``run by reading `Trainer.callback_metrics```) and that line; the other ranks,
+in the epoch sync Lightning makes on its own, are named by Lightning's loop step (``run by Lightning's
+`_FitLoop...```). The names are the libraries' public names, written out here. Source:
+ddpprobe/trace/_classify.py ``CallClassifier.chain``, ddpprobe/trace/_words.py ``describe_collective``.
+"""
+
+import pytest
+
+from ddpprobe import RankFailed
+from tests.tooling.guard.test_guard_hazards import LIMITS, _guard_errors, _line
+from tests.tooling.trace import call_modules
+from tests.tooling.trace.call_modules import line_of
+
+#: call made on rank 0 only -> what rank 0's side says before its line, and after it (the op of a metric's
+#: sync is torchmetrics' choice, not checked).
+RANK_0_SIDE = {
+    "metric": ("(MeanMetric state sync at compute())", ", run by `MeanMetric.compute()`"),
+    "strategy_barrier": ("is about to barrier", ", run by `DDPStrategy.barrier()`"),
+    "strategy_broadcast": ("is about to broadcast_object_list object", ", run by `DDPStrategy.broadcast()` [src=0]"),
+    "trainer": ("is about to barrier", ", run by `Trainer.save_checkpoint()`"),
+    "all_gather": ("is about to all_gather float32 [1]", ", run by `LightningModule.all_gather()`"),
+    "direct": ("is about to all_reduce float32 [1] (your code)", ""),
+}
+#: The other ranks' side: the epoch sync of ``train_v`` that Lightning's fit loop makes on its own.
+OWN_SYNC = "barrier (self.log epoch sync of 'train_v', logged in training_step) at call_modules.py"
+OWN_STEP = ", run by Lightning's `_"
+
+
+def _mismatch(run_world, world_size: int, **params) -> dict:
+    with pytest.raises(RankFailed) as failure:
+        run_world(call_modules.guarded, world_size, n=4 * world_size, **params, **LIMITS)
+    return _guard_errors(failure.value, "CollectiveMismatch", list(range(world_size)))
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("call", list(RANK_0_SIDE))
+def test_a_call_on_rank_0_only_is_named_by_its_public_name_at_the_users_line(run_world, world_size, call):
+    """``if self.global_rank == 0: <call>`` in ``on_train_epoch_end``: every rank raises
+    ``CollectiveMismatch``; rank 0's side names the public call and the user's line, the other ranks'
+    side the epoch sync Lightning's loop makes on its own (a method of one of its loop classes)."""
+    for message in _mismatch(run_world, world_size, calls=[call]).values():
+        before, after = RANK_0_SIDE[call]
+        _line(0, f"{before} at {line_of(call)}{after}", message)
+        for rank in range(1, world_size):
+            _line(rank, OWN_SYNC, message)
+            _line(rank, OWN_STEP, message)
+        assert "None" not in message, message
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_a_property_read_on_rank_0_only_then_a_reduce_names_the_read_and_the_reduce(run_world, world_size):
+    """``if self.global_rank == 0: dict(self.trainer.callback_metrics)``, then
+    ``self.trainer.strategy.reduce(...)`` on every rank (tests/facts/test_hidden_collectives_metrics_properties.py:
+    without the guard the two sums swap silently). Every rank raises ``CollectiveMismatch``: rank 0's
+    side is the epoch sync of ``train_v`` run by reading ``Trainer.callback_metrics`` at the read's line,
+    the others' the barrier run by ``DDPStrategy.reduce()`` at the reduce's line."""
+    messages = _mismatch(run_world, world_size, calls=["property"], everywhere=["strategy_reduce"])
+    for message in messages.values():
+        read = "barrier (self.log epoch sync of 'train_v', logged in training_step)"
+        _line(0, f"{read} at {line_of('property')}, run by reading `Trainer.callback_metrics`", message)
+        for rank in range(1, world_size):
+            _line(rank, f"barrier at {line_of('strategy_reduce')}, run by `DDPStrategy.reduce()`", message)
+
+
+def _line_in(cls, method: str, text: str) -> str:
+    import inspect
+
+    lines, start = inspect.getsourcelines(getattr(cls, method))
+    offset = next(i for i, line in enumerate(lines) if text in line)
+    return f"call_modules.py:{start + offset} in {method}"
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_a_boring_model_saving_a_checkpoint_on_rank_0_only_names_trainer_save_checkpoint(run_world, world_size):
+    """Lightning's ``BoringModel`` with a user's ``if self.global_rank == 0: self.trainer.save_checkpoint(...)``
+    in ``on_train_epoch_end`` (``BoringSavesOnRankZero``): without the guard rank 0 waits alone in the
+    checkpoint's barrier (pytorch_lightning/trainer/trainer.py ``save_checkpoint``). With it every rank
+    raises ``CollectiveMismatch``; rank 0's side is the barrier at the user's line, run by
+    ``Trainer.save_checkpoint()``, the others are at ``teardown``."""
+    with pytest.raises(RankFailed) as failure:
+        run_world(call_modules.boring, world_size, **LIMITS)
+    line = _line_in(call_modules.BoringSavesOnRankZero, "on_train_epoch_end", "save_checkpoint")
+    for message in _guard_errors(failure.value, "CollectiveMismatch", list(range(world_size))).values():
+        _line(0, f"is about to barrier at {line}, run by `Trainer.save_checkpoint()`", message)
+        for rank in range(1, world_size):
+            _line(rank, "is at teardown", message)
