@@ -31,6 +31,7 @@ PROBE_MODULES = (
     "multinode",
     "nccl",
     "outside_log_reductions",
+    "parity_collectives",
     "parity_gradients",
     "parity_loggers",
     "parity_metrics",
