@@ -45,7 +45,7 @@ MISSING_KEY = {
 #: (patience 1) stops after epoch 1 of 4, where the value gets worse.
 VALUES = {"checkpoint": [5.0, 3.0, 4.0], "early_stopping": [5.0, 6.0, 4.0, 3.0]}
 N_PER_RANK, BATCH_SIZE = 2, 2
-PG_TIMEOUT_S, WORLD_TIMEOUT_S = 3, 20
+PG_TIMEOUT_S, WORLD_TIMEOUT_S = 2, 20
 
 
 @pytest.mark.parametrize("rank_zero_only", [False, True], ids=["plain_log", "rank_zero_only"])
@@ -95,9 +95,9 @@ def test_rank_0_left_in_reduce_boolean_decision_raises_at_the_process_group_time
 ):
     """Where rank 0 waits, shown by keeping the other ranks in the world: they record Lightning's error
     and stay alive (``hold_s``) instead of raising. Rank 0 then raises on its own when the
-    process-group timeout (here 3 s) expires, with a traceback through the callback and
+    process-group timeout (here 2 s) expires, with a traceback through the callback and
     ``reduce_boolean_decision``'s barrier (``_sync_ddp``) and gloo's own message naming the timeout
-    ("Timed out waiting 3000ms for recv operation to complete"); ddpprobe reports ``RankFailed``
+    ("Timed out waiting 2000ms for recv operation to complete"); ddpprobe reports ``RankFailed``
     naming rank 0, before the world's timeout."""
     hold_s = PG_TIMEOUT_S + 5
     start = time.monotonic()

@@ -34,7 +34,7 @@ from tests.support import gloo, oracle
 HOOKS = ("validation_step", "on_validation_epoch_end")
 
 #: Short limits for worlds that break: a process-group timeout and a world timeout, in seconds.
-PG_TIMEOUT_S, WORLD_TIMEOUT_S = 5, 20
+PG_TIMEOUT_S, WORLD_TIMEOUT_S = 2, 20
 
 
 def _value(rank: int, slot: int, slots: int = 2) -> float:

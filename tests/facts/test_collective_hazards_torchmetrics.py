@@ -29,7 +29,7 @@ from ddpprobe.runif import run_if
 from tests.support import gloo, oracle
 
 N, BATCH_SIZE = 7, 2
-PG_TIMEOUT_S, WORLD_TIMEOUT_S = 5, 20
+PG_TIMEOUT_S, WORLD_TIMEOUT_S = 2, 20
 
 
 def _padded(world_size: int) -> list:

@@ -44,7 +44,7 @@ from ddpprobe.runif import run_if
 from tests.support import gloo, oracle
 
 N, BATCH_SIZE = 7, 2
-PG_TIMEOUT_S, WORLD_TIMEOUT_S = 4, 20
+PG_TIMEOUT_S, WORLD_TIMEOUT_S = 2, 20
 
 #: One sync of a ``reduce_fx="sum"`` key, as ``torch.distributed`` sees it (``_sync_ddp``).
 ONE_SYNC = ["barrier", "all_reduce"]
@@ -241,7 +241,7 @@ def test_a_read_on_global_rank_0_only_then_a_metric_compute_leaves_every_rank_st
     """The same rank-0 read, then ``SumMetric.compute()`` on every rank (torchmetrics: a barrier, then an
     all_gather). Rank 0's barrier (the read's sync) pairs with the other ranks' barrier (the metric's),
     then rank 0 enters an all_reduce and the others an all_gather: gloo matches them by neither, so no
-    rank moves until the process-group timeout (here 4 s). Rank 0 raises a ``RuntimeError`` from the
+    rank moves until the process-group timeout (here 2 s). Rank 0 raises a ``RuntimeError`` from the
     read (traceback through ``callback_metrics`` and ``_sync_ddp``) with gloo's timeout text (or, if a
     peer's timeout ended it a moment before its own, "connection closed"). Every other rank was waiting
     in the all_gather of torchmetrics' ``gather_all_tensors``: a rank that raised there the same way shows

@@ -36,9 +36,9 @@ from ddpprobe.runif import run_if
 from tests.support import gloo, oracle, upstream
 
 N, BATCH_SIZE = 7, 2
-#: The all_gather case fails only after about 8 s (two process-group timeouts; 12.5 s at W = 3 under
-#: ``pytest -n 2``), so the world timeout leaves it three times that on a loaded machine.
-PG_TIMEOUT_S, WORLD_TIMEOUT_S = 4, 40
+#: The all_gather case fails only after two process-group timeouts (about 4 s; with 4 s timeouts it took
+#: 12.5 s at W = 3 under ``pytest -n 2``), so the world timeout leaves it many times that on a loaded machine.
+PG_TIMEOUT_S, WORLD_TIMEOUT_S = 2, 40
 
 
 def _expected(world_size: int) -> dict:
@@ -87,7 +87,7 @@ def test_with_the_progress_bar_a_metric_compute_or_all_gather_in_on_train_epoch_
     ``on_train_epoch_end``, with the default progress bar. Rank 0's bar syncs ``value`` (a barrier, an
     all_reduce); the other ranks' first collective there is the metric's (a barrier, an all_gather) or
     the all_gather. gloo pairs the barriers of the first case, then nothing more: no rank moves. Rank 0
-    raises a ``RuntimeError`` at the process-group timeout (here 4 s) from the bar (traceback through
+    raises a ``RuntimeError`` at the process-group timeout (here 2 s) from the bar (traceback through
     ``tqdm_progress.py`` and ``_sync_ddp``, ending in the all_reduce, or in the barrier when the others
     run a lone all_gather), with gloo's timeout text (or "connection closed" if a
     peer's own timeout ended it a moment before). Every other rank was waiting in the all_gather of

@@ -43,7 +43,7 @@ from ddpprobe.probes import hidden_collectives as hidden
 from ddpprobe.runif import run_if
 from tests.support import gloo, oracle
 
-PG_TIMEOUT_S, WORLD_TIMEOUT_S = 4, 20
+PG_TIMEOUT_S, WORLD_TIMEOUT_S = 2, 20
 
 #: torchmetrics' warning on a rank whose metric was never updated (``Metric._wrap_compute``).
 NOT_UPDATED = "was called before the ``update`` method"

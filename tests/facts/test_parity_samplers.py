@@ -347,3 +347,31 @@ def test_every_loader_of_a_combined_loader_gets_its_own_shuffling_distributed_sa
     want = ({"a": "DistributedSampler", "b": "DistributedSampler"}, {"a": True, "b": True})
     assert samplers == [want] * world_size, oracle.side_by_side("samplers", samplers)
     semantics.number("steps per rank", len(steps[0]), vs=("unsharded", -(-n_a // batch_size)))
+
+
+def test_loader_lengths_are_summed_over_ranks_an_all_empty_world_warns_once_and_one_empty_rank_raises_alone(
+    run_world, semantics
+):
+    """``trainer.validate`` with ``use_distributed_sampler=False`` and each rank's own loader: Lightning
+    all-reduces the loaders' lengths first. When every rank's loader is empty, rank 0 alone warns "Total
+    length of `DataLoader` across ranks is zero" and validation runs no batch; when only rank 1's is empty
+    (rank 0 has 4 samples), rank 1 alone raises ``RuntimeError: `DataLoader` within local rank has zero
+    length`` and rank 0 validates its two batches. Mirrors Lightning's tests_pytorch/trainer/
+    test_dataloaders.py::test_warning_on_zero_len_dataloader (one process). Source:
+    pytorch_lightning/utilities/data.py ``has_len_all_ranks`` (``strategy.reduce(local_length, "sum")``)."""
+    world_size = 2
+    empty = run_world(parity_samplers.validate_lengths, world_size, lengths=[0, 0])
+    one_empty = run_world(parity_samplers.validate_lengths, world_size, lengths=[4, 0])
+
+    warned = [
+        sum("Total length of `DataLoader` across ranks is zero" in w["message"] for w in rec["warnings"])
+        for rec in empty.records
+    ]
+    assert warned == [1, 0], oracle.side_by_side("zero-length warnings", warned)
+    assert [(rec["seen"], rec["raised"]) for rec in empty.records] == [([], None)] * world_size
+    outcome = [(rec["seen"], rec["raised"]) for rec in one_empty.records]
+    assert outcome == [(oracle.batches([0, 1, 2, 3], 2), None), ([], "RuntimeError")], oracle.side_by_side(
+        "seen, raised", outcome
+    )
+    assert "within local rank has zero length" in one_empty.records[1]["message"], one_empty.records[1]["message"]
+    semantics.number("ranks warning when every loader is empty", sum(warned), vs=("world size", world_size))

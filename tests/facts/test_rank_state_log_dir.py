@@ -19,7 +19,7 @@ from ddpprobe import RankFailed
 from ddpprobe.probes import rank_state
 from tests.support import gloo, oracle
 
-PG_TIMEOUT_S, WORLD_TIMEOUT_S = 4, 40
+PG_TIMEOUT_S, WORLD_TIMEOUT_S = 2, 40
 
 
 def _version(n):
@@ -76,7 +76,7 @@ def test_reading_trainer_log_dir_inside_a_rank_zero_only_function_fails_every_ra
 ):
     """``@rank_zero_only def save(): path = trainer.log_dir`` at the end of a training epoch, then a barrier on
     every rank: ``log_dir`` is a broadcast that rank 0 enters alone while the others enter the barrier, so
-    the collectives do not match and, once the process-group timeout (4 s) expires, every rank raises: gloo's
+    the collectives do not match and, once the process-group timeout (2 s) expires, every rank raises: gloo's
     timeout, or "Connection closed by peer" on a rank whose peer timed out and left first (rank 0 from the
     broadcast under ``Trainer.log_dir``). ddpprobe reports ``RankFailed`` naming every rank."""
     with pytest.raises(RankFailed) as failure:

@@ -34,7 +34,7 @@ from tests.support import gloo, oracle, upstream
 #: Samples and batch size: every sample its own batch, so each rank runs as many batches as it has samples.
 N, BATCH = 5, 1
 #: Short limits for worlds that fail: the process-group timeout (seconds) and the world's timeout above it.
-PG_TIMEOUT, WORLD_TIMEOUT = 5, 20
+PG_TIMEOUT, WORLD_TIMEOUT = 2, 20
 
 
 def _shards(world_size):
