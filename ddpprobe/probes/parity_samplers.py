@@ -255,3 +255,23 @@ def fit_combined(info: RankInfo, n_a: int, n_b: int, batch_size: int, mode: str 
         "samplers": {k: type(dl.sampler).__name__ for k, dl in sorted(inner.items())},
         "shuffle": {k: getattr(dl.sampler, "shuffle", None) for k, dl in sorted(inner.items())},
     }
+
+
+def validate_lengths(info: RankInfo, lengths: list, batch_size: int = 2) -> dict:
+    """Scenario: ``trainer.validate`` a ``SeenModule`` with ``use_distributed_sampler=False`` over the first
+    ``lengths[rank]`` samples of ``RegressionDataset(max(lengths) or 1)`` (an empty loader where it is 0).
+
+    Record keys: ``seen`` (ids per batch), ``warnings``, ``raised`` (class name or None), ``message``.
+    """
+    from torch.utils.data import Subset
+
+    subset = Subset(RegressionDataset(max(max(lengths), 1)), range(lengths[info.rank]))
+    model = SeenModule()
+    raised = message = None
+    with recorded_warnings() as warnings:
+        trainer = ddp_trainer(info, use_distributed_sampler=False)
+        try:
+            trainer.validate(model, dataloaders=DataLoader(subset, batch_size=batch_size), verbose=False)
+        except RuntimeError as exc:
+            raised, message = type(exc).__name__, str(exc)
+    return {"seen": model.val_seen.get("0", []), "warnings": warnings, "raised": raised, "message": message}
