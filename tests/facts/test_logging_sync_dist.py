@@ -1,13 +1,15 @@
 """``self.log`` at epoch level with and without ``sync_dist``: what each rank, and the logger, ends with.
 
 Every rank reduces its own logged values over its batches (a batch-size-weighted mean by default).
-Without ``sync_dist`` that rank-local number is what the rank keeps; the logger runs on global rank 0
-only, so files hold rank 0's local number. With ``sync_dist=True`` Lightning all-reduces the
+Without ``sync_dist`` that rank-local number is what the rank keeps; the built-in loggers (CSVLogger
+here) write on global rank 0 only, so their files hold rank 0's local number. (The Trainer calls every
+logger on every rank; a custom ``Logger`` without ``rank_zero_only`` writes each rank's own number:
+tests/facts/test_parity_loggers.py.) With ``sync_dist=True`` Lightning all-reduces the
 weighted sum and the sample count, so every rank gets the mean over all samples the ranks saw —
 padding duplicates included.
 Source: pytorch_lightning/trainer/connectors/logger_connector/result.py ``_ResultMetric.compute`` and
-``_ResultCollection`` (the sync_dist warning); loggers are rank-zero-only via
-lightning_fabric/loggers/logger.py ``rank_zero_experiment``.
+``_ResultCollection`` (the sync_dist warning); the built-in loggers are rank-zero-only through their own
+``rank_zero_only`` methods and lightning_fabric/loggers/logger.py ``rank_zero_experiment``.
 """
 
 import csv

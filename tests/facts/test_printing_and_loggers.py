@@ -3,9 +3,11 @@
 Every rank runs every hook, so a plain ``print`` appears once per rank. ``LightningModule.print`` and
 functions decorated with ``rank_zero_only`` run on global rank 0 only
 (pytorch_lightning/core/module.py ``LightningModule.print``; lightning_utilities ``rank_zero_only``).
-Loggers are rank-zero-only too: on other ranks ``self.logger.experiment`` is a ``_DummyExperiment``
-whose every method does nothing (lightning_fabric/loggers/logger.py ``rank_zero_experiment``), so the
-seed's ``self.logger.experiment.add_scalar(...)`` from rank 1 leaves no trace.
+The built-in loggers are rank-zero-only too: on other ranks their ``self.logger.experiment`` is a
+``_DummyExperiment`` whose every method does nothing (lightning_fabric/loggers/logger.py
+``rank_zero_experiment``), so the seed's ``self.logger.experiment.add_scalar(...)`` from rank 1 leaves no
+trace. The Trainer itself calls every logger on every rank: a custom ``Logger`` without
+``rank_zero_only`` writes once per rank (tests/facts/test_parity_loggers.py).
 """
 
 import csv

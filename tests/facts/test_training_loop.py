@@ -9,8 +9,9 @@
   ``True``), then every rank updates them with its own batch. ``Trainer(sync_batchnorm=True)`` swaps in
   ``SyncBatchNorm``, which computes the statistics over the global batch — on GPUs only.
 - **The training sampler** is a shuffling ``DistributedSampler`` whatever the user's ``DataLoader``
-  says, seeded with ``PL_GLOBAL_SEED`` (0 without ``seed_everything``) and reshuffled every epoch by
-  ``set_epoch``; validation keeps the user's order.
+  says (unless ``Trainer(overfit_batches=...)``: tests/facts/test_parity_samplers.py), seeded with
+  ``PL_GLOBAL_SEED`` (0 without ``seed_everything``) and reshuffled every epoch by ``set_epoch``;
+  validation keeps the user's order.
 - **Epoch-level ``self.log(..., sync_dist=True)``** from ``training_step`` is already reduced over the
   epoch and the ranks when ``on_train_epoch_end`` reads ``trainer.callback_metrics``.
 - **The ``DistributedSampler`` PossibleUserWarning** is raised by ``trainer.validate()`` and
@@ -306,7 +307,7 @@ def test_sync_batchnorm_running_stats_are_the_global_batch_stats_and_equal_on_ev
 
 
 # ---------------------------------------------------------------------------------------------
-# 3. The training DistributedSampler: always shuffled, reshuffled per epoch; validation in order
+# 3. The training DistributedSampler: shuffled (unless overfit_batches), reshuffled per epoch; validation in order
 # ---------------------------------------------------------------------------------------------
 
 
@@ -314,10 +315,12 @@ def test_sync_batchnorm_running_stats_are_the_global_batch_stats_and_equal_on_ev
 def test_the_training_sampler_shuffles_whatever_the_user_loader_says_and_reshuffles_every_epoch(
     run_world, semantics, world_size, user_shuffle
 ):
-    """For the training dataloader Lightning always asks for a shuffling ``DistributedSampler``
-    (``_process_dataloader`` passes ``shuffle=True`` for the training stage; ``_is_dataloader_shuffled``
-    is consulted only for validation/test), so a user's ``DataLoader(shuffle=False)`` is shuffled too,
-    and a user's ``shuffle=True`` gives exactly the same order (its ``RandomSampler`` is replaced).
+    """For the training dataloader Lightning asks for a shuffling ``DistributedSampler`` unless
+    ``overfit_batches`` is set (``_process_dataloader`` passes ``shuffle=True`` for the training stage,
+    ``_get_distributed_sampler`` makes it ``shuffle and not overfit_batches``: the overfit_batches fact of
+    test_parity_samplers.py; ``_is_dataloader_shuffled`` is consulted only for validation/test), so a
+    user's ``DataLoader(shuffle=False)`` is shuffled too, and a user's ``shuffle=True`` gives exactly the
+    same order (its ``RandomSampler`` is replaced).
     The seed is ``PL_GLOBAL_SEED``, 0 without ``seed_everything``, and the fit loop calls
     ``set_epoch(epoch)`` before each epoch, so each epoch has a new permutation. Each rank's
     ``training_step`` sees exactly what torch's ``DistributedSampler(shuffle=True, seed=0)`` deals it
