@@ -217,6 +217,14 @@ class CollectiveGuard(pl.Callback):
             self._exchange.post_raised(f"{type(exception).__name__}: {exception}", hook)
         self._uninstall()
 
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
+        # Trainer.save_checkpoint: every rank builds the checkpoint, the global-zero rank alone writes it
+        # (Strategy.save_checkpoint), then all meet in a barrier (pytorch_lightning/trainer/trainer.py): the
+        # peers wait for the writer at the barrier's check as long as the write takes, within the
+        # process-group timeout (docs/guard.md, "Lightning's slow steps").
+        if self._exchange is not None and trainer.strategy.is_global_zero:
+            self._exchange.busy("writing a checkpoint (Trainer.save_checkpoint)")
+
     def _uninstall(self) -> None:
         trace.detach(self._listener)
         if self._model is not None:  # put back the instance's own log (another wrapper's), or none

@@ -90,6 +90,8 @@ class Exchange:
         self.error = None
         #: Whether this rank's position record ``s/<rank>`` is in the store.
         self._has_slot = False
+        #: Seconds the last timed-out wait lasted (the timeout, or more while a peer was busy).
+        self._waited_s = timeout_s
 
     def check(self, entry: dict) -> None:
         """Announce ``entry`` (its ``n`` is this check's number) and return once every rank announced the
@@ -135,14 +137,44 @@ class Exchange:
         return verdict
 
     def _verdict(self, n: int, entry: dict) -> str:
-        key = f"{n}/v"
-        try:
-            self.store.wait([key], self.timeout)
-        except torch.distributed.DistStoreError as exc:
-            if "timeout" not in str(exc).lower():
-                raise
-            self._timed_out(n, entry)  # returns only if the last arrival closed the check in the meantime
+        key, waited = f"{n}/v", 0.0
+        while True:
+            try:
+                self.store.wait([key], self.timeout)
+                break
+            except torch.distributed.DistStoreError as exc:
+                if "timeout" not in str(exc).lower():
+                    raise
+                waited += self.timeout_s
+                if waited + self.timeout_s <= self.pg_timeout_s and self._all_busy(n):
+                    continue  # the missing ranks are in a Lightning step that keeps one rank away: wait on
+                self._waited_s = waited
+                self._timed_out(n, entry)  # returns only if the last arrival closed the check in the meantime
+                break
         return self.store.get(key).decode()
+
+    def busy(self, step: str) -> None:
+        """Note in this rank's position record that it is in ``step`` (e.g. ``"writing a checkpoint
+        (Trainer.save_checkpoint)"``), a step of Lightning's that keeps this rank alone away from the next
+        check: a peer whose wait times out meanwhile waits on, up to the process-group timeout (what it
+        would wait in the collective without the guard). The next check replaces the note."""
+        text = f"is {step} (after check #{self.n - 1})"
+        try:
+            self.store.set(f"s/{self.rank}", json.dumps({"n": self.n - 1, "text": text, "busy": step}))
+            self._has_slot = True
+        except Exception:  # noqa: BLE001 - a note only: the peers' timeout applies without it
+            pass
+
+    def _all_busy(self, n: int) -> bool:
+        """Whether every rank missing at check ``n`` noted a Lightning step it is in (``busy``)."""
+        missing = [r for r in range(self.world_size) if r != self.rank and not self._arrived(r, n)]
+        return bool(missing) and all(self._busy_note(r) for r in missing)
+
+    def _arrived(self, rank: int, n: int) -> bool:
+        return self.store.check([f"s/{rank}"]) and json.loads(self.store.get(f"s/{rank}"))["n"] >= n
+
+    def _busy_note(self, rank: int):
+        return self.store.check([f"s/{rank}"]) and json.loads(self.store.get(f"s/{rank}")).get("busy")
 
     def _explain(self, n: int, entry: dict) -> None:
         """The digests differ: every rank writes its full entry; read all ``W`` and raise the difference."""
@@ -239,7 +271,7 @@ class Exchange:
             f"  {_entries.ranks_text(here)} {'waits' if len(here) == 1 else 'wait'} at check #{n}: {entry['text']}"
         )
         raise GuardTimeout(
-            f"{self._head(n)}: {_entries.ranks_text(missing)} did not arrive within {self.timeout_s:g} s "
+            f"{self._head(n)}: {_entries.ranks_text(missing)} did not arrive within {self._waited_s:g} s "
             f"(CollectiveGuard's timeout; the process-group timeout is {self.pg_timeout_s:g} s):\n"
             + "\n".join(lines)
             + "\nThe missing rank is in slow code, in a collective made from C++ (e.g. DistributedDataParallel's "

@@ -11,10 +11,14 @@ passed in its last stage; None without the guard), like tests/support/guard_brea
 and helpers these reuse.
 """
 
+import os
+import time
+
 import torch
 from torch.utils.data import DataLoader
 
 from ddpprobe._lightning import pl
+from ddpprobe.guard import CollectiveGuard
 from ddpprobe.probes.common import ddp_trainer, floats, id_loader, seed_everything
 from ddpprobe.probes.data import IdDataset
 from ddpprobe.trace import pg_seq
@@ -186,3 +190,46 @@ def datamodule_stages(info, guard: bool = True) -> dict:
         prepared=data.prepared,
         set_up=data.set_up,
     )
+
+
+class SlowWriteIO(pl.plugins.TorchCheckpointIO):
+    """Lightning's checkpoint writer, ``write_s`` seconds slower per checkpoint (a slow file system)."""
+
+    def __init__(self, write_s: float):
+        super().__init__()
+        self.write_s = write_s
+
+    def save_checkpoint(self, checkpoint, path, storage_options=None):
+        time.sleep(self.write_s)
+        super().save_checkpoint(checkpoint, path, storage_options)
+
+
+class SlowPrepareModule(StagesModule):
+    """``StagesModule`` whose ``prepare_data`` (local rank 0 only) takes ``prepare_s`` seconds."""
+
+    def __init__(self, prepare_s: float):
+        super().__init__()
+        self.prepare_s = prepare_s
+
+    def prepare_data(self):
+        time.sleep(self.prepare_s)
+
+
+def slow_steps(info, guard_timeout: float, write_s: float = 0.0, prepare_s: float = 0.0, guard: bool = True) -> dict:
+    """Scenario: 2 epochs of ``trainer.fit(SlowPrepareModule(prepare_s))`` over ``IdDataset(4 * W)`` in
+    batches of 2 with ``ModelCheckpoint`` saving every epoch through ``SlowWriteIO(write_s)``, under
+    ``CollectiveGuard(timeout=guard_timeout)``.
+
+    Record keys: ``callback_metrics``, ``weights``, ``global_step``, ``files`` (the checkpoints written),
+    ``pg_seq``, ``checks``."""
+    seed_everything(0)
+    model = SlowPrepareModule(prepare_s)
+    checkpoint = pl.callbacks.ModelCheckpoint(dirpath=os.path.join(info.world_dir, "ckpt"), save_top_k=-1)
+    callbacks = [checkpoint] + ([CollectiveGuard(timeout=guard_timeout)] if guard else [])
+    before = pg_seq()
+    trainer = ddp_trainer(
+        info, max_epochs=2, enable_checkpointing=True, callbacks=callbacks, plugins=[SlowWriteIO(write_s)]
+    )
+    trainer.fit(model, train_dataloaders=id_loader(4 * info.world_size, 2), val_dataloaders=id_loader(4, 2))
+    files = sorted(os.listdir(checkpoint.dirpath)) if os.path.isdir(checkpoint.dirpath) else []
+    return _record(trainer, model, callbacks, before, files=files)

@@ -84,3 +84,21 @@ def test_a_datamodule_fit_validated_every_second_epoch_then_tested_and_predicted
     assert [r["prepared"] for r in without] == [3] + [0] * (world_size - 1), without
     assert all(r["set_up"] == ["fit", "test", "predict"] for r in without), without
     assert all("t" in r["tested"] and len(r["predicted"]) == 6 for r in without), without
+
+
+def test_a_checkpoint_written_slower_than_the_guard_timeout_fits_the_same_with_the_guard(run_world):
+    """``ModelCheckpoint`` every epoch through a writer 3 s slower than Lightning's (a slow file system),
+    under ``CollectiveGuard(timeout=1)`` and a process-group timeout of 10 s: rank 1 waits for rank 0's
+    write at the check of ``Trainer.save_checkpoint``'s barrier for 3 s, longer than the guard's timeout.
+    Rank 0 noted that it is writing a checkpoint (``on_save_checkpoint``), so rank 1 waits on, within the
+    process-group timeout, as it would in the barrier without the guard: the same run, both checkpoints."""
+    without = _twins(run_world, guard_correct.slow_steps, 2, guard_timeout=1.0, write_s=3.0)
+    assert all(r["files"] == ["epoch=0-step=2.ckpt", "epoch=1-step=4.ckpt"] for r in without), without
+
+
+def test_a_prepare_data_slower_than_the_guard_timeout_fits_the_same_with_the_guard(run_world):
+    """``prepare_data`` on local rank 0 takes 3 s under ``CollectiveGuard(timeout=1)``: the other ranks
+    wait for it in Lightning's own barrier (``_InfiniteBarrier``, pytorch_lightning/trainer/connectors/
+    data_connector.py ``prepare_data``), before ``setup`` where the guard's first check is, so the guard
+    never waits for it: the same run with the guard."""
+    _twins(run_world, guard_correct.slow_steps, 2, guard_timeout=1.0, prepare_s=3.0)
