@@ -130,20 +130,23 @@ READ_LOG_DIR = (None, "in_rank_zero_only", "on_every_rank")
 
 class _LogDirProbe(pl.LightningModule):
     """Logs ``"v"`` per step. At the end of the training epoch a ``@rank_zero_only`` function records a log
-    folder, then every rank meets in ``trainer.strategy.barrier()``.
+    folder, then (with ``barrier_after_read``) every rank meets in ``trainer.strategy.barrier()``.
 
     Args:
         read_log_dir: None (nothing read), ``"in_rank_zero_only"`` (the function reads ``trainer.log_dir``
             itself, on rank 0 alone) or ``"on_every_rank"`` (every rank reads ``trainer.log_dir`` and passes
             it to the function).
+        barrier_after_read: call ``trainer.strategy.barrier()`` on every rank after the function (default
+            True); False: the hook returns right after it.
     """
 
-    def __init__(self, read_log_dir=None):
+    def __init__(self, read_log_dir=None, barrier_after_read: bool = True):
         super().__init__()
         if read_log_dir not in READ_LOG_DIR:
             raise ValueError(f"read_log_dir={read_log_dir!r}: use one of {READ_LOG_DIR}")
         self.layer = torch.nn.Linear(2, 1)
         self.read_log_dir = read_log_dir
+        self.barrier_after_read = barrier_after_read
         self.read: list = []
 
     def training_step(self, batch, batch_idx):
@@ -162,16 +165,26 @@ class _LogDirProbe(pl.LightningModule):
             save_next_to_the_logs(self.trainer.log_dir)
         else:
             save_next_to_the_logs()
-        self.trainer.strategy.barrier()
+        if self.barrier_after_read:
+            self.trainer.strategy.barrier()
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.0)
 
 
-def logger_versions(info: RankInfo, rank0_first: bool = True, version=None, read_log_dir=None) -> dict:
+def logger_versions(
+    info: RankInfo,
+    rank0_first: bool = True,
+    version=None,
+    read_log_dir=None,
+    barrier_after_read: bool = True,
+    checkpointing: bool = True,
+) -> dict:
     """Scenario: every rank makes ``CSVLogger(save_dir=<world folder>, version=version)`` (one folder for all
-    ranks) and fits ``_LogDirProbe(read_log_dir)`` for one epoch with it, checkpointing on (``ModelCheckpoint``
-    with no ``dirpath``).
+    ranks) and fits ``_LogDirProbe(read_log_dir, barrier_after_read)`` for one epoch with it, checkpointing on
+    (``ModelCheckpoint`` with no ``dirpath``) unless ``checkpointing=False``. With ``barrier_after_read=False``
+    the scenario runs no collective of its own after the hook's ``@rank_zero_only`` function: no barrier in
+    the hook, and after ``fit`` neither ``trainer.log_dir`` (a broadcast) nor a barrier.
 
     With ``rank0_first``, rank 0 creates its version folder first (``logger.experiment`` makes
     ``lightning_logs/version_<v>``) and the other ranks make their logger only once ``version_0`` exists
@@ -179,7 +192,9 @@ def logger_versions(info: RankInfo, rank0_first: bool = True, version=None, read
 
     Paths in the record are relative to the world folder. Record keys: ``version_before_fit``
     (``logger.version`` as the rank first read it), ``version`` and ``logger_log_dir`` (after ``fit``),
-    ``trainer_log_dir`` (``trainer.log_dir``, read on every rank after ``fit``), ``checkpoint_dirpath``,
+    ``trainer_log_dir`` (``trainer.log_dir``, read on every rank after ``fit``; None with
+    ``barrier_after_read=False``), ``checkpoint_dirpath`` (None
+    without checkpointing),
     ``version_folders`` (``{folder under lightning_logs: sorted entries}`` after ``fit``), ``read`` (what the
     ``@rank_zero_only`` function recorded: one path on rank 0, nothing elsewhere).
     """
@@ -191,13 +206,15 @@ def logger_versions(info: RankInfo, rank0_first: bool = True, version=None, read
         else:
             _wait_for(os.path.join(root, "version_0"), VERSION_FOLDER_WAIT_S)
     version_before_fit = logger.version
-    model = _LogDirProbe(read_log_dir)
+    model = _LogDirProbe(read_log_dir, barrier_after_read)
     trainer = ddp_trainer(
-        info, max_epochs=1, limit_val_batches=0, log_every_n_steps=1, logger=logger, enable_checkpointing=True
+        info, max_epochs=1, limit_val_batches=0, log_every_n_steps=1, logger=logger, enable_checkpointing=checkpointing
     )
     trainer.fit(model, train_dataloaders=id_loader(2 * info.world_size, 1))
-    trainer_log_dir = trainer.log_dir
-    trainer.strategy.barrier()
+    trainer_log_dir = None
+    if barrier_after_read:
+        trainer_log_dir = trainer.log_dir
+        trainer.strategy.barrier()
 
     def rel(path):
         return os.path.relpath(path, info.world_dir) if path else path
@@ -210,7 +227,7 @@ def logger_versions(info: RankInfo, rank0_first: bool = True, version=None, read
         "version": logger.version,
         "logger_log_dir": rel(logger.log_dir),
         "trainer_log_dir": rel(trainer_log_dir),
-        "checkpoint_dirpath": rel(trainer.checkpoint_callback.dirpath),
+        "checkpoint_dirpath": rel(trainer.checkpoint_callback.dirpath) if trainer.checkpoint_callback else None,
         "version_folders": folders,
         "read": [rel(p) for p in model.read],
     }

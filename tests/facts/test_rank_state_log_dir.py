@@ -2,7 +2,10 @@
 each rank from the folders it finds, so a rank that looks after rank 0 has created ``version_0`` holds
 ``version == 1`` and a ``log_dir`` no one writes; ``trainer.log_dir`` is rank 0's on every rank because it is a
 broadcast, and for the same reason it must be read on every rank: read inside a ``@rank_zero_only`` function
-it leaves rank 0 alone in a collective and the whole world fails at the process-group timeout.
+it leaves rank 0 alone in a broadcast. What follows depends on the other ranks' next collective: if they
+enter one (a barrier after the function, or ``ModelCheckpoint``'s sync when it saves at the epoch end),
+no collective matches and the whole world fails at the process-group timeout; if they enter none, they
+finish ``fit`` and rank 0's broadcast fails as soon as they leave ("connection closed"), long before it.
 
 Sources: lightning_fabric/loggers/csv_logs.py ``CSVLogger.version`` (``_get_next_version``: one more than the
 highest ``version_<n>`` folder, read when ``version`` is first asked), ``CSVLogger.experiment``
@@ -17,6 +20,7 @@ import pytest
 
 from ddpprobe import RankFailed
 from ddpprobe.probes import rank_state
+from ddpprobe.runif import run_if
 from tests.support import gloo, oracle
 
 PG_TIMEOUT_S, WORLD_TIMEOUT_S = 2, 40
@@ -70,15 +74,28 @@ def test_a_csvlogger_with_an_explicit_version_gives_every_rank_the_same_log_dir(
         assert got == [_version(0)] * world_size, oracle.side_by_side(key, got)
 
 
+#: The collective the ranks other than 0 enter after the hook's ``@rank_zero_only`` function, and a frame of
+#: their traceback that shows it: the probe's barrier in ``on_train_epoch_end``, or (no barrier there)
+#: ``ModelCheckpoint``'s ``file_exists`` sync (``reduce_boolean_decision``) when it saves at the epoch end.
+LATER_COLLECTIVE = {
+    "barrier": ({"barrier_after_read": True}, "on_train_epoch_end"),
+    "checkpoint": ({"barrier_after_read": False, "checkpointing": True}, "file_exists"),
+}
+
+
+@pytest.mark.parametrize("later", sorted(LATER_COLLECTIVE))
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_reading_trainer_log_dir_inside_a_rank_zero_only_function_fails_every_rank_at_the_process_group_timeout(
-    run_world, semantics, world_size
+    run_world, semantics, world_size, later
 ):
-    """``@rank_zero_only def save(): path = trainer.log_dir`` at the end of a training epoch, then a barrier on
-    every rank: ``log_dir`` is a broadcast that rank 0 enters alone while the others enter the barrier, so
-    the collectives do not match and, once the process-group timeout (2 s) expires, every rank raises: gloo's
-    timeout, or "Connection closed by peer" on a rank whose peer timed out and left first (rank 0 from the
-    broadcast under ``Trainer.log_dir``). ddpprobe reports ``RankFailed`` naming every rank."""
+    """``@rank_zero_only def save(): path = trainer.log_dir`` at the end of a training epoch, followed on every
+    rank by a collective: a barrier after the function, or, without one, ``ModelCheckpoint``'s save at the
+    epoch end (its ``file_exists`` sync: a barrier, then an all_reduce). ``log_dir`` is a broadcast that
+    rank 0 enters alone while the others enter that barrier, so the collectives do not match and, once the
+    process-group timeout (2 s) expires, every rank raises: gloo's timeout, or "Connection closed by peer"
+    on a rank whose peer timed out and left first (rank 0 from the broadcast under ``Trainer.log_dir``).
+    ddpprobe reports ``RankFailed`` naming every rank."""
+    options, frame = LATER_COLLECTIVE[later]
     with pytest.raises(RankFailed) as failure:
         run_world(
             rank_state.logger_versions,
@@ -87,6 +104,7 @@ def test_reading_trainer_log_dir_inside_a_rank_zero_only_function_fails_every_ra
             read_log_dir="in_rank_zero_only",
             timeout=WORLD_TIMEOUT_S,
             pg_timeout=PG_TIMEOUT_S,
+            **options,
         )
 
     err = failure.value
@@ -101,6 +119,41 @@ def test_reading_trainer_log_dir_inside_a_rank_zero_only_function_fails_every_ra
     # rank 0 waits in the broadcast of Trainer.log_dir, the others in the barrier after the function
     stuck_in = [gloo.collective_in(err.tracebacks[rank]) for rank in range(world_size)]
     assert stuck_in == ["broadcast"] + ["barrier"] * (world_size - 1), oracle.side_by_side("stuck in", stuck_in)
+    for rank in range(1, world_size):
+        assert frame in err.tracebacks[rank] and "log_dir" not in err.tracebacks[rank], err.tracebacks[rank]
+
+
+@run_if(backend="gloo")  # gloo fails a collective whose peers left; NCCL would wait until its timeout
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_reading_trainer_log_dir_inside_a_rank_zero_only_function_with_no_later_collective_fails_rank_0_alone(
+    run_world, semantics, world_size
+):
+    """The same read with no collective after it on the other ranks (no barrier, no checkpointing, nothing
+    after ``fit``): they never enter rank 0's broadcast, finish ``fit``, return their records and leave.
+    Rank 0's broadcast under ``Trainer.log_dir`` then fails as soon as they close their connections
+    ("connection closed" / "reset by peer", not a timeout). ddpprobe reports ``RankFailed`` naming rank 0
+    alone, with the other ranks' records: each logger wrote ``version_0``, and their functions did not run."""
+    with pytest.raises(RankFailed) as failure:
+        run_world(
+            rank_state.logger_versions,
+            world_size,
+            rank0_first=False,
+            read_log_dir="in_rank_zero_only",
+            barrier_after_read=False,
+            checkpointing=False,
+            timeout=WORLD_TIMEOUT_S,
+            pg_timeout=PG_TIMEOUT_S,
+        )
+
+    err = failure.value
+    semantics.number("ranks that raised", len(err.ranks), vs=("with a later collective", world_size))
+    assert err.ranks == [0] and err.exc_types == {0: "RuntimeError"}, f"{err.ranks}\n{err}"
+    assert gloo.error_kind(err.rank_errors[0]) == gloo.PEER_GONE, err.rank_errors[0]
+    assert "log_dir" in err.tracebacks[0] and gloo.collective_in(err.tracebacks[0]) == "broadcast", err.tracebacks[0]
+    finished = err.records[1:]
+    assert all(rec is not None for rec in finished), oracle.side_by_side("records", err.records)
+    versions = [(rec["version"], rec["logger_log_dir"], rec["read"]) for rec in finished]
+    assert versions == [(0, _version(0), [])] * (world_size - 1), oracle.side_by_side("finished ranks", versions)
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
