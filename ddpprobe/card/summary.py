@@ -257,6 +257,7 @@ TOPIC_ORDER = (
     "tests/facts/test_samplers_rewrapped.py",
     "tests/facts/test_preemption.py",
     "tests/facts/test_manual_optimization_static_graph.py",
+    "tests/facts/test_metric_wrappers.py",
     "tests/facts/test_several_dataloaders.py",
 )
 
