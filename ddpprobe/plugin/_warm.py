@@ -112,6 +112,15 @@ def _sorted(mapping, ignored=()) -> tuple:
     return tuple(sorted((k, v) for k, v in mapping.items() if k not in ignored))
 
 
+#: Whether the fixture runs warm worlds when neither ``--warm-worlds`` nor ``DDPPROBE_WARM_WORLDS`` says
+#: (``--fresh-worlds`` and ``DDPPROBE_WARM_WORLDS=0`` turn them off whatever this says).
+DEFAULT = False
+
+
 def enabled(option: bool) -> bool:
-    """Warm worlds on: ``--warm-worlds`` given, or ``DDPPROBE_WARM_WORLDS`` set to 1/true/yes."""
-    return option or os.environ.get(ENV_VAR, "").strip().lower() in ("1", "true", "yes")
+    """Warm worlds on: ``--warm-worlds`` given, or ``DDPPROBE_WARM_WORLDS`` 1/true/yes; off with 0/false/no;
+    else ``DEFAULT``."""
+    value = os.environ.get(ENV_VAR, "").strip().lower()
+    if option or value in ("1", "true", "yes"):
+        return True
+    return False if value in ("0", "false", "no") else DEFAULT
