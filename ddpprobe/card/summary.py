@@ -259,6 +259,14 @@ TOPIC_ORDER = (
     "tests/facts/test_manual_optimization_static_graph.py",
     "tests/facts/test_metric_wrappers.py",
     "tests/facts/test_several_dataloaders.py",
+    "tests/facts/test_parity_samplers.py",
+    "tests/facts/test_parity_gradients.py",
+    "tests/facts/test_parity_training.py",
+    "tests/facts/test_parity_loggers.py",
+    "tests/facts/test_parity_metrics.py",
+    "tests/facts/test_parity_collectives.py",
+    "tests/facts/test_parity_spawn.py",
+    "tests/facts/test_parity_nccl.py",
 )
 
 
