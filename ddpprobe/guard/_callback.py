@@ -18,6 +18,7 @@ import torch.distributed
 from ddpprobe import trace
 from ddpprobe._lightning import pl
 from ddpprobe.guard import _entries
+from ddpprobe.guard._errors import install_excepthook
 from ddpprobe.guard._exchange import Exchange
 from ddpprobe.trace import CallClassifier
 
@@ -196,6 +197,7 @@ class CollectiveGuard(pl.Callback):
         store = dist.distributed_c10d._get_default_store()
         fn = getattr(getattr(trainer.state, "fn", None), "value", stage)
         self._exchange = Exchange(store, next(_SESSIONS), dist.get_rank(), dist.get_world_size(), timeout, pg, fn)
+        install_excepthook()  # a guard error nobody catches prints as one short report (ddpprobe/guard/_errors.py)
         self._model = pl_module
         self._classifier = CallClassifier(pl_module)
         self._thread = threading.get_ident()

@@ -1,6 +1,14 @@
-"""The errors the guard raises: one base type and one type per way the ranks can part."""
+"""The errors the guard raises: one base type and one type per way the ranks can part, and how a rank's
+process prints one it does not catch (``excepthook``)."""
 
 from __future__ import annotations
+
+import os
+import sys
+import traceback
+
+#: Set (to anything but ``0``) to print a guard error's full traceback instead of the short report.
+FULL_TRACEBACK_ENV = "DDPPROBE_GUARD_TRACEBACK"
 
 
 class GuardError(RuntimeError):
@@ -15,6 +23,13 @@ class GuardError(RuntimeError):
         super().__init__(message)
         self.check = check
         self.sides = sides
+        #: The rank that raised it (set by the guard's exchange).
+        self.rank = None
+
+    def reporter(self) -> int:
+        """The rank that prints this error in full when no one catches it: the lowest rank that raises it
+        (every rank in ``sides`` but those that failed on their own)."""
+        return min((r for r in self.sides if r not in getattr(self, "failed", {})), default=self.rank)
 
 
 class CollectiveMismatch(GuardError):
@@ -49,3 +64,62 @@ class GuardTimeout(GuardError):
         super().__init__(message, check, sides)
         self.missing = missing
         self.last_seen = last_seen
+
+
+def _guard_error_in(exc):
+    """``exc`` or the first guard error it was raised from or while handling (``__cause__``/``__context__``)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, GuardError):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def report(exc: GuardError, tb) -> str:
+    """What a rank prints for a guard error it did not catch: the lowest rank that raised it, the message
+    and the user's frame it was raised under; every other rank, one line pointing to that rank."""
+    name = type(exc).__name__
+    if exc.rank is not None and exc.rank != exc.reporter():
+        return f"rank {exc.rank}: {name} at check #{exc.check} (rank {exc.reporter()} prints the guard's message)\n"
+    frames = [f for f in traceback.extract_tb(tb) if not _library(f.filename)]
+    where = f"  raised under {frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}\n" if frames else ""
+    return f"{name}: {exc}\n{where}(the same on {_others(exc)}; full traceback: {FULL_TRACEBACK_ENV}=1)\n"
+
+
+def _others(exc: GuardError) -> str:
+    ranks = sorted(r for r in exc.sides if r != exc.reporter() and r not in getattr(exc, "failed", {}))
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks)) if ranks else "no other rank"
+
+
+def _library(filename: str) -> bool:
+    parts = filename.replace("\\", "/").split("/")
+    return any(p in ("site-packages", "dist-packages", "ddpprobe") for p in parts) or filename.startswith("<")
+
+
+def excepthook(exc_type, exc, tb, previous=None) -> None:
+    """``sys.excepthook`` of a rank with a guard: a guard error nobody caught (under torchrun, SLURM: the
+    rank's process ends with it) is printed as ``report`` says, first, instead of Lightning's 90-line
+    traceback on every rank; any other exception goes to the previous hook (after the guard's report
+    when it was raised while handling a guard error)."""
+    previous = previous or sys.__excepthook__
+    guard_error = _guard_error_in(exc)
+    if guard_error is None or os.environ.get(FULL_TRACEBACK_ENV, "0") != "0":
+        return previous(exc_type, exc, tb)
+    sys.stderr.write(report(guard_error, tb if guard_error is exc else guard_error.__traceback__))
+    if guard_error is not exc:
+        previous(exc_type, exc, tb)
+
+
+def install_excepthook() -> None:
+    """Make ``excepthook`` this process's ``sys.excepthook`` (once; the previous hook kept for the rest)."""
+    current = sys.excepthook
+    if getattr(current, "ddpprobe_guard", False):
+        return
+
+    def hook(exc_type, exc, tb):
+        excepthook(exc_type, exc, tb, previous=current)
+
+    hook.ddpprobe_guard = True
+    sys.excepthook = hook

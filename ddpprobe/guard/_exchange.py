@@ -103,6 +103,7 @@ class Exchange:
         try:
             self._compare(n, entry)
         except GuardError as exc:
+            exc.rank = self.rank
             self.error = exc
             raise
 

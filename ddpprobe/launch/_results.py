@@ -175,7 +175,7 @@ def build_result(
     stacks = {r: by_rank[r].stack for r in stuck}
     records = [json.loads(by_rank[r].record_json) if by_rank[r].status == "ok" else None for r in ranks]
 
-    lines = [_failure_line(by_rank[r]) for r in failed]
+    lines = _failure_lines([by_rank[r] for r in failed])
     if stuck:
         finished = [r for r in ranks if by_rank[r].status == "ok"]
         lines.append(f"finished: {finished or 'none'}   did not finish: {stuck}")
@@ -242,8 +242,39 @@ def _failure_line(m: RankMessage) -> str:
     if m.status == "died":
         return f"rank {m.rank} {_died(m)}"
     if m.status == "error":
-        return f"rank {m.rank} raised {m.exc_type}: {m.error}\n{_indent(m.traceback or '')}"
+        return f"rank {m.rank} raised {m.exc_type}: {m.error}\n{_indent(_without_error(m))}"
     return f"rank {m.rank}: {m.error}"
+
+
+def _failure_lines(messages: list) -> list:
+    """One line per failure, in order; ranks that raised the same exception with the same message (a
+    guard error every rank raises) share one: ``ranks 0, 1 raised CollectiveMismatch: ...`` and the first
+    one's traceback."""
+    groups: dict = {}
+    for m in messages:
+        key = (m.exc_type, m.error) if m.status == "error" else (m.rank,)
+        groups.setdefault(key, []).append(m)
+    lines = []
+    for group in groups.values():
+        m = group[0]
+        if len(group) == 1:
+            lines.append(_failure_line(m))
+        else:
+            ranks = ", ".join(str(r) for r in sorted(g.rank for g in group))
+            lines.append(f"ranks {ranks} raised {m.exc_type}: {m.error}\n{_indent(_without_error(m))}")
+    return lines
+
+
+def _without_error(m: RankMessage) -> str:
+    """The rank's traceback without the exception line it ends with (``[module.]Type: first line``): the
+    failure line above already quotes the whole message."""
+    lines = (m.traceback or "").rstrip().splitlines()
+    first = f"{m.exc_type}: {(m.error or '').splitlines()[0] if m.error else ''}".rstrip()
+    for i in range(len(lines) - 1, -1, -1):
+        prefix = lines[i][: len(lines[i]) - len(first)]
+        if lines[i].endswith(first) and (prefix == "" or (prefix.endswith(".") and " " not in prefix)):
+            return "\n".join(lines[:i])
+    return "\n".join(lines)
 
 
 def _rank_error(m: RankMessage) -> str:
