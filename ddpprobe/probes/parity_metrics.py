@@ -9,7 +9,7 @@ from the batch, and float64 values.
   once per ``reduce_fx`` string it is given (``on_step=True, on_epoch=False, sync_dist=True``).
 - ``InferenceProbe`` logs each validation batch's mean ``value`` with ``sync_dist=True`` three ways: without
   ``batch_size`` (Lightning infers it), with ``batch_size=len(batch)``, with ``batch_size=1``; and a float64
-  value ``1 + (rank + 1) * 1e-10`` that float32 cannot hold.
+  value ``1 + (rank + 1) * 1e-10`` that float32 cannot hold, an int8 and a bfloat16 value.
 """
 
 from __future__ import annotations
@@ -104,8 +104,15 @@ def float64_value(rank: int) -> float:
     return 1.0 + (rank + 1) * 1e-10
 
 
+def bfloat16_value(rank: int) -> float:
+    """The bfloat16 number rank ``rank`` logs in ``InferenceProbe``: ``1 + rank * 2 ** -7`` (exact in
+    bfloat16; the mean of ranks 0 and 1, ``1 + 2 ** -8``, is not)."""
+    return 1.0 + rank * 2.0**-7
+
+
 class InferenceProbe(PlainFitProbe):
-    """See the module docstring; keys ``"inferred"``, ``"explicit"``, ``"unweighted"``, ``"f64"``."""
+    """See the module docstring; keys ``"inferred"``, ``"explicit"``, ``"unweighted"``, ``"f64"``, and
+    ``"i8"`` (the int8 tensor ``rank + 1``) and ``"bf16"`` (the bfloat16 tensor ``bfloat16_value(rank)``)."""
 
     def validation_step(self, batch, batch_idx):
         mean = batch["value"].mean()
@@ -117,6 +124,9 @@ class InferenceProbe(PlainFitProbe):
             torch.tensor(float64_value(self.global_rank), dtype=torch.float64, device=self.device),
             sync_dist=True,
         )
+        self.log("i8", torch.tensor(self.global_rank + 1, dtype=torch.int8, device=self.device), sync_dist=True)
+        bf16 = torch.tensor(bfloat16_value(self.global_rank), dtype=torch.bfloat16, device=self.device)
+        self.log("bf16", bf16, sync_dist=True)
 
 
 def validate_inference(info: RankInfo, n: int, batch_size: int) -> dict:

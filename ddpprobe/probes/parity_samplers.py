@@ -275,3 +275,49 @@ def validate_lengths(info: RankInfo, lengths: list, batch_size: int = 2) -> dict
         except RuntimeError as exc:
             raised, message = type(exc).__name__, str(exc)
     return {"seen": model.val_seen.get("0", []), "warnings": warnings, "raised": raised, "message": message}
+
+
+class DrawingDataset(RegressionDataset):
+    """``RegressionDataset`` whose item also draws one number from each generator a DataLoader worker
+    holds: ``"numpy"`` (``numpy.random.rand()``), ``"stdlib"`` (``random.random()``), ``"torch"``
+    (``torch.rand(())``), and carries the worker's id (``"worker"``, -1 in the main process)."""
+
+    def item(self, i: int) -> dict:
+        import random
+
+        import numpy
+
+        worker = torch.utils.data.get_worker_info()
+        return {
+            **super().item(i),
+            "numpy": torch.tensor(float(numpy.random.rand()), dtype=torch.float64),
+            "stdlib": torch.tensor(random.random(), dtype=torch.float64),
+            "torch": torch.rand((), dtype=torch.float64),
+            "worker": torch.tensor(worker.id if worker is not None else -1),
+        }
+
+
+class _DrawsModule(SeenModule):
+    def __init__(self):
+        super().__init__()
+        self.draws: list = []
+
+    def validation_step(self, batch, batch_idx):
+        self.draws.append(
+            {"worker": int(batch["worker"][0]), **{k: float(batch[k][0]) for k in ("numpy", "stdlib", "torch")}}
+        )
+
+
+def worker_draws(info: RankInfo, seed: int, workers: bool, n: int = 4, num_workers: int = 2) -> dict:
+    """Scenario: ``seed_everything(seed, workers=workers)``, then ``trainer.validate`` over
+    ``DrawingDataset(n * world_size)`` with ``batch_size=1`` and ``num_workers`` workers per rank.
+
+    Record keys: ``draws`` (per batch: ``{"worker", "numpy", "stdlib", "torch"}``).
+    """
+    from ddpprobe.probes.common import seed_everything
+
+    seed_everything(seed, workers=workers)
+    model = _DrawsModule()
+    loader = DataLoader(DrawingDataset(n * info.world_size), batch_size=1, num_workers=num_workers)
+    ddp_trainer(info).validate(model, dataloaders=loader, verbose=False)
+    return {"draws": model.draws}

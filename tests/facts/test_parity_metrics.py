@@ -16,6 +16,7 @@ The probe module is ddpprobe/probes/parity_metrics.py; sample ``i`` has value ``
 
 import numpy
 import pytest
+import torch
 
 from ddpprobe.probes import parity_metrics
 from tests.support import oracle
@@ -128,3 +129,30 @@ def test_a_float64_value_stays_float64_through_the_sync(run_world, semantics):
         oracle.side_by_side("f64", got) + f"  expected {exact!r}, float32 gives {as_float32!r}"
     )
     semantics.number("synced float64 value minus 1", got[0][1] - 1.0, vs=("in float32", as_float32 - 1.0))
+
+
+def test_int8_and_bfloat16_values_are_cast_to_float32_before_the_sync(run_world, semantics):
+    """Rank r logs the int8 tensor ``r + 1`` and the bfloat16 tensor ``1 + r * 2**-7`` with
+    ``sync_dist=True``: both reach ``callback_metrics`` as float32 means computed in float32, 1.5 (an int8
+    mean would truncate to 1) and ``1 + 2**-8`` (which bfloat16 cannot hold: it would round to 1.0 or
+    ``1 + 2**-7``). (The int tensor's cast warning: test_log_reductions.py.) Mirrors
+    Lightning's tests_pytorch/core/test_metric_result_integration.py::
+    test_metric_result_precision_no_lower_than_float32 and ::test_metric_result_respects_dtype (one
+    process). Source: result.py ``_ResultMetric.update`` (``value.to(_get_default_dtype())`` for any
+    dtype other than float32 and float64)."""
+    world_size = 2
+    world = run_world(parity_metrics.validate_inference, world_size, n=4, batch_size=2)
+
+    int_mean = oracle.mean(r + 1 for r in range(world_size))
+    bf16_mean = oracle.mean(parity_metrics.bfloat16_value(r) for r in range(world_size))
+    oracle.assert_distinct(float_mean=int_mean, truncated=float(int(int_mean)))
+    bf16_rounded = float(torch.tensor(bf16_mean).to(torch.bfloat16))
+    oracle.assert_distinct(float32_in_2e8=bf16_mean * 2**8, bfloat16_in_2e8=bf16_rounded * 2**8)
+    got = [{k: (rec["dtypes"][k], rec["callback_metrics"][k]) for k in ("i8", "bf16")} for rec in world.records]
+    want = {"i8": ("torch.float32", int_mean), "bf16": ("torch.float32", bf16_mean)}
+    assert got == [want] * world_size, oracle.side_by_side("dtype, value", got) + f"  expected {want}"
+    semantics.number(
+        "synced bfloat16 mean minus 1, in 2**-8",
+        (got[0]["bf16"][1] - 1) * 2**8,
+        vs=("in bfloat16", (bf16_rounded - 1) * 2**8),
+    )

@@ -375,3 +375,38 @@ def test_loader_lengths_are_summed_over_ranks_an_all_empty_world_warns_once_and_
     )
     assert "within local rank has zero length" in one_empty.records[1]["message"], one_empty.records[1]["message"]
     semantics.number("ranks warning when every loader is empty", sum(warned), vs=("world size", world_size))
+
+
+@pytest.mark.parametrize("workers", [False, True])
+def test_dataloader_workers_draw_numpy_stdlib_and_torch_numbers_unique_per_rank_only_with_seed_everything_workers(
+    run_world, semantics, workers
+):
+    """Two DataLoader workers per rank after ``seed_everything(7, workers=...)``, each item drawing from
+    NumPy's, the standard library's and torch's global generator inside its worker. torch seeds all three
+    in each worker from ``base_seed + worker_id``, so the two workers of a rank always draw differently;
+    but ``base_seed`` comes from the rank's own generator, seeded alike on every rank, so with
+    ``workers=False`` rank 1's workers draw exactly rank 0's numbers, for all three generators. With
+    ``workers=True`` Lightning's ``pl_worker_init_function`` mixes the global rank in, and no number repeats
+    across (rank, worker). Mirrors Lightning's tests_pytorch/trainer/test_dataloaders.py::
+    test_auto_add_worker_init_fn_distributed (NumPy draws, 2 GPUs) and tests_fabric/utilities/test_seed.py::
+    test_pl_worker_init_function (one process). Source: lightning_fabric/utilities/seed.py
+    ``pl_worker_init_function``; pytorch_lightning/trainer/connectors/data_connector.py
+    ``_auto_add_worker_init_fn``; torch/utils/data/_utils/worker.py ``_worker_loop`` (seeds ``random``,
+    torch and NumPy)."""
+    world_size = 2
+    world = run_world(parity_samplers.worker_draws, world_size, seed=7, workers=workers)
+
+    draws = [rec["draws"] for rec in world.records]
+    for rank_draws in draws:
+        by_worker = {d["worker"]: d for d in rank_draws}
+        assert sorted(by_worker) == [0, 1], oracle.side_by_side("workers", draws)
+        for generator in ("numpy", "stdlib", "torch"):
+            assert by_worker[0][generator] != by_worker[1][generator], oracle.side_by_side(generator, draws)
+    if workers:
+        for generator in ("numpy", "stdlib", "torch"):
+            values = [d[generator] for rank_draws in draws for d in rank_draws]
+            assert len(set(values)) == len(values), oracle.side_by_side(generator, draws)
+    else:
+        assert draws == [draws[0]] * world_size, oracle.side_by_side("draws", draws)
+    same = sum(d == draws[0] for d in draws)
+    semantics.number(f"ranks drawing rank 0's worker numbers (workers={workers})", same, vs=("ranks", world_size))
