@@ -208,3 +208,61 @@ def find_lr(info: RankInfo, num_training: int, batch_size: int = 2) -> dict:
         "suggestion": finder.suggestion(),
         "lr": model.lr,
     }
+
+
+def two_monitor_values(rank: int, epoch: int) -> dict:
+    """What rank ``rank`` logs (unsynced) at epoch ``epoch`` in ``TwoMonitorProbe``: ``"a"`` rises on rank 0
+    from epoch 1 on and falls elsewhere; ``"b"`` falls until epoch 2 and then stays on every rank."""
+    a = 5.0 + epoch if rank == 0 else 5.0 - epoch
+    return {"a": a, "b": 5.0 - min(epoch, 2)}
+
+
+class TwoMonitorProbe(PlainFitProbe):
+    """Logs ``two_monitor_values(rank, epoch)`` (``on_epoch=True``, no ``sync_dist``) from ``training_step``
+    when ``in_training``, else from ``validation_step``; records the epochs its ``training_step`` ran."""
+
+    def __init__(self, in_training: bool):
+        super().__init__()
+        self.in_training = in_training
+        self.epochs: list = []
+
+    def _log_values(self, batch):
+        for key, value in two_monitor_values(self.global_rank, self.current_epoch).items():
+            self.log(key, value, on_step=False, on_epoch=True, batch_size=len(batch["id"]))
+
+    def training_step(self, batch, batch_idx):
+        if self.current_epoch not in self.epochs:
+            self.epochs.append(self.current_epoch)
+        if self.in_training:
+            self._log_values(batch)
+        return super().training_step(batch, batch_idx)
+
+    def validation_step(self, batch, batch_idx):
+        if not self.in_training:
+            self._log_values(batch)
+
+
+def fit_two_early_stoppings(info: RankInfo, check_on_train_epoch_end: bool, max_epochs: int = 6) -> dict:
+    """Scenario: ``trainer.fit`` a ``TwoMonitorProbe`` with ``EarlyStopping(monitor="a", patience=0)`` and
+    ``EarlyStopping(monitor="b", patience=0)`` (mode min, ``check_on_train_epoch_end`` as given; the values
+    logged in training when it is True, in validation otherwise).
+
+    Record keys: ``epochs`` (the epochs training ran), ``stopped_epoch`` (each callback's, ``{"a", "b"}``).
+    """
+    callbacks = [
+        pl.callbacks.EarlyStopping(
+            monitor=key, patience=0, mode="min", check_on_train_epoch_end=check_on_train_epoch_end
+        )
+        for key in ("a", "b")
+    ]
+    model = TwoMonitorProbe(in_training=check_on_train_epoch_end)
+    trainer = ddp_trainer(
+        info,
+        max_epochs=max_epochs,
+        callbacks=callbacks,
+        num_sanity_val_steps=0,
+        limit_val_batches=0 if check_on_train_epoch_end else 1.0,
+    )
+    val = None if check_on_train_epoch_end else regression_loader(2 * info.world_size, 2)
+    trainer.fit(model, train_dataloaders=regression_loader(2 * info.world_size, 2), val_dataloaders=val)
+    return {"epochs": model.epochs, "stopped_epoch": {c.monitor: c.stopped_epoch for c in callbacks}}

@@ -206,3 +206,52 @@ def test_lr_find_under_ddp_gives_every_rank_rank_0s_loss_curve_and_the_same_lear
     assert lrs[0][0] is not None and lrs[0][0] == lrs[0][1], lrs
     assert lrs == [lrs[0]] * world_size, oracle.side_by_side("suggestion, model.lr", lrs)
     semantics.number("learning rate chosen", lrs[0][1])
+
+
+def _first_stop(values: list) -> int:
+    """The epoch ``EarlyStopping(patience=0, mode="min")`` stops at for these per-epoch values: the first
+    epoch whose value is not below the best so far (or past the last epoch when none is)."""
+    best = values[0]
+    for epoch, value in enumerate(values[1:], start=1):
+        if not value < best:
+            return epoch
+        best = value
+    return len(values)
+
+
+@pytest.mark.parametrize("check_on_train_epoch_end", [True, False])
+def test_with_two_early_stopping_callbacks_the_first_stop_any_rank_wants_stops_every_rank(
+    run_world, semantics, check_on_train_epoch_end
+):
+    """Two ``EarlyStopping(patience=0)`` callbacks on unsynced values: ``"a"`` rises on rank 0 from epoch 1
+    (rank 0 wants to stop there) and falls on rank 1; ``"b"`` stops improving at epoch 3 on every rank.
+    Every rank trains epochs 0 and 1 and stops, the ``"a"`` callback records ``stopped_epoch`` 1 on both
+    ranks (rank 1's own values never asked for it) and the ``"b"`` callback never stops; on its own, rank 1
+    would have trained until epoch 3. The same whether the check runs at the training epoch's end or after
+    validation. Mirrors Lightning's tests_pytorch/callbacks/test_early_stopping.py::
+    test_multiple_early_stopping_callbacks[ddp_spawn] (2 CPU ranks). Source:
+    pytorch_lightning/callbacks/early_stopping.py ``_run_early_stopping_check``
+    (``reduce_boolean_decision(should_stop, all=False)``; ``stopped_epoch`` set where the reduced decision
+    stops)."""
+    world_size, max_epochs = 2, 6
+    world = run_world(
+        parity_training.fit_two_early_stoppings,
+        world_size,
+        check_on_train_epoch_end=check_on_train_epoch_end,
+        max_epochs=max_epochs,
+    )
+
+    per_rank_stop = [
+        min(
+            _first_stop([parity_training.two_monitor_values(r, e)[key] for e in range(max_epochs)])
+            for key in ("a", "b")
+        )
+        for r in range(world_size)
+    ]
+    stop = min(per_rank_stop)
+    oracle.assert_distinct(any_rank=stop, rank1_alone=per_rank_stop[1])
+    got = [(rec["epochs"], rec["stopped_epoch"]) for rec in world.records]
+    assert got == [(list(range(stop + 1)), {"a": stop, "b": 0})] * world_size, oracle.side_by_side(
+        "epochs trained, stopped_epoch", got
+    )
+    semantics.number("epochs trained on rank 1", len(got[1][0]), vs=("by its own values", per_rank_stop[1] + 1))
