@@ -259,6 +259,7 @@ TOPIC_ORDER = (
     "tests/facts/test_manual_optimization_static_graph.py",
     "tests/facts/test_metric_wrappers.py",
     "tests/facts/test_metric_checkpoints.py",
+    "tests/facts/test_metric_precision_and_devices.py",
     "tests/facts/test_several_dataloaders.py",
     "tests/facts/test_parity_samplers.py",
     "tests/facts/test_parity_gradients.py",
