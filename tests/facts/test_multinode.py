@@ -172,6 +172,8 @@ def _run_two_nodes(tmp_path, scenario: str, params: dict, timeout: float = 120) 
                 f"--node-rank={node}",
                 "--master-addr=127.0.0.1",
                 f"--master-port={port}",
+                # the agent's own log folder, else it makes a torchelastic_* folder in /tmp and leaves it there
+                f"--log-dir={tmp_path / f'agent{node}-logs'}",
                 "-m",
                 "ddpprobe.launch",
                 scenario,

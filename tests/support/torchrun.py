@@ -29,7 +29,11 @@ def pytest_under_torchrun(log_dir, pytest_args: list, nproc: int = 2, timeout: f
         ordered by rank.
     """
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "DDPPROBE_"))}
-    env.update(OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
+    # The ranks' pytest sessions make their own basetemp (pytest-of-<user>/pytest-<n>) in the temporary folder:
+    # one beside log_dir, so nothing of theirs is left in the caller's.
+    tmp = pathlib.Path(log_dir).with_name(pathlib.Path(log_dir).name + "-tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    env.update(OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", TMPDIR=str(tmp))
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
     command += [f"--log-dir={log_dir}", "--redirects=3", "-m", "pytest", "-p", "no:xdist", "-p", "no:cacheprovider"]
     command += ["-q", "-rs", *pytest_args]
