@@ -174,4 +174,4 @@ def audit(
     worlds = run_worlds(params, world_size, settings, progress)
     data = data_ref or "(the module's own *_dataloader methods)"
     inputs = dict(model=model_ref, data=data, stage=stage, world_size=world_size, backend=backend, lightning=package)
-    return assemble(worlds, inputs, limit_batches, rtol, atol)
+    return assemble(worlds, inputs, rtol, atol)

@@ -38,15 +38,19 @@ def _bursts(sequence: list, wanted: tuple) -> list:
 def _went_past(sequence: list, index: int, ended: Optional[str]) -> bool:
     """The rank went on beyond collective ``index``: it made a later call from Python, finished its stage,
     or completed the one at ``index``; a rank stuck there says nothing about the collectives after it.
-    (A Flight Recorder entry Python never saw, such as a gradient all_reduce, is no proof: on gloo every
-    entry stays "scheduled".)"""
-    if ended == "end" or any(e.get("source") != "internal" for e in sequence[index + 1 :]):
+    (DDP's gradient all_reduce is no proof, whether a Flight Recorder entry Python never saw, which on gloo
+    stays "scheduled", or a bucket the comm hook launched, which is "done" once launched, not once paired.)"""
+    if ended == "end" or any(e.get("source") not in ASYNC_SOURCES for e in sequence[index + 1 :]):
         return True
     return (
         index < len(sequence)
         and sequence[index].get("status") == "done"
-        and sequence[index].get("source") != "internal"
+        and sequence[index].get("source") not in ASYNC_SOURCES
     )
+
+
+#: Sources of collectives whose recorded status says nothing of their pairing: DDP's gradient all_reduce.
+ASYNC_SOURCES = ("internal", "gradient")
 
 
 def _expected(entry: dict, logs: list) -> bool:
@@ -116,7 +120,7 @@ def _batches_per_rank(world: list, loop: str) -> list:
 def _loop_of(entry: dict) -> Optional[str]:
     """The loop whose batches drive a collective made once per batch: ``"train"`` for the gradient
     all_reduce and a training step, ``"val"``/``"test"``/``"predict"`` for their step hooks."""
-    if entry.get("source") == "internal":
+    if entry.get("source") in ("internal", "gradient"):  # DDP's gradient all_reduce, per training batch
         return "train"
     hook = entry.get("hook") or entry.get("running") or ""
     if entry.get("sync") == "epoch" or not (hook.endswith("_step") or "backward" in hook):
@@ -214,7 +218,8 @@ def diagnose(divergence: dict, world: list, sequences: list, stage: str, shards:
         text = hazards.cause("keys_differ", op=entries[0]["op"], keys=", ".join(map(str, evidence["keys per rank"])))
         return _diagnosis(None, text, "keys_differ", evidence)
     loop = STAGE_LOOP[stage]
-    found = culprit(divergence, sequences, ended, logs, _batches_per_rank(world, loop))
+    proven = shard_lengths(world, loop, (shards or {}).get(loop))
+    found = culprit(divergence, sequences, ended, logs, proven if proven and len(set(proven)) > 1 else None)
     raised = _raised_outside_collectives(world, found["counts"] if found else None, found)
     if raised:
         return _diagnosis(found, raised, None, {})
@@ -244,6 +249,12 @@ def diagnose(divergence: dict, world: list, sequences: list, stage: str, shards:
         name = "list_state_element_sync" if entry.get("metric") and any(sizes) else None
         return _diagnosis(found, _uneven_calls(found, world, sequences) + pairing, name, evidence)
     hook = entry.get("running") or entry.get("hook")
+    if not found["decided"]:
+        others = [describe_collective(e) for e in found["paired"] if e is not None and site(e) != found["site"]]
+        text = f"{head}; which of the two made the ranks part is not proven" + (
+            f" (the other: {others[0]})" if others else ""
+        )
+        return _diagnosis(found, text + pairing, None, {"ranks": found["ranks"], "counts": counts})
     name, why, evidence = _alone_hazard(entry, found["ranks"])
     text = f"{head}{f', in {hook}' if hook else ''}, which every rank ran; " + (
         why or "some ranks skip it, and it is not a call of the module's own: no registry entry names why"
@@ -314,12 +325,28 @@ def _pairing(found: dict) -> str:
     return "; at the divergence " + " paired with ".join(parts)
 
 
+#: Words of an error the backend raised in a collective (gloo's transport, NCCL, the process group).
+BACKEND_ERRORS = (
+    "gloo",
+    "NCCL",
+    "nccl",
+    "ProcessGroup",
+    "Connection closed by peer",
+    "Timed out waiting",
+    "Application timeout",
+    "pair closure",
+)
+
+
 def _raised_outside_collectives(world: list, counts: Optional[list], found: Optional[dict]) -> str:
     """Why a rank stopped making collectives when its stage raised an error of its own (not in a
     collective): the divergence follows from that error, not from the call site."""
     for r, rank in enumerate(world):
         last = rank["collectives"][-1] if rank["collectives"] else None
         lacking = found is None or (counts is not None and r not in found["ranks"])
+        error = rank["stage_error"] or ""
+        if any(word in error for word in BACKEND_ERRORS):
+            continue  # the backend's own error: the rank raised in a collective (a gradient bucket's, say)
         if rank["stage"] == "raised" and lacking and (last is None or last.get("status") == "done"):
             return (
                 f"rank {r}'s stage raised {(rank['stage_error'] or '').splitlines()[0][:300]!r} outside any "

@@ -24,7 +24,21 @@ _DTYPES = {
 
 
 #: The fields a Flight Recorder entry takes from the Python-level call that covers it.
-_OWNER_FIELDS = ("source", "key", "sync", "metric", "states", "state_sizes", "hook", "running", "call_site", "origin")
+_OWNER_FIELDS = (
+    "source",
+    "key",
+    "sync",
+    "metric",
+    "states",
+    "state_sizes",
+    "hook",
+    "running",
+    "call_site",
+    "origin",
+    "call",
+    "call_kind",
+    "loop_step",
+)
 
 
 def _op(name: Optional[str]) -> str:
@@ -125,8 +139,9 @@ def _synced(entries: list) -> bool:
 
 
 def _keys(i: int, entries: list) -> Optional[dict]:
-    """The same collective carrying different logged keys at ``i``."""
-    if len({e.get("key") for e in entries}) == 1 or not _synced(entries):
+    """The same collective carrying different logged keys at ``i``: every rank's entry syncs a logged key (a
+    logged key paired with a collective of another kind serves another purpose: :func:`_purpose`)."""
+    if len({e.get("key") for e in entries}) == 1 or not _synced(entries) or not all(e.get("key") for e in entries):
         return None
     parts = [f"rank {r}: {describe_collective(e)}" for r, e in enumerate(entries)]
     message = (

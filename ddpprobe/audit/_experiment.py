@@ -63,28 +63,26 @@ def _differs(counts: dict) -> tuple:
     return EXPERIMENT_DIFFERS, cause, ["repeated_samples"]
 
 
-def experiment_rows(
-    single_calls: list,
-    world_calls: list,
-    collectives_per_rank: list,
-    counts: dict,
-    rtol: float = 1e-5,
-    atol: float = 1e-6,
-    unmoved: list = (),
-) -> list:
+def experiment_rows(worlds, rtol: float = 1e-5, atol: float = 1e-6) -> list:
     """One row per value the module wrote to ``self.logger.experiment`` (``add_scalar(tag, value, ...)``),
     comparing what each rank's code wrote (only rank 0's reaches the logger) with the single process.
 
     Args:
-        single_calls: the W=1 rank's ``experiment_attempts``; ``world_calls``: each W=N rank's.
-        collectives_per_rank: each W=N rank's traced collectives (to say whether any ran in the hook).
-        counts: ``{loop: Counts-as-dict}`` of the W=N run.
-        unmoved: ``self.all_gather`` calls that returned non-tensor leaves unchanged
-            (``_evidence.unmoved_leaves``): a value written from their hook gets no all_gather fix.
+        worlds: the audit's :class:`~ddpprobe.audit._worlds.Worlds`: the W=1 rank's and each W=N rank's
+            ``experiment_attempts``, each W=N rank's traced collectives (to say whether any ran in the hook),
+            the W=N counts, and the ``self.all_gather`` calls that returned non-tensor leaves unchanged (a
+            value written from their hook gets no all_gather fix).
 
     Returns:
-        ``[{"method", "tag", "hook", "single", "per_rank", "verdict", "cause", "fixes", "problem"}]``.
+        ``[{"method", "tag", "hook", "single", "per_rank", "verdict", "cause", "hazards", "fixes", "evidence",
+        "problem"}]``: ``hazards`` the registry entries the evidence proves, ``fixes`` those whose
+        preconditions hold.
     """
+    single_calls = worlds.single.records[0].get("experiment_attempts") or []
+    world_calls = [rec.get("experiment_attempts") or [] for rec in worlds.records]
+    collectives_per_rank = worlds.collectives
+    counts = {kind: c.to_dict() for kind, c in worlds.counts.items()}
+    unmoved = worlds.unmoved
     single = _experiment_values(single_calls)
     per_rank = [_experiment_values(calls) for calls in world_calls]
     keys = list(dict.fromkeys(k for values in [single, *per_rank] for k in values))

@@ -19,7 +19,7 @@ def _diagnosis(result) -> dict:
     return ((result.trace or {}).get("first_divergence") or {}).get("diagnosis") or {}
 
 
-def _culprit_key(result):
+def culprit_key(result):
     found = _diagnosis(result).get("culprit") or {}
     return (found.get("entry") or {}).get("key")
 
@@ -28,9 +28,9 @@ def consequence_keys(result) -> list:
     """The keys whose problem follows from the ranks' divergence or the world's failure: no value on the ranks
     that never finished, or logged on some ranks only because the others stopped first (no registry entry), or
     the key whose sync the divergence's culprit is."""
-    if not ((result.trace or {}).get("first_divergence") or result.world_error):
+    if not ((result.trace or {}).get("first_divergence") or result.world_error or raised_groups(result)):
         return []
-    culprit = _culprit_key(result)
+    culprit = culprit_key(result)
     out = []
     for row in result.rows:
         if not row.problem:
@@ -48,6 +48,16 @@ def _raised(result) -> list:
     return [("W=1", result.raised["single"])] + [(f"rank {r}", i) for r, i in enumerate(result.raised["world"])]
 
 
+def raised_groups(result) -> list:
+    """``[(places, info)]``: the errors the stage raised, one entry per distinct error (type and message) with
+    the places (``"W=1"``, ``"rank 0"`` ...) that raised it, in the order they first appear."""
+    groups: dict = {}
+    for where, info in _raised(result):
+        if info:
+            groups.setdefault((info["type"], info["message"]), ([], info))[0].append(where)
+    return list(groups.values())
+
+
 def findings(result) -> list:
     """``[{"problem": str, "consequences": [str]}]``: the root causes, the ranks' divergence (or the world's
     failure) first with what it took down, then every other problem."""
@@ -58,6 +68,10 @@ def findings(result) -> list:
     explanation = _diagnosis(result).get("explanation") or ""
     if divergence and "outside any collective" in explanation:
         raised_root = next((w for w, info in _raised(result) if info and w != "W=1"), None)
+    groups = raised_groups(result)
+    if not (divergence or result.world_error) and groups:
+        raised_root = groups[0][0][0]  # the stage's own error took the keys down: it is the root
+        root = "(the stage's error)"
     if divergence or result.world_error:
         if divergence:
             root = f"the ranks' collectives diverge: {divergence['message']}"
@@ -97,22 +111,43 @@ def findings(result) -> list:
                 "each rank repeats the others' work)"
             )
             out.append({"problem": text, "consequences": []})
-    raised_findings = []
-    for where, info in _raised(result):
-        if not info:
-            continue
-        text = f"the {result.stage} stage raised {info['type']} ({where})"
-        if root and where != raised_root and where != "W=1":
+    raised_findings, own = [], None
+    for places, info in raised_groups(result):
+        text = f"the {result.stage} stage raised {info['type']} ({', '.join(places)})"
+        if raised_root in places:
+            own = text
+        elif root and "W=1" not in places:
             under.append(text)
         else:
             raised_findings.append(text)
-    if root and raised_root is not None:
-        own = next(t for t in raised_findings if t.endswith(f"({raised_root})"))
-        raised_findings.remove(own)
-        return [{"problem": own, "consequences": [root, *under]}, *out, *_plain(raised_findings)]
+    if root and own is not None:
+        above = [root] if root != "(the stage's error)" else []
+        return [{"problem": own, "consequences": [*above, *under]}, *out, *_plain(raised_findings)]
     head = [{"problem": root, "consequences": under}] if root else []
     return head + out + _plain(raised_findings)
 
 
 def _plain(texts: list) -> list:
     return [{"problem": t, "consequences": []} for t in texts]
+
+
+def named_hazards(result) -> list:
+    """The registry entries (ddpprobe/hazards/) the report names as a cause, in the report's order: the
+    divergence's, the problem rows' (a consequence of the divergence names none of its own), the logger rows',
+    an unsharded set's, the callbacks' that ended apart, and every rank printing."""
+    out = []
+    diagnosis = _diagnosis(result)
+    if diagnosis.get("hazard"):
+        out.append(diagnosis["hazard"])
+    for row in result.rows:
+        out += row.hazards
+    for row in result.experiment_rows:
+        out += row.get("hazards") or [] if row["problem"] else []
+    if any(info.get("unsharded") for info in result.counts.values()):
+        out.append("unsharded_data")
+    if any(c["differs"] for c in result.callbacks):
+        out.append("callbacks_rank_local")
+    world = result.stdout_lines.get("world") or []
+    if world and all(world) and sum(world) > (result.stdout_lines.get("single") or [0])[0]:
+        out.append("print_every_rank")
+    return list(dict.fromkeys(out))

@@ -161,8 +161,16 @@ def _notes(result) -> list:
     consequence of the ranks' divergence gets neither: the divergence's own note has them)."""
     notes: dict = {}
     consequences = set(result.consequence_keys)
+    culprit = result.culprit_key
     for row in result.rows:
-        if row.cause or row.hazards:
+        if row.key == culprit and row.problem:
+            key = row.key + (" [steps]" if row.level == "step" else "")
+            text = (
+                "its sync is the collective the ranks made differently: each rank's value "
+                "is what the mispaired collectives returned"
+            )
+            notes.setdefault((text, ()), []).append(key)
+        elif row.cause or row.hazards:
             key = row.key + (" [steps]" if row.level == "step" else "")
             advice = (
                 [] if not row.problem or row.key in consequences else advice_lines(row.hazards, row.fixes, row.evidence)
@@ -172,7 +180,8 @@ def _notes(result) -> list:
             notes.setdefault((row.cause, tuple(advice)), []).append(key)
     lines = [""] if notes else []
     for (cause, advice), keys in notes.items():
-        mark = " (a consequence of the divergence below)" if all(k.split(" [")[0] in consequences for k in keys) else ""
+        cause_of = "the divergence below" if (result.trace or {}).get("first_divergence") else "the error below"
+        mark = f" (a consequence of {cause_of})" if all(k.split(" [")[0] in consequences for k in keys) else ""
         lines += _wrap(f"{', '.join(keys)}{mark}: {cause}", "  ")
         for line in advice:
             lines += _wrap(line, "    ")
@@ -217,6 +226,14 @@ def _callbacks_section(result) -> list:
     lines = ["", "callbacks at the end of the stage (each rank's own state):"]
     for row in result.callbacks:
         lines += _wrap(describe(row), "  ")
+        if row["differs"]:
+            fields = ", ".join(row["differs"])
+            cause = hazards.cause(
+                "callbacks_rank_local", callback=row["callback"], monitor=row["monitor"], fields=fields
+            )
+            lines += _wrap(cause, "    ")
+            for line in hazards.advice("callbacks_rank_local", {"fields that differ": fields}):
+                lines += _wrap(line, "    ")
     return lines
 
 
@@ -274,12 +291,13 @@ def _experiment_section(result) -> list:
 
 def _findings(result) -> list:
     """What the stage raised, unsharded sets, Lightning's sync_dist warnings."""
+    from ddpprobe.audit._findings import raised_groups
+
     lines = []
-    raised = [("W=1", result.raised["single"])] + [(f"rank {r}", i) for r, i in enumerate(result.raised["world"])]
-    for where, info in raised:
-        if info:
-            lines += _wrap(f"the stage raised on {where}: {info['type']}: {info['message']}", "")
-            lines += ["  " + line for line in user_frames(info.get("traceback") or [])]
+    for places, info in raised_groups(result):
+        message = info["message"].split("\n")[0].split("  At:")[0]  # the whole text is in --json
+        lines += _wrap(f"the stage raised on {', '.join(places)}: {info['type']}: {message}", "")
+        lines += ["  " + line for line in user_frames(info.get("traceback") or [])]
     for kind, info in result.counts.items():
         if info.get("unsharded"):
             lines += _wrap(f"{kind} set not sharded: every rank ran all {info['samples'][0]} samples", "")

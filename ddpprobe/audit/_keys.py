@@ -93,21 +93,57 @@ class _Key:
 
 @dataclasses.dataclass
 class _Inputs:
-    """What every key's verdict reads besides the key itself (see :func:`rows`)."""
+    """What every key's verdict reads besides the key itself: the audit's :class:`~ddpprobe.audit._worlds.Worlds`
+    and the tolerance for two values being equal."""
 
-    reference: Reference
-    world: list
-    world_size: int
-    stage: str
-    limit_batches: Optional[int]
+    worlds: object  # ddpprobe.audit._worlds.Worlds
     rtol: float
     atol: float
-    world_logs: list
-    counts: dict
-    completed: bool
-    collectives: list
-    ended: Optional[list]
-    unmoved: list
+
+    @property
+    def reference(self) -> Reference:
+        return self.worlds.reference
+
+    @property
+    def world(self) -> list:
+        """The W=N ranks' records."""
+        return self.worlds.records
+
+    @property
+    def world_size(self) -> int:
+        return self.worlds.world_size
+
+    @property
+    def stage(self) -> str:
+        return self.worlds.stage
+
+    @property
+    def limit_batches(self) -> Optional[int]:
+        return self.worlds.limit_batches
+
+    @property
+    def world_logs(self) -> list:
+        return self.worlds.world_logs
+
+    @property
+    def counts(self) -> dict:
+        return self.worlds.counts
+
+    @property
+    def completed(self) -> bool:
+        return self.worlds.completed
+
+    @property
+    def collectives(self) -> list:
+        return self.worlds.collectives
+
+    @property
+    def ended(self) -> list:
+        return self.worlds.ended
+
+    @property
+    def unmoved(self) -> list:
+        return self.worlds.unmoved
 
     def close(self, a, b) -> bool:
         return close(a, b, self.rtol, self.atol)

@@ -105,6 +105,21 @@ class AuditResult:
         return consequence_keys(self)
 
     @property
+    def hazards(self) -> list:
+        """The registry entries (ddpprobe/hazards/) this report names as a cause, in its order."""
+        from ddpprobe.audit._findings import named_hazards
+
+        return named_hazards(self)
+
+    @property
+    def culprit_key(self) -> Optional[str]:
+        """The logged key whose sync is the culprit of the ranks' divergence (its values are what the mispaired
+        collectives returned), or None."""
+        from ddpprobe.audit._findings import culprit_key
+
+        return culprit_key(self)
+
+    @property
     def problems(self) -> list:
         """Sentences, one per problem that makes the audit fail: each root cause followed by its consequences
         (:attr:`findings` keeps them grouped)."""
@@ -130,6 +145,7 @@ class AuditResult:
         out = dataclasses.asdict(self)
         out["problems"] = self.problems
         out["findings"] = self.findings
+        out["hazards"] = self.hazards
         out["exit_code"] = self.exit_code
         return out
 

@@ -18,35 +18,15 @@ from ddpprobe.audit import _evidence
 from ddpprobe.audit._callbacks import callback_rows
 from ddpprobe.audit._experiment import experiment_rows
 from ddpprobe.audit._inputs import AuditInputError
-from ddpprobe.audit._keys import Reference
 from ddpprobe.audit._result import AuditResult
 from ddpprobe.audit._values import padding_duplicates
 from ddpprobe.audit._verdict import rows
+from ddpprobe.audit._worlds import World, Worlds
 from ddpprobe.hazards import REMOVED_HOOKS
 from ddpprobe.trace import FLIGHT_RECORDER_ENV, read_trace, split_trace
 
 #: Lightning's hint that a logged value should be synced (rank 0's warnings are counted in the report).
 SYNC_DIST_HINT = "It is recommended to use `self.log("
-
-
-@dataclasses.dataclass
-class World:
-    """One world's outcome.
-
-    Attributes:
-        records: each rank's ``audit_rank`` record; in a failed world, the records of the ranks that finished
-            (``WorldError.records``) and, for a rank that gave none, what its trace shows (``_trace_only``).
-        traces: each rank's trace, split (ddpprobe/trace/ ``split_trace``).
-        stdout: what each rank printed.
-        error: ``{"type", "message"}`` when the world failed, else None.
-        weights: the weights file rank 0 saved after ``fit``, while the audit's folder exists, else None.
-    """
-
-    records: list
-    traces: list
-    stdout: list
-    error: Optional[dict] = None
-    weights: Optional[str] = None
 
 
 def run_one(params: dict, size: int, root: str, settings, progress: Optional[Callable], what: str = "") -> World:
@@ -98,15 +78,16 @@ def run_one(params: dict, size: int, root: str, settings, progress: Optional[Cal
     )
 
 
-def run_worlds(params: dict, world_size: int, settings, progress: Optional[Callable]) -> dict:
-    """``{"single": World, "world": World, "same_weights": World or None}``: W=1, W=N, and after a ``fit``
-    whose trained weights differ between the two, W=1 validating the weights the W=N run trained."""
+def run_worlds(params: dict, world_size: int, settings, progress: Optional[Callable]) -> Worlds:
+    """The :class:`Worlds` of one audit: W=1, W=N, and after a ``fit`` whose trained weights differ between
+    the two, W=1 validating the weights the W=N run trained."""
     root = tempfile.mkdtemp(prefix="ddpprobe-audit-")
     try:
         single = run_one(params, 1, root, settings, progress)
         world = run_one(params, world_size, root, settings, progress)
         same = None
-        if params["stage"] == "fit" and trained_apart(single, world) and world.weights and _validates(world):
+        apart = Worlds(single, world, stage=params["stage"]).trained_apart
+        if params["stage"] == "fit" and apart and world.weights and _validates(world):
             same = run_one(
                 {**params, "stage": "validate", "weights": world.weights},
                 1,
@@ -115,20 +96,9 @@ def run_worlds(params: dict, world_size: int, settings, progress: Optional[Calla
                 progress,
                 " validating the weights the W=N fit trained",
             )
-        return {"single": single, "world": world, "same_weights": same}
+        return Worlds(single, world, same, params["stage"], params["limit_batches"])
     finally:
         shutil.rmtree(root, ignore_errors=True)
-
-
-def trained_apart(single: World, world: World) -> bool:
-    """The W=1 and W=N runs ended with different weights (``audit_rank``'s ``weights_digest``)."""
-    digests = [single.records[0].get("weights_digest"), world.records[0].get("weights_digest")]
-    return None not in digests and digests[0] != digests[1]
-
-
-def _weights_equal(single: World, world: World) -> bool:
-    digests = [single.records[0].get("weights_digest"), world.records[0].get("weights_digest")]
-    return None not in digests and digests[0] == digests[1]
 
 
 def _validates(world: World) -> bool:
@@ -172,58 +142,14 @@ def _loaders(world: World, world_size: int) -> dict:
     return out
 
 
-def _counts(worlds: dict, stage: str) -> dict:
-    loop = _evidence.STAGE_LOOP[stage]
-    found = {}
-    for kind in [loop, "val"] if stage == "fit" else [loop]:
-        counts = _evidence.counts(worlds["world"].traces, worlds["single"].traces[0], kind)
-        if counts is not None:
-            found[kind] = counts
-    return found
-
-
-def _reference(worlds: dict) -> Reference:
-    """What each key is compared with: the W=1 run, or for a ``fit`` trained apart, the W=1 validation of
-    the W=N weights for validation keys and nothing for training keys."""
-    single, same = worlds["single"], worlds["same_weights"]
-    apart = trained_apart(single, worlds["world"])
-    return Reference(
-        record=single.records[0],
-        logs=single.traces[0]["logs"],
-        trained_apart=apart,
-        same_weights=same.records[0] if same else None,
-        same_weights_logs=same.traces[0]["logs"] if same else None,
-        steps=[single.records[0].get("global_step"), worlds["world"].records[0].get("global_step")],
-        weights_equal=_weights_equal(single, worlds["world"]),
-    )
-
-
-def assemble(worlds: dict, inputs: dict, limit_batches: Optional[int], rtol: float, atol: float) -> AuditResult:
-    """The :class:`AuditResult` of the worlds ``run_worlds`` ran for ``inputs`` (``model``, ``data``,
-    ``stage``, ``world_size``, ``backend``, ``lightning``), with ``limit_batches`` and the tolerances."""
-    stage, world_size = inputs["stage"], inputs["world_size"]
-    single, world = worlds["single"], worlds["world"]
-    counts = _counts(worlds, stage)
-    traces = world.traces
-    unmoved = _evidence.unmoved_leaves(traces)
+def assemble(worlds: Worlds, inputs: dict, rtol: float, atol: float) -> AuditResult:
+    """The :class:`AuditResult` of ``worlds`` (what ``run_worlds`` ran) for ``inputs`` (``model``, ``data``,
+    ``stage``, ``world_size``, ``backend``, ``lightning``), with the tolerances."""
+    single, world = worlds.single, worlds.world
     first = world.records[0]
-    return AuditResult(
+    result = AuditResult(
         **inputs,
-        rows=rows(
-            _reference(worlds),
-            world.records,
-            world_size,
-            stage,
-            limit_batches,
-            rtol=rtol,
-            atol=atol,
-            world_logs=[t["logs"] for t in traces],
-            counts=counts,
-            completed=all(t["stage"] == "end" for t in traces),
-            collectives=[t["collectives"] for t in traces],
-            ended=[t["stage"] for t in traces],
-            unmoved=unmoved,
-        ),
+        rows=rows(worlds, rtol=rtol, atol=atol),
         stdout_lines={
             "single": [len(_stdout_lines(single.stdout[0]))],
             "world": [len(_stdout_lines(text)) for text in world.stdout],
@@ -233,35 +159,31 @@ def assemble(worlds: dict, inputs: dict, limit_batches: Optional[int], rtol: flo
             {"hook": h, "effect": REMOVED_HOOKS[h]}
             for h in (first.get("removed_hooks") or single.records[0]["removed_hooks"])
         ],
-        loaders=_loaders(world, world_size),
+        loaders=_loaders(world, worlds.world_size),
         raised={"single": single.records[0]["raised"], "world": [rec.get("raised") for rec in world.records]},
         experiment_calls=first.get("experiment_calls") or [],
         logger_metrics=first.get("logger_metrics") or [],
         sync_dist_warnings=sorted(
             {w["message"] for w in first.get("warnings") or [] if SYNC_DIST_HINT in w["message"]}
         ),
-        counts={kind: c.to_dict() for kind, c in counts.items()},
-        trace=_evidence.trace_summary(traces, stage, _evidence.shards_of(world.records)),
+        counts={kind: c.to_dict() for kind, c in worlds.counts.items()},
+        trace=_evidence.trace_summary(world.traces, worlds.stage, worlds.shards),
         world_error=world.error,
-        predictions=[rec.get("predictions") for rec in world.records] if stage == "predict" else None,
-        experiment_rows=experiment_rows(
-            single.records[0].get("experiment_attempts") or [],
-            [rec.get("experiment_attempts") or [] for rec in world.records],
-            [t["collectives"] for t in traces],
-            {kind: c.to_dict() for kind, c in counts.items()},
-            rtol,
-            atol,
-            unmoved=unmoved,
-        ),
-        weights=_weights(worlds) if stage == "fit" else None,
+        predictions=[rec.get("predictions") for rec in world.records] if worlds.stage == "predict" else None,
+        experiment_rows=experiment_rows(worlds, rtol, atol),
+        weights=_weights(worlds) if worlds.stage == "fit" else None,
         callbacks=callback_rows(world.records),
-        unmoved=unmoved,
+        unmoved=worlds.unmoved,
     )
+    # A key the ranks' divergence took down is its consequence: the divergence's note carries the fix.
+    consequences = set(result.consequence_keys)
+    rows_ = [dataclasses.replace(r, fixes=[], hazards=[]) if r.key in consequences else r for r in result.rows]
+    return dataclasses.replace(result, rows=rows_)
 
 
-def _weights(worlds: dict) -> dict:
+def _weights(worlds: Worlds) -> dict:
     return {
-        "trained_apart": trained_apart(worlds["single"], worlds["world"]),
-        "steps": [worlds["single"].records[0].get("global_step"), worlds["world"].records[0].get("global_step")],
-        "same_weights": worlds["same_weights"] is not None,
+        "trained_apart": worlds.trained_apart,
+        "steps": worlds.steps,
+        "same_weights": worlds.same_weights is not None,
     }

@@ -8,7 +8,7 @@ from typing import Optional
 from ddpprobe import hazards
 from ddpprobe.audit._differs import differs_cause
 from ddpprobe.audit._divergent import _not_stored, _rank_divergent, _some_ranks_only, _synced_by
-from ddpprobe.audit._keys import Reference, _Inputs, _Key
+from ddpprobe.audit._keys import _Inputs, _Key
 from ddpprobe.audit._kinds import (
     NO_VALUE,
     NO_VALUE_ON_SOME,
@@ -166,65 +166,25 @@ def _key(ins: _Inputs, name: str) -> tuple:
     return key, reference, ref_logs
 
 
-def rows(
-    single,
-    world: list,
-    world_size: int,
-    stage: str,
-    limit_batches=None,
-    rtol: float = 1e-5,
-    atol: float = 1e-6,
-    *,
-    world_logs: Optional[list] = None,
-    single_logs: Optional[list] = None,
-    counts: Optional[dict] = None,
-    completed: bool = True,
-    collectives: Optional[list] = None,
-    ended: Optional[list] = None,
-    unmoved: list = (),
-) -> list:
+def rows(worlds, rtol: float = 1e-5, atol: float = 1e-6) -> list:
     """One ``KeyRow`` per key logged in either run, in first-logged order (plus a ``level="step"`` row
     for each key logged with ``on_step=True``).
 
     Args:
-        single: the W=1 rank record of ``audit_rank``, or a :class:`Reference` (a ``fit`` trained apart
-            compares validation keys with W=1 validating the W=N weights, and training keys with nothing).
-        world: the W=N rank records, ordered by rank.
+        worlds: the audit's :class:`~ddpprobe.audit._worlds.Worlds` (its reference run, each W=N rank's
+            records, log events, collectives, counts, how its stage ended and the ``all_gather`` leaves
+            that came back unchanged).
         rtol, atol: tolerance for "equal" (float32 sums in a different order differ by ~1e-7 relative).
-        world_logs, single_logs: the ``log`` trace events per W=N rank and at W=1 (``single_logs`` only
-            with a record as ``single``).
-        counts: ``{loop: Counts}`` of the W=N run.
-        completed: every W=N rank finished its stage.
-        collectives: each W=N rank's traced collectives (a key that agrees across ranks without
-            sync_dist is explained by the module's own collectives in its hook, when there are some).
-        ended: how each W=N rank's stage ended (``"end"``, ``"raised"``, None): a key a rank never logged
-            because it stopped first is not blamed on the logging.
-        unmoved: ``self.all_gather`` calls that returned non-tensor leaves unchanged
-            (``_evidence.unmoved_leaves``), named in the cause of a key logged from their hook.
     """
-    reference = single if isinstance(single, Reference) else Reference(record=single, logs=single_logs or [])
-    ins = _Inputs(
-        reference,
-        world,
-        world_size,
-        stage,
-        limit_batches,
-        rtol,
-        atol,
-        world_logs if world_logs is not None else [[] for _ in world],
-        counts or {},
-        completed,
-        collectives or [],
-        ended,
-        list(unmoved),
-    )
+    ins = _Inputs(worlds, rtol, atol)
+    reference, world = ins.reference, ins.world
     records = [reference.record, *([reference.same_weights] if reference.same_weights else []), *world]
     names = list(dict.fromkeys(call["name"] for record in records for call in record["log_calls"]))
     out = []
     for name in names:
         key, record, ref_logs = _key(ins, name)
         if key.on_epoch or len(key.logged_on) not in (0, len(world)):
-            verdict, cause, names, evidence = _with_unmoved(ins, key, _epoch_verdict(ins, key, record, ref_logs))
+            verdict, cause, names_, evidence = _with_unmoved(ins, key, _epoch_verdict(ins, key, record, ref_logs))
             problem = verdict in PROBLEMS
             out.append(
                 KeyRow(
@@ -234,9 +194,9 @@ def rows(
                     verdict=verdict,
                     cause=cause,
                     problem=problem,
-                    fixes=applicable(names, evidence) if problem else [],
+                    fixes=applicable(names_, evidence) if problem else [],
                     evidence=evidence,
-                    hazards=names if problem else [],
+                    hazards=names_ if problem else [],
                 )
             )
         if key.on_step and len(key.logged_on) == len(world):

@@ -79,6 +79,10 @@ def guard_hazard(entries: list) -> Optional[tuple]:
             groups.setdefault(repr(e["id"]), []).append(e)
         if len(groups) != 1:
             return None
+        if collectives[0]["fields"].get("source") == "gradient":
+            # DDP's gradient all_reduce on some ranks while the others left the epoch: they ran out of batches.
+            ended = [e for e in boundaries if str(e["fields"].get("hook")).endswith(("_epoch_end", "teardown"))]
+            return ("uneven_batches", {"ranks out of batches": _ranks(ended)}) if ended else None
         return alone(collectives[0]["fields"], _ranks(collectives))
     fields = [e["fields"] for e in collectives]
     if len({f.get("op") for f in fields}) > 1 or len({f.get("source") for f in fields}) > 1:

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from ddpprobe.audit import NOT_STORED, AuditInputError, AuditResult, _verdict, audit
+from ddpprobe.audit._worlds import Worlds
 
 pytestmark = pytest.mark.not_a_fact("tests the audit's and the launcher's input handling, not a fact about DDP")
 
@@ -123,7 +124,7 @@ def test_a_key_no_run_stored_is_a_problem_naming_the_dataloader_keys_not_equal_t
     every rank. Two missing values compare nothing, so the row is ``NOT_STORED`` (a problem) naming the
     keys that were stored, not "synced, equals single-process"."""
     stored = {"v/dataloader_idx_0": 1.0, "v/dataloader_idx_1": 2.0}
-    (row,) = _verdict.rows(_record(stored), [_record(stored), _record(stored)], 2, "validate")
+    (row,) = _verdict.rows(Worlds.of_records(_record(stored), [_record(stored), _record(stored)]))
 
     assert row.verdict == NOT_STORED and row.problem, row
     assert "['v/dataloader_idx_0', 'v/dataloader_idx_1']" in row.cause, row.cause
@@ -133,7 +134,7 @@ def test_json_output_is_standard_json_with_non_finite_values_as_strings():
     """A logged NaN or infinity is written as ``"nan"`` / ``"inf"`` / ``"-inf"``: ``--json`` stays
     parseable by strict JSON readers (RFC 8259 has no NaN), and the value is still readable."""
     (row,) = _verdict.rows(
-        _record({"v": float("nan")}), [_record({"v": float("inf")}), _record({"v": float("-inf")})], 2, "validate"
+        Worlds.of_records(_record({"v": float("nan")}), [_record({"v": float("inf")}), _record({"v": float("-inf")})])
     )
     result = AuditResult(
         model="m:f",

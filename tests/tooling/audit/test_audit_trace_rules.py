@@ -7,6 +7,8 @@ import pytest
 
 from ddpprobe import audit as ddp_audit
 from ddpprobe.audit import FLOORED_COUNT_ISSUE, _evidence, _verdict
+from ddpprobe.audit._keys import Reference
+from ddpprobe.audit._worlds import Worlds
 
 pytestmark = pytest.mark.not_a_fact("tests the audit's rules, not a fact about DDP")
 
@@ -132,15 +134,15 @@ def test_a_fit_compares_like_with_like_training_keys_of_weights_trained_apart_ar
     single = _record("val_v", "validation_step", 1.0)
     single["log_calls"] += _record("train_v", "training_step", 4.0)["log_calls"]
     single["callback_metrics"]["train_v"] = 4.0
-    apart = _verdict.Reference(
+    apart = Reference(
         record=single, trained_apart=True, same_weights=_record("val_v", "validation_step", 2.0), steps=[4, 2]
     )
-    rows = {row.key: row for row in _verdict.rows(apart, world, 2, "fit")}
+    rows = {row.key: row for row in _verdict.rows(Worlds.of_records(apart.record, world, "fit", reference=apart))}
     assert (rows["val_v"].verdict, rows["val_v"].single) == (_verdict.SYNCED_EQUAL, 2.0), rows["val_v"]
     assert rows["train_v"].verdict == _verdict.TRAINED_APART and not rows["train_v"].problem, rows["train_v"]
     assert "W=1 made 4 optimizer steps, W=2 2" in rows["train_v"].cause, rows["train_v"].cause
-    same = _verdict.Reference(record=single, weights_equal=True)
-    train = {row.key: row for row in _verdict.rows(same, world, 2, "fit")}["train_v"]
+    same = Reference(record=single, weights_equal=True)
+    train = {row.key: row for row in _verdict.rows(Worlds.of_records(single, world, "fit", reference=same))}["train_v"]
     assert train.verdict == _verdict.SYNCED_DIFFERS and "training at W ranks" not in train.cause, train.cause
 
 
@@ -150,8 +152,8 @@ def test_a_training_key_of_weights_trained_apart_that_the_ranks_disagree_on_is_j
     world = [_record("train_v", "training_step", 3.0), _record("train_v", "training_step", 6.0)]
     for rec in world:
         rec["log_calls"][0]["sync_dist"] = False
-    apart = _verdict.Reference(record=_record("train_v", "training_step", 1.0), trained_apart=True, steps=[4, 2])
-    (row,) = _verdict.rows(apart, world, 2, "fit")
+    apart = Reference(record=_record("train_v", "training_step", 1.0), trained_apart=True, steps=[4, 2])
+    (row,) = _verdict.rows(Worlds.of_records(apart.record, world, "fit", reference=apart))
     assert (row.verdict, row.single) == (ddp_audit.RANK_DIVERGENT, None), row
     assert "a sync of the ranks' values (sync_dist=True, reduce_fx='mean') gives 4.5 on every rank" in row.cause
     assert "single-process" not in row.cause.replace("no single-process run", ""), row.cause

@@ -1,0 +1,176 @@
+"""The worlds one audit ran, as one value: :class:`World` (one world's records, traces and prints) and
+:class:`Worlds` (the single process, the distributed run, and after a ``fit`` trained apart, the single
+process validating the distributed run's weights), with what the verdicts read from them computed once:
+the per-loop :class:`~ddpprobe.audit._counts.Counts`, the reference run each key is compared with, each
+rank's collectives, log events and how its stage ended, the shards' recorded lengths, the ``all_gather``
+leaves that came back unchanged. Pure Python on recorded events."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Optional
+
+from ddpprobe.audit._counts import counts, shards_of, unmoved_leaves
+from ddpprobe.audit._keys import Reference
+from ddpprobe.audit._stages import STAGE_LOOP
+
+
+def empty_trace() -> dict:
+    """A rank's split trace that recorded nothing (``ddpprobe.trace.split_trace([])``)."""
+    return {
+        "collectives": [],
+        "logs": [],
+        "batches": [],
+        "all_gathers": [],
+        "flight_recorder": None,
+        "flight_recorder_unavailable": None,
+        "stage": "end",
+        "stage_error": None,
+        "callback_metrics": None,
+    }
+
+
+@dataclasses.dataclass
+class World:
+    """One world's outcome.
+
+    Attributes:
+        records: each rank's ``audit_rank`` record; in a failed world, the records of the ranks that finished
+            (``WorldError.records``) and, for a rank that gave none, what its trace shows.
+        traces: each rank's trace, split (ddpprobe/trace/ ``split_trace``).
+        stdout: what each rank printed.
+        error: ``{"type", "message"}`` when the world failed, else None.
+        weights: the weights file rank 0 saved after ``fit``, while the audit's folder exists, else None.
+    """
+
+    records: list
+    traces: list
+    stdout: list
+    error: Optional[dict] = None
+    weights: Optional[str] = None
+
+    @property
+    def digest(self) -> Optional[str]:
+        return self.records[0].get("weights_digest")
+
+
+@dataclasses.dataclass
+class Worlds:
+    """The worlds of one audit and what every verdict reads from them.
+
+    Attributes:
+        single: the W=1 world; ``world``: the W=N world; ``same_weights``: W=1 validating the W=N weights
+            (after a ``fit`` trained apart), else None.
+        stage: the audited stage; ``limit_batches``: the Trainer's ``limit_*_batches`` (None: all).
+        compared_with: the :class:`Reference` to compare keys with, where given (hand-built worlds of the
+            tests); by default built from the worlds (:attr:`reference`).
+    """
+
+    single: World
+    world: World
+    same_weights: Optional[World] = None
+    stage: str = "validate"
+    limit_batches: Optional[int] = None
+    compared_with: Optional[Reference] = None
+
+    @classmethod
+    def of_records(cls, single: dict, world: list, stage: str = "validate", **fields) -> "Worlds":
+        """Worlds of hand-written records (``audit_rank``'s), with traces that recorded nothing unless
+        ``world_traces`` / ``single_trace`` are given; ``reference`` overrides the comparison."""
+        traces = fields.pop("world_traces", None) or [empty_trace() for _ in world]
+        single_trace = fields.pop("single_trace", None) or empty_trace()
+        reference = fields.pop("reference", None)
+        return cls(
+            World([single], [single_trace], [""]),
+            World(list(world), traces, [""] * len(world)),
+            stage=stage,
+            compared_with=reference,
+            **fields,
+        )
+
+    @property
+    def world_size(self) -> int:
+        return len(self.world.records)
+
+    @property
+    def records(self) -> list:
+        """The W=N ranks' records, ordered by rank."""
+        return self.world.records
+
+    @property
+    def traces(self) -> list:
+        return self.world.traces
+
+    @property
+    def collectives(self) -> list:
+        """Each W=N rank's traced collectives (Python-level calls)."""
+        return [t["collectives"] for t in self.traces]
+
+    @property
+    def world_logs(self) -> list:
+        """Each W=N rank's ``self.log`` events."""
+        return [t["logs"] for t in self.traces]
+
+    @property
+    def ended(self) -> list:
+        """How each W=N rank's stage ended: ``"end"``, ``"raised"`` or None (it never finished)."""
+        return [t["stage"] for t in self.traces]
+
+    @property
+    def completed(self) -> bool:
+        return all(e == "end" for e in self.ended)
+
+    @functools.cached_property
+    def counts(self) -> dict:
+        """``{loop: Counts}`` of the stage's loop (and ``"val"`` in ``fit``) at W=N."""
+        loop = STAGE_LOOP[self.stage]
+        found = {}
+        for kind in [loop, "val"] if self.stage == "fit" else [loop]:
+            c = counts(self.traces, self.single.traces[0], kind)
+            if c is not None:
+                found[kind] = c
+        return found
+
+    @functools.cached_property
+    def unmoved(self) -> list:
+        """The ``self.all_gather`` calls that returned non-tensor leaves unchanged (``unmoved_leaves``)."""
+        return unmoved_leaves(self.traces)
+
+    @property
+    def shards(self) -> dict:
+        """``{loop: [batches in each W=N rank's shard]}`` from the ranks' recorded loaders."""
+        return shards_of(self.records)
+
+    @property
+    def trained_apart(self) -> bool:
+        """The W=1 and W=N runs ended with different weights (``audit_rank``'s ``weights_digest``)."""
+        digests = [self.single.digest, self.world.digest]
+        return None not in digests and digests[0] != digests[1]
+
+    @property
+    def weights_equal(self) -> bool:
+        digests = [self.single.digest, self.world.digest]
+        return None not in digests and digests[0] == digests[1]
+
+    @property
+    def steps(self) -> list:
+        """Optimizer steps of the W=1 and the W=N run."""
+        return [self.single.records[0].get("global_step"), self.world.records[0].get("global_step")]
+
+    @functools.cached_property
+    def reference(self) -> Reference:
+        """What each key is compared with: the W=1 run, or for a ``fit`` trained apart, the W=1 validation of
+        the W=N weights for validation keys and nothing for training keys."""
+        if self.compared_with is not None:
+            return self.compared_with
+        same = self.same_weights
+        return Reference(
+            record=self.single.records[0],
+            logs=self.single.traces[0]["logs"],
+            trained_apart=self.trained_apart,
+            same_weights=same.records[0] if same else None,
+            same_weights_logs=same.traces[0]["logs"] if same else None,
+            steps=self.steps,
+            weights_equal=self.weights_equal,
+        )

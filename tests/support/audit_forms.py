@@ -1,0 +1,196 @@
+"""LightningModules of the forms in which the audit and the guard once explained a hazard wrongly (issue 33's
+"What goes wrong today"), for tests/tooling/audit/test_audit_forms.py.
+
+Each module makes one hazard a fact of tests/facts/ proves, on ``IdDataset`` data (sample ``i`` carries
+``id == i`` and ``value == i * i``, ddpprobe/probes/data.py), so a test can compute from the ids what each rank
+ran and what every value is. They are imported by name in the audit's rank processes, so every factory is a
+top-level function.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.data import DataLoader
+
+from ddpprobe.probes.data import IdDataset
+from tests.support.audit_modules import BIG, MeanModule, RankStrideSampler
+
+# --- 1. a proven fact not used: strategy.reduce of an int64 tensor ---------------------------------------
+
+
+class Int64ReduceModule(MeanModule):
+    """Counts the rank's samples of value >= :data:`BIG` as an int64 tensor and logs
+    ``trainer.strategy.reduce(count)`` (``reduce_op="mean"``) in ``on_validation_epoch_end``: the mean of
+    integers is truncated toward zero (tests/facts/test_reductions_outside_log.py)."""
+
+    def __init__(self):
+        super().__init__()
+        self.kept = 0
+
+    def validation_step(self, batch, batch_idx):
+        self.kept += int((batch["value"] >= BIG).sum())
+
+    def on_validation_epoch_end(self):
+        mean = self.trainer.strategy.reduce(torch.tensor(self.kept, dtype=torch.int64))
+        self.log("val_kept", mean.float())
+        self.kept = 0
+
+
+def make_int64_reduce_model() -> Int64ReduceModule:
+    return Int64ReduceModule()
+
+
+# --- 2. a report contradicting its own evidence ---------------------------------------------------------
+
+
+def make_rank_stride_11_in_pairs() -> DataLoader:
+    """``IdDataset(11)`` in batches of 2 through the rank-aware ``RankStrideSampler``, which Lightning shards
+    again: samples run on no rank, and the single process's batches mix them with samples that ran."""
+    return DataLoader(IdDataset(11), batch_size=2, sampler=RankStrideSampler(11))
+
+
+class GatheredCountModule(MeanModule):
+    """Gathers ``{"names": [...], "count": tensor}`` with ``self.all_gather`` in ``on_validation_epoch_end`` and
+    logs the sum of the gathered ``count`` tensors (a leaf all_gather does move): every rank holds the whole
+    set's count of samples of value >= :data:`BIG`."""
+
+    def __init__(self):
+        super().__init__()
+        self.names: list = []
+
+    def validation_step(self, batch, batch_idx):
+        self.names += [f"sample{int(i)}" for i, v in zip(batch["id"], batch["value"]) if v >= BIG]
+
+    def on_validation_epoch_end(self):
+        gathered = self.all_gather({"names": self.names, "count": torch.tensor(float(len(self.names)))})
+        self.log("val_count", gathered["count"].sum())
+        self.names = []
+
+
+def make_gathered_count_model() -> GatheredCountModule:
+    return GatheredCountModule()
+
+
+class StepSyncThenBranchGatherModule(MeanModule):
+    """Logs each batch's mean ``value`` with ``on_step=True, sync_dist=True``; at its second batch rank 1 alone
+    also calls ``self.all_gather``. Every rank's shard holds the same number of batches: the ranks part
+    because of the branch, not because of the data."""
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val_step_mean", batch["value"].float().mean(), on_step=True, on_epoch=False, sync_dist=True)
+        if self.global_rank == 1 and batch_idx == 1:
+            self.all_gather(torch.tensor(1.0))
+
+
+def make_step_sync_then_branch_gather_model() -> StepSyncThenBranchGatherModule:
+    return StepSyncThenBranchGatherModule()
+
+
+# --- 4. a fix for a guessed cause -------------------------------------------------------------------------
+
+
+class MetricsReadThenReduceModule(MeanModule):
+    """Logs ``train_v`` (the batch's summed ``value``, ``on_epoch=True, sync_dist=True, reduce_fx="sum"``); in
+    ``on_train_epoch_end`` rank 0 alone reads ``trainer.callback_metrics`` (which runs the epoch sync of
+    ``train_v``), then every rank calls ``trainer.strategy.reduce`` of its rank + 1 (tests/facts/
+    test_hidden_collectives_metrics_properties.py: the two sums are swapped without an error)."""
+
+    def training_step(self, batch, batch_idx):
+        self.log("train_v", batch["value"].float().sum(), on_epoch=True, sync_dist=True, reduce_fx="sum")
+        return super().training_step(batch, batch_idx)
+
+    def on_train_epoch_end(self):
+        if self.trainer.is_global_zero:
+            self.seen = dict(self.trainer.callback_metrics)
+        self.extra = self.trainer.strategy.reduce(torch.tensor(float(self.global_rank + 1)), reduce_op="sum")
+
+
+def make_metrics_read_then_reduce_model() -> MetricsReadThenReduceModule:
+    return MetricsReadThenReduceModule()
+
+
+class KeyOnRankOneModule(MeanModule):
+    """Logs ``val_mean`` (sync_dist) on every rank and ``val_extra`` with ``sync_dist=True`` on rank 1 only."""
+
+    def validation_step(self, batch, batch_idx):
+        super().validation_step(batch, batch_idx)
+        if self.global_rank == 1:
+            self.log("val_extra", batch["value"].float().max(), batch_size=len(batch["id"]), sync_dist=True)
+
+
+def make_key_on_rank_one_model() -> KeyOnRankOneModule:
+    return KeyOnRankOneModule()
+
+
+# --- 5. reports a new user struggles to act on ----------------------------------------------------------
+
+
+class NewUserModule(MeanModule):
+    """As a new user writes one from the README: ``val_loss`` and ``val_acc`` logged with ``sync_dist=True`` in
+    ``validation_step`` (each batch's mean ``value`` and its share of values >= :data:`BIG`), ``val_step``
+    logged at every step without ``sync_dist`` (rank-local step values, not a problem), and in
+    ``on_validation_epoch_end`` a gather of the epoch's outputs under ``if self.global_rank == 0``."""
+
+    def validation_step(self, batch, batch_idx):
+        value = batch["value"].float()
+        self.log("val_loss", value.mean(), batch_size=len(value), sync_dist=True)
+        self.log("val_acc", (value >= BIG).float().mean(), batch_size=len(value), sync_dist=True)
+        self.log("val_step", value.mean(), on_step=True, on_epoch=False)
+
+    def on_validation_epoch_end(self):
+        if self.global_rank == 0:
+            self.all_gather(torch.tensor(1.0))
+
+
+def make_new_user_model() -> NewUserModule:
+    return NewUserModule()
+
+
+class AttributeErrorModule(MeanModule):
+    """Reads an attribute it never set in ``validation_step`` (an ``AttributeError`` of the user's own)."""
+
+    def validation_step(self, batch, batch_idx):
+        return self.threshold * batch["value"].float().mean()
+
+
+def make_attribute_error_model() -> AttributeErrorModule:
+    return AttributeErrorModule()
+
+
+#: The message of :func:`make_model_from_a_missing_checkpoint`'s own error.
+MISSING_CHECKPOINT = "no checkpoint at /nonexistent/model.ckpt"
+
+
+def make_model_from_a_missing_checkpoint() -> MeanModule:
+    """A factory that takes no arguments and raises for its own reason (the file it loads is missing)."""
+    raise FileNotFoundError(MISSING_CHECKPOINT)
+
+
+# --- modules of entries no other module shows (the registry's self-test) ------------------------------------
+
+
+class RankZeroSyncedKeyModule(MeanModule):
+    """Logs ``val_mean`` (sync_dist) on every rank and ``val_top`` with ``sync_dist=True`` under ``if
+    self.global_rank == 0`` (a value only rank 0 computes)."""
+
+    def validation_step(self, batch, batch_idx):
+        super().validation_step(batch, batch_idx)
+        if self.global_rank == 0:
+            self.log("val_top", batch["value"].float().max(), batch_size=len(batch["id"]), sync_dist=True)
+
+
+def make_rank_zero_synced_key_model() -> RankZeroSyncedKeyModule:
+    return RankZeroSyncedKeyModule()
+
+
+class RankZeroLocalKeyModule(MeanModule):
+    """Logs ``val_mean`` (sync_dist) on every rank and ``val_top`` without ``sync_dist`` on rank 0 only."""
+
+    def validation_step(self, batch, batch_idx):
+        super().validation_step(batch, batch_idx)
+        if self.global_rank == 0:
+            self.log("val_top", batch["value"].float().max(), batch_size=len(batch["id"]))
+
+
+def make_rank_zero_local_key_model() -> RankZeroLocalKeyModule:
+    return RankZeroLocalKeyModule()
