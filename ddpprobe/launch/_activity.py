@@ -20,6 +20,10 @@ from typing import Optional
 IDLE_TICKS = 2
 
 
+#: Whether this system has ``/proc`` with per-thread states (Linux).
+HAS_PROC = os.path.isdir("/proc/self/task")
+
+
 def sample(pid: int) -> Optional[tuple]:
     """``(running, ticks)`` of process ``pid``: whether any thread is at work, and the CPU clock ticks
     its threads used so far. None when ``/proc`` cannot tell (not Linux, or the process is gone).
@@ -33,6 +37,8 @@ def sample(pid: int) -> Optional[tuple]:
         tids = os.listdir(task_dir)
     except OSError:
         return None
+    if not tids:
+        return None  # every thread has exited: the process is ending
     running, ticks = False, 0
     for tid in tids:
         try:
@@ -55,13 +61,22 @@ class Watch:
 
     def asleep(self, pids: list) -> bool:
         """True when every process in ``pids`` was asleep (every thread ``S``) at every sample of the last
-        ``idle_s`` seconds and used at most ``IDLE_TICKS`` of CPU in them. A process ``/proc`` cannot read
-        counts as asleep (it is gone; the launcher learns of its end from its sentinel)."""
+        ``idle_s`` seconds and used at most ``IDLE_TICKS`` of CPU in them.
+
+        A process ``/proc`` no longer shows is not asleep: it has ended (reaped by the forkserver it was
+        forked from, which has yet to tell the launcher), and its death is about to be reported. Without
+        ``/proc`` (not Linux) nothing can be read, and every process counts as asleep ``idle_s`` seconds
+        after the first call."""
         now = time.monotonic()
+        if not HAS_PROC:
+            first = self._since.setdefault(-1, (now, 0))
+            return now - first[0] >= self.idle_s
         settled = True
         for pid in pids:
             seen = sample(pid)
             if seen is None:
+                self._since.pop(pid, None)
+                settled = False
                 continue
             running, ticks = seen
             since = self._since.get(pid)
