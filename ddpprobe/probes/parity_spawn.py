@@ -1,5 +1,6 @@
-"""The ``ddp_spawn`` probes of the parity facts: what the process that called ``trainer.fit`` gets back
-when Lightning starts the ranks itself, and what ``trainer.predict`` refuses there.
+"""The fresh-interpreter probes of the parity facts: what the process that called ``trainer.fit`` gets back
+when Lightning starts the ranks itself (``ddp_spawn``), what ``trainer.predict`` refuses there, and the rank
+``rank_zero_only`` reads from the environment at import (``rank_zero_at_import``).
 
 Each scenario runs in a world of one launched process (``run_world(..., 1)``). It first makes the
 process look like a plain ``python script.py``: it removes the rank variables the launcher set (``RANK``,
@@ -124,3 +125,37 @@ def spawn_predict(info: RankInfo, devices: int, return_predictions: bool) -> dic
     except Exception as exc:  # noqa: BLE001 - what Lightning raises is the record
         return {"raised": type(exc).__name__, "message": str(exc), "returned": None}
     return {"raised": None, "message": None, "returned": repr(returned)}
+
+
+#: The variables ``rank_zero_only`` reads at import, in its order.
+RANK_VARIABLES = ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK")
+
+
+def _rank_at_import(env: dict) -> int:
+    import subprocess
+    import sys
+
+    from ddpprobe._lightning import fabric
+
+    code = f"from {fabric.__name__}.utilities.rank_zero import rank_zero_only; print(rank_zero_only.rank)"
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, check=True
+    )
+    return int(done.stdout.strip().splitlines()[-1])
+
+
+def rank_zero_at_import(info: RankInfo, variants: dict, variants_on_rank: int) -> dict:
+    """Scenario: on rank ``variants_on_rank`` only, in fresh interpreters, import Lightning's ``rank_zero``
+    module and read ``rank_zero_only.rank``: once with the rank's own environment (what torchrun or the
+    launcher set), and once with each of ``variants`` (name -> ``{variable: value}``) in place of the four
+    rank variables. Every rank records its rank variables.
+
+    Record keys: ``variables`` (those of the four the rank has), ``own`` (the rank read with its own
+    environment, or None on the other ranks), ``variants`` (name -> the rank read).
+    """
+    record = {"variables": {k: os.environ[k] for k in RANK_VARIABLES if k in os.environ}, "own": None, "variants": {}}
+    if info.rank == variants_on_rank:
+        base = {k: v for k, v in os.environ.items() if k not in RANK_VARIABLES}
+        record["own"] = _rank_at_import(dict(os.environ))
+        record["variants"] = {name: _rank_at_import({**base, **env}) for name, env in variants.items()}
+    return record
