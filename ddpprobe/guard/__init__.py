@@ -8,16 +8,18 @@
 
 Before each collective a rank makes from Python (``self.log(..., sync_dist=True)`` syncs, torchmetrics
 state syncs, ``all_gather``, ``strategy.reduce``, barriers, ``reduce_boolean_decision``) and at each hook
-boundary (setup, each batch's start and end, each epoch's end, teardown), every rank posts what it is
-about to do to the world's c10d store and waits for the others' posts of the same check. A difference
+boundary (setup, each batch's start and end, each epoch's end, teardown), every rank announces a digest
+of what it is about to do to the world's c10d store and waits for the check's verdict, which the last
+rank to arrive sets (five store requests per rank per check whatever the world size). A difference
 raises ``CollectiveMismatch`` on every rank, naming each rank's side in the words of the audit
 (``ddpprobe.trace.describe_collective``); a peer that raised makes the waiting ranks raise
 ``PeerFailed`` naming its error; a peer that does not arrive within the guard's timeout is named with its
 last check (``GuardTimeout``). All are ``GuardError``. The guard makes no collective of its own.
 
 Layout: ``_callback.py`` (the callback and the wrappers), ``_exchange.py`` (the store protocol),
-``_entries.py`` (what a rank posts, the comparison, the error text), ``_errors.py``. See docs/guard.md
-for what it catches, what it costs and what it cannot see.
+``_entries.py`` (what a rank posts, the comparison, the error text), ``_errors.py`` (the errors, and how
+an uncaught one is printed: once, message first). See docs/guard.md for what it catches, what it costs,
+how it scales and what it cannot see.
 """
 
 from ddpprobe.guard._callback import CollectiveGuard
