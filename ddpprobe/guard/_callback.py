@@ -136,6 +136,8 @@ class CollectiveGuard(pl.Callback):
         timeout: seconds a rank waits for its peers at a check before raising ``GuardTimeout``; must be
             below the process-group timeout. Default: half the process-group timeout
             (``DDPStrategy(timeout=...)``, 30 min when unset), at most ``DEFAULT_TIMEOUT_CAP_S`` (300 s).
+            A peer writing a checkpoint (``Trainer.save_checkpoint``) is waited for beyond it, up to the
+            process-group timeout (docs/guard.md, "Lightning's slow steps").
         collectives: check every Python-level collective (default); ``False`` checks the hook boundaries
             only (cheaper; catches uneven batches and a peer that raised, not keys or metrics).
 
