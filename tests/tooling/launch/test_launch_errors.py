@@ -67,14 +67,17 @@ def abort_after_what(info, rank=1, noise_lines=3 * STDERR_TAIL_LINES):
 
 
 def finish_but_one(info, rank=1):
-    """Every rank but ``rank`` returns its record at once; rank ``rank`` enters an all_reduce nobody else
-    enters and fails when the others leave (gloo: "Connection closed by peer"). A rank sends its record
-    before it destroys its process group (ddpprobe/launch/_rank.py ``rank_main``), so every finished
-    rank's record is sent before rank ``rank`` can fail."""
+    """After one all_reduce of every rank (so every rank's connections are up: gloo connects them in
+    ``init_process_group``, and a rank leaving before a peer's connect would fail that peer there), every
+    rank but ``rank`` returns its record; rank ``rank`` enters an all_reduce nobody else enters and fails
+    when the others leave (gloo: "Connection closed by peer"). A rank sends its record before it destroys
+    its process group (ddpprobe/launch/_rank.py ``rank_main``), so every finished rank's record is sent
+    before rank ``rank`` can fail."""
     import torch
     import torch.distributed as dist
 
     dist.init_process_group(info.backend, rank=info.rank, world_size=info.world_size)
+    dist.all_reduce(torch.zeros(1))
     if info.rank == rank:
         dist.all_reduce(torch.zeros(1))
     return {"rank": info.rank, "squares": [info.rank**2]}
