@@ -20,7 +20,7 @@ import torch
 from ddpprobe._lightning import pl
 from ddpprobe.launch import RankInfo
 from ddpprobe.probes.common import batch_ids, ddp_trainer
-from ddpprobe.probes.training import INIT_BIAS, INIT_WEIGHT, RegressionProbe, regression_loader
+from ddpprobe.probes.training import INIT_BIAS, INIT_WEIGHT, BatchNormProbe, RegressionProbe, regression_loader
 
 #: ``Trainer`` method per evaluation stage.
 STAGES = ("validate", "test", "predict")
@@ -198,3 +198,51 @@ def fit_unused(info: RankInfo, find_unused_parameters: bool, max_steps: int = 3)
     except RuntimeError as exc:
         return {"steps": len(model.losses), "raised": type(exc).__name__, "message": str(exc)}
     return {"steps": len(model.losses), "raised": None, "message": None}
+
+
+class _BatchNormStageProbe(BatchNormProbe):
+    """``BatchNormProbe`` (ddpprobe/probes/training.py) that records, per stage, the class its batch-norm
+    layer has in that stage's steps (``during``)."""
+
+    def __init__(self):
+        super().__init__(lr=0.05, momentum=0.5)
+        self.during: dict = {}
+
+    def _note(self, stage: str) -> None:
+        self.during.setdefault(stage, set()).add(type(self.bn).__name__)
+
+    def training_step(self, batch, batch_idx):
+        self._note("fit")
+        return super().training_step(batch, batch_idx)
+
+    def validation_step(self, batch, batch_idx):
+        self._note(str(self.trainer.state.fn.value))
+
+    def test_step(self, batch, batch_idx):
+        self._note("test")
+
+    def predict_step(self, batch, batch_idx, dataloader_idx=0):
+        self._note("predict")
+        return self.layer(self.bn(batch["x"]))
+
+
+def batchnorm_classes(info: RankInfo, stages, n: int = 8, batch_size: int = 2) -> dict:
+    """Scenario: one module, one ``Trainer(sync_batchnorm=True)`` per stage in ``stages`` (``"fit"``,
+    ``"validate"``, ``"test"``, ``"predict"``), run in order over ``RegressionDataset(n)``.
+
+    Record keys: ``during`` (stage -> the layer classes seen in its steps), ``after`` (stage -> the layer's
+    class once the stage returned).
+    """
+    model = _BatchNormStageProbe()
+    after = {}
+    for stage in stages:
+        trainer = ddp_trainer(info, sync_batchnorm=True, max_epochs=1, limit_val_batches=0 if stage == "fit" else 1.0)
+        loader = regression_loader(n, batch_size)
+        if stage == "fit":
+            trainer.fit(model, train_dataloaders=loader)
+        elif stage == "predict":
+            trainer.predict(model, dataloaders=loader, return_predictions=False)
+        else:
+            getattr(trainer, stage)(model, dataloaders=loader, verbose=False)
+        after[stage] = type(model.bn).__name__
+    return {"during": {k: sorted(v) for k, v in model.during.items()}, "after": after}

@@ -213,3 +213,19 @@ def test_with_find_unused_parameters_true_the_same_module_trains_every_step(run_
     outcome = [(rec["steps"], rec["raised"]) for rec in world.records]
     assert outcome == [(3, None)] * world_size, oracle.side_by_side("steps run, raised", outcome)
     semantics.number("training steps", outcome[0][0], vs=("without find_unused_parameters", 1))
+
+
+def test_sync_batchnorm_true_is_not_applied_in_validate_test_or_predict(run_world, semantics):
+    """``Trainer(sync_batchnorm=True)`` converts ``BatchNorm*d`` to ``SyncBatchNorm`` for ``fit`` only: in
+    ``validate``, ``test`` and ``predict`` every rank's steps run the module's own ``BatchNorm1d``, and it
+    is still one when each stage returns (so on CPU, where ``fit`` refuses ``SyncBatchNorm``, these stages
+    run). Mirrors Lightning's tests_pytorch/strategies/test_ddp.py::test_ddp_dont_configure_sync_batchnorm
+    (one rank). Source: pytorch_lightning/strategies/ddp.py ``DDPStrategy.setup`` (``if trainer_fn ==
+    TrainerFn.FITTING and self._layer_sync``)."""
+    world_size, stages = 2, ["validate", "test", "predict"]
+    world = run_world(parity_gradients.batchnorm_classes, world_size, stages=stages)
+
+    want = {"during": {s: ["BatchNorm1d"] for s in stages}, "after": {s: "BatchNorm1d" for s in stages}}
+    got = world.records
+    assert got == [want] * world_size, oracle.side_by_side("batch-norm classes", got)
+    semantics.number("stages run with SyncBatchNorm outside fit", sum("SyncBatchNorm" in str(r) for r in got))

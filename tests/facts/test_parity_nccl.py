@@ -7,6 +7,7 @@ Lightning's tests these mirror carry ``@RunIf(min_cuda_gpus=2)`` (tests/tests_py
 docstring names the one it mirrors.
 """
 
+from ddpprobe.probes import parity_gradients
 from ddpprobe.runif import run_if
 from tests.facts import (
     test_parity_gradients as gradients,
@@ -74,3 +75,21 @@ def test_without_a_monitor_rank_0_keeps_the_last_checkpoint_on_two_gpus(run_worl
     training.test_without_a_monitor_every_rank_names_the_last_epochs_checkpoint_and_rank_0_keeps_only_it(
         run_world, semantics
     )
+
+
+def test_sync_batchnorm_runs_in_fit_and_is_reverted_to_batchnorm_when_fit_returns_on_two_gpus(run_world, semantics):
+    """GPU only (``SyncBatchNorm`` needs CUDA): with ``Trainer(sync_batchnorm=True)`` the training steps run
+    ``SyncBatchNorm`` on every rank, and when ``fit`` returns the module holds a ``BatchNorm1d`` again; a
+    ``validate`` after it runs ``BatchNorm1d``. Mirrors Lightning's tests_pytorch/parity_pytorch/
+    test_sync_batchnorm_parity.py::test_sync_batchnorm_parity (the revert) and strategies/test_ddp.py::
+    test_ddp_dont_configure_sync_batchnorm. Source: pytorch_lightning/strategies/ddp.py ``DDPStrategy.setup``
+    and ``teardown`` (``self._layer_sync.revert``); pytorch_lightning/plugins/layer_sync.py ``TorchSyncBatchNorm``."""
+    world_size = 2
+    world = run_world(parity_gradients.batchnorm_classes, world_size, stages=["fit", "validate"])
+
+    want = {
+        "during": {"fit": ["SyncBatchNorm"], "validate": ["BatchNorm1d"]},
+        "after": {"fit": "BatchNorm1d", "validate": "BatchNorm1d"},
+    }
+    assert world.records == [want] * world_size, world.records
+    semantics.number("layer class after fit", world.records[0]["after"]["fit"], vs=("during fit", "SyncBatchNorm"))
