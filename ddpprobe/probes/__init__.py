@@ -48,7 +48,6 @@ PROBE_MODULES = (
     "reductions",
     "samplers",
     "samplers_rewrapped",
-    "trace",
     "training",
     "validation",
 )
