@@ -13,6 +13,16 @@ for ``--repeats`` rounds. Per mode the slowest rank's median wall time is kept; 
 - the store protocol alone: 300 bare ``Exchange.check`` calls per rank after the runs (post, wait for
   every rank, read, delete), the floor under every check.
 
+And one world per world size runs ``tests/tooling/trace/gradient_modules.py:timed_fit``: ``trainer.fit`` of
+a two-layer module whose gradients DDP reduces in two buckets, ``--batches`` optimizer steps, without
+the guard, with the gradient comm hook alone (ddpprobe/trace/_gradients.py, no listener), with
+hook boundaries only (no comm hook) and with the full guard (every bucket checked), alternating; then
+
+- the comm hook per step: (hook alone - unguarded) / steps;
+- per checked gradient bucket: (full - boundaries only) / (the buckets the full guard's comm hook
+  reduced), an upper bound of the cost of checking DDP's all-reduces bucket by bucket (the full guard
+  also checks Lightning's few collectives of setup and teardown).
+
 Usage (from the repository root)::
 
     python benchmarks/bench_guard.py                 # W = 2 and 4, 150 batches, 2 rounds: under a minute
@@ -34,6 +44,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from ddpprobe import run_world  # noqa: E402
 from tests.support import guarded  # noqa: E402
+from tests.tooling.trace import gradient_modules  # noqa: E402
 
 
 def _median_of_slowest(records: list, mode: str) -> float:
@@ -58,6 +69,20 @@ def measure(world_size: int, batches: int, repeats: int) -> dict:
     }
 
 
+def measure_fit(world_size: int, batches: int, repeats: int) -> dict:
+    records = run_world(gradient_modules.timed_fit, world_size, batches=batches, repeats=repeats, timeout=600).records
+    t = {mode: _median_of_slowest(records, mode) for mode in gradient_modules.TIMED_MODES}
+    buckets = records[0]["buckets"]["full"]
+    return {
+        "seconds": t,
+        "buckets": buckets,
+        "unguarded_step_ms": t["off"] / batches * 1e3,
+        "hook_step_ms": (t["hook"] - t["off"]) / batches * 1e3,
+        "full_step_ms": (t["full"] - t["off"]) / batches * 1e3,
+        "per_bucket_ms": (t["full"] - t["boundaries"]) / buckets * 1e3,
+    }
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batches", type=int, default=150)
@@ -79,6 +104,15 @@ def main(argv=None) -> None:
             f"+{m['step_ms']['boundaries']:.2f} ms boundaries only; per checked collective "
             f"{m['per_collective_ms']:.3f} ms, per boundary check {m['per_boundary_ms']:.3f} ms; "
             f"the store protocol alone {m['bare_check_ms']:.3f} ms per check"
+        )
+        f = measure_fit(world_size, args.batches, args.repeats)
+        s = f["seconds"]
+        print(
+            f"W={world_size}: fit {s['off']:.2f} s unguarded, {s['hook']:.2f} s with the gradient comm hook alone, "
+            f"{s['boundaries']:.2f} s boundaries only, {s['full']:.2f} s full guard ({f['buckets']} gradient "
+            f"buckets checked); unguarded step {f['unguarded_step_ms']:.2f} ms; per step +{f['hook_step_ms']:.2f} ms "
+            f"the comm hook alone, +{f['full_step_ms']:.2f} ms the full guard; per checked gradient bucket "
+            f"{f['per_bucket_ms']:.3f} ms"
         )
     print(f"total {time.monotonic() - started:.0f} s")
 

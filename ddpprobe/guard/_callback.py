@@ -20,7 +20,7 @@ from ddpprobe._lightning import pl
 from ddpprobe.guard import _entries
 from ddpprobe.guard._errors import install_excepthook
 from ddpprobe.guard._exchange import Exchange
-from ddpprobe.trace import CallClassifier
+from ddpprobe.trace import CallClassifier, _gradients
 
 #: The guard's timeout when none is given: half the process-group timeout, at most this many seconds.
 DEFAULT_TIMEOUT_CAP_S = 300.0
@@ -231,6 +231,7 @@ class CollectiveGuard(pl.Callback):
 
     def _uninstall(self) -> None:
         trace.detach(self._listener)
+        _gradients.unwatch(self)
         if self._model is not None:  # put back the instance's own log (another wrapper's), or none
             if self._log_before is _NONE:
                 vars(self._model).pop("log", None)
@@ -265,6 +266,7 @@ class CollectiveGuard(pl.Callback):
 
     def _install_collectives(self) -> None:
         trace.attach(self._listener)
+        _gradients.watch(self)  # a comm hook registered from here on is registered wrapped
 
     def _whole_world(self, args, kwargs) -> bool:
         groups = [a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.distributed.ProcessGroup)]
@@ -273,6 +275,8 @@ class CollectiveGuard(pl.Callback):
     # -- hook boundaries -------------------------------------------------------------------------
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if self.collectives and self._exchange is not None:  # before the batch's backward: check each bucket
+            _gradients.install(trainer.strategy.model)
         self._boundary("on_train_batch_start", trainer, batch_idx)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
@@ -319,12 +323,16 @@ class _GuardListener(trace.Listener):
     def before(self, call: trace.Call) -> None:
         guard = self.guard
         ex = guard._exchange
-        if ex is None or threading.get_ident() != guard._thread or not guard._whole_world(call.args, call.kwargs):
+        gradient = _gradients.is_gradient(call)  # DDP's reducer may call its hook from an autograd thread
+        if ex is None or not (gradient or threading.get_ident() == guard._thread):
+            return
+        if not guard._whole_world(call.args, call.kwargs):
             return
         fields = {
             **call.fields,
             "group_size": ex.world_size,
-            "root": _root(call.original, call.args, call.kwargs),
+            "root": None if gradient else _root(call.original, call.args, call.kwargs),
             **guard._classifier.context(call.frame, call.name),
         }
+        fields.update(call.extra)
         guard._check(_entries.collective(ex.n, ex.rank, fields))

@@ -30,7 +30,35 @@ from ddpprobe.audit._fixes import fix_line
 from ddpprobe.trace import describe_collective
 
 #: Fields of a collective (as the trace names them) that must be equal on every rank, in this order.
-COLLECTIVE_ID = ("op", "reduce_op", "dtype", "shape", "group_size", "root", "source", "key", "log_hook", "metric")
+COLLECTIVE_ID = (
+    "op",
+    "reduce_op",
+    "dtype",
+    "shape",
+    "group_size",
+    "root",
+    "source",
+    "key",
+    "log_hook",
+    "metric",
+    "bucket",
+)
+#: Fields of a collective kept in its entry (``entry["fields"]``) for the words of a mismatch.
+POSTED_FIELDS = (
+    "op",
+    "key",
+    "metric",
+    "source",
+    "hook",
+    "root",
+    "running",
+    "call_site",
+    "sync",
+    "call",
+    "loop_step",
+    "bucket",
+    "comm_hook",
+)
 #: Collectives whose ranks may contribute tensors of different shapes (uneven splits): shape not compared.
 UNEVEN_SPLITS = ("all_to_all", "all_to_all_single")
 #: Longest error text of a peer kept in an entry.
@@ -46,7 +74,7 @@ def collective(n: int, rank: int, fields: dict) -> dict:
         "n": n,
         "rank": rank,
         "id": ["collective"] + [compared.get(k) for k in COLLECTIVE_ID],
-        "fields": {k: fields.get(k) for k in ("op", "key", "metric", "source", "hook", "root", "call", "loop_step")},
+        "fields": {k: fields.get(k) for k in POSTED_FIELDS},
         "text": "is about to "
         + describe_collective(fields, calls=True)
         + (f" [{fields['root']}]" if fields.get("root") else ""),

@@ -68,6 +68,9 @@ class _BatchRecorder(pl.Callback):
         self.trace.write("batch", **fields)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        from ddpprobe.trace import _gradients
+
+        _gradients.install(trainer.strategy.model)  # before the batch's backward: its buckets are reported
         self._record(trainer, "train", batch, batch_idx)
 
     def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):

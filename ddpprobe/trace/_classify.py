@@ -107,10 +107,12 @@ class CallClassifier:
                     state_sizes = {name: _state_size(getattr(owner, name, None)) for name in states}
                     source = "torchmetrics"
         call_site = call_site_of(chain.pop("_user"))
-        code = frame.f_code
-        parts = code.co_filename.replace(os.sep, "/").split("/")
-        tail = parts[-3:] if "site-packages" not in parts else parts[parts.index("site-packages") + 1 :]
-        origin = f"{'/'.join(tail)}:{frame.f_lineno} in {code.co_name}"
+        origin = None
+        if frame is not None:  # None: called from C++ with no Python frame (a comm hook in an autograd thread)
+            code = frame.f_code
+            parts = code.co_filename.replace(os.sep, "/").split("/")
+            tail = parts[-3:] if "site-packages" not in parts else parts[parts.index("site-packages") + 1 :]
+            origin = f"{'/'.join(tail)}:{frame.f_lineno} in {code.co_name}"
         if call_site is None and key is not None:  # a logged value synced by the loop: where it was logged
             call_site = self.log_sites.get((key, hook))
         if source is None:

@@ -99,14 +99,17 @@ class Call:
         name: the function's name (``"all_reduce"``).
         original: the function the patch wraps (what runs the collective).
         args, kwargs: the call's arguments.
-        frame: the frame that called the ``torch.distributed`` function.
+        frame: the frame that called the ``torch.distributed`` function (None where C++ called it).
         fields: ``collective_fields(name, args, kwargs)``, computed once.
+        extra: fields the caller knows better than the stack (a gradient bucket's ``source``, ``bucket``
+            and ``comm_hook``, ddpprobe/trace/_gradients.py); listeners put them over what they classify.
     """
 
-    __slots__ = ("name", "original", "args", "kwargs", "frame", "_fields")
+    __slots__ = ("name", "original", "args", "kwargs", "frame", "extra", "_fields")
 
-    def __init__(self, name: str, original, args: tuple, kwargs: dict, frame):
+    def __init__(self, name: str, original, args: tuple, kwargs: dict, frame, extra: Optional[dict] = None):
         self.name, self.original, self.args, self.kwargs, self.frame = name, original, args, kwargs, frame
+        self.extra = extra or {}
         self._fields = None
 
     @property
@@ -167,27 +170,44 @@ def attached() -> tuple:
     return tuple(_listeners)
 
 
+def run(call: Call, *args, **kwargs):
+    """Run ``call.original(*args, **kwargs)`` with every attached listener told before and after, as the
+    patch does for a ``torch.distributed`` function; collectives made inside it are not reported again.
+    Used for collectives that do not pass through ``torch.distributed`` as one call (a DDP comm hook)."""
+    if not _listeners or getattr(_local, "inside", False):
+        return call.original(*args, **kwargs)
+    entered = []
+    _local.inside = True
+    try:
+        for listener in list(_listeners):
+            listener.before(call)
+            entered.append(listener)
+        result = call.original(*args, **kwargs)
+    except BaseException as exc:
+        for listener in entered:
+            listener.after(call, exc)
+        raise
+    finally:
+        _local.inside = False
+    for listener in entered:
+        listener.after(call, None)
+    return result
+
+
+def caller_frame(depth: int = 2):
+    """The frame ``depth`` levels up from the caller of this function, or None where C++ called in
+    (an autograd thread running a comm hook has no Python frame above it)."""
+    try:
+        return sys._getframe(depth)
+    except ValueError:
+        return None
+
+
 def _wrap(name: str, original):
     @functools.wraps(original)
     def collective(*args, **kwargs):
         if not _listeners or getattr(_local, "inside", False):
             return original(*args, **kwargs)
-        call = Call(name, original, args, kwargs, sys._getframe(1))
-        entered = []
-        _local.inside = True
-        try:
-            for listener in list(_listeners):
-                listener.before(call)
-                entered.append(listener)
-            result = original(*args, **kwargs)
-        except BaseException as exc:
-            for listener in entered:
-                listener.after(call, exc)
-            raise
-        finally:
-            _local.inside = False
-        for listener in entered:
-            listener.after(call, None)
-        return result
+        return run(Call(name, original, args, kwargs, caller_frame()), *args, **kwargs)
 
     return collective

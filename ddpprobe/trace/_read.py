@@ -48,13 +48,26 @@ class _Reader:
             "stage": None,
             "stage_error": None,
             "all_gathers": [],
+            "gradients": [],
+            "gradient_collectives": [],
         }
 
     def on_collective(self, event: dict) -> None:
         entry = {k: v for k, v in event.items() if k not in ("event", "t")}
         entry["status"] = "pending"
         self.by_seq[event["seq"]] = entry
-        self.out["collectives"].append(entry)
+        if event.get("source") != "gradient":
+            self.out["collectives"].append(entry)
+        else:
+            self.out["gradient_collectives"].append(entry)
+            running = self.current.get("train") or {}
+            entry["batch"] = [running.get("epoch"), running.get("batch_idx")]
+            where = {"epoch": entry["batch"][0], "batch_idx": entry["batch"][1], "bucket": entry.get("bucket")}
+            counts = self.out["gradients"]
+            if counts and {k: counts[-1][k] for k in where} == where:
+                counts[-1]["count"] += 1
+            else:
+                counts.append({**where, "count": 1})
 
     def on_done(self, event: dict) -> None:
         entry = self.by_seq.get(event.get("seq"))
@@ -96,7 +109,11 @@ def split_trace(events: list) -> dict:
     of the batch its loop was running, else None), ``batches``, ``flight_recorder`` (entries, or None when
     not written) and ``flight_recorder_unavailable``, ``stage`` (``"end"``, ``"raised"``, or None: the rank
     never finished its stage), ``stage_error``, ``callback_metrics`` (only when a ``metrics`` event was
-    written) and ``all_gathers`` (the ``all_gather`` events)."""
+    written), ``all_gathers`` (the ``all_gather`` events), and DDP's gradient all-reduces apart from the
+    Python-level ``collectives``: ``gradient_collectives`` (the ``collective`` events of ``source``
+    ``"gradient"``, each with ``status`` and ``batch``: ``[epoch, batch_idx]`` of the training batch it ran
+    in) and ``gradients``, the same counted per bucket per training batch, ``[{"epoch", "batch_idx",
+    "bucket", "count"}]`` in order."""
     reader = _Reader()
     for event in events:
         handler = getattr(reader, f"on_{event.get('event')}", None)

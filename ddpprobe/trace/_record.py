@@ -15,7 +15,7 @@ import torch
 import torch.distributed
 
 from ddpprobe._lightning import pl
-from ddpprobe.trace import _patch
+from ddpprobe.trace import _gradients, _patch
 from ddpprobe.trace._batches import _BatchRecorder
 from ddpprobe.trace._classify import RANK_NAMES, CallClassifier, call_site_of
 from ddpprobe.trace._patch import pg_seq
@@ -80,6 +80,7 @@ class CollectiveTrace:
         self._file = open(self.path, "a", encoding="utf-8")
         self.write("start", schema=TRACE_SCHEMA, pid=os.getpid())
         _patch.attach(self._listener)
+        _gradients.watch(self)
         self._original_log = self.model.log
         self.model.log = self._wrap_log(self.model.log)
         self._original_all_gather = self.model.all_gather
@@ -88,6 +89,7 @@ class CollectiveTrace:
 
     def __exit__(self, *exc) -> None:
         _patch.detach(self._listener)
+        _gradients.unwatch(self)
         self.model.log = self._original_log
         self.model.all_gather = self._original_all_gather
         self.dump_flight_recorder()
@@ -173,14 +175,14 @@ class _TraceListener(_patch.Listener):
             group_size = torch.distributed.get_world_size(call.kwargs.get("group"))
         except Exception:  # noqa: BLE001
             group_size = None
-        self.trace.write(
-            "collective",
-            seq=seq,
+        fields = {
             **call.fields,
-            group_size=group_size,
-            pg_seq=pg_seq(),
+            "group_size": group_size,
+            "pg_seq": pg_seq(),
             **self.trace.classifier.context(call.frame, call.name),
-        )
+            **call.extra,
+        }
+        self.trace.write("collective", seq=seq, **fields)
 
     def after(self, call: _patch.Call, error) -> None:
         seq = self.seqs.current

@@ -59,8 +59,8 @@ def describe_call(entry: dict, where: Optional[str] = None) -> str:
     - ``line 34 of module.py (on_train_epoch_end) reads `Trainer.callback_metrics`, which runs the epoch
       sync of 'train_v' (all_reduce) on rank 0 only`` (the user's line made a library call);
     - ``line 20 of module.py (validation_step) calls `torch.distributed.all_reduce()` on rank 0 only``;
-    - ``Lightning's `_TrainingEpochLoop.advance` (in training_step) runs the gradient all_reduce of bucket 0
-      (DistributedDataParallel's comm hook)`` (a collective Lightning makes on its own; a logged key's sync
+    - ``Lightning's `_AutomaticOptimization.backward_fn` (in backward) runs DistributedDataParallel's gradient
+      all_reduce of bucket 0`` (a collective Lightning makes on its own; a logged key's sync
       adds where the key was logged: ``, for the value logged at module.py:12 in validation_step``);
     - ``torch/nn/parallel/distributed.py:1580 in _sync_buffers runs a broadcast`` (no call chain known).
     """
@@ -124,11 +124,12 @@ def _run_by(entry: dict) -> str:
 
 
 def _gradient_words(entry: dict) -> str:
+    """``DistributedDataParallel's gradient all_reduce of bucket 0`` (``, through the comm hook my_hook`` for
+    a user's own hook)."""
     bucket = entry.get("bucket")
     which = f" of bucket {bucket}" if isinstance(bucket, int) else ""
-    hook = entry.get("comm_hook")
-    by = f"DistributedDataParallel's comm hook {hook}" if hook else "DistributedDataParallel's comm hook"
-    return f"the gradient {entry.get('op') or 'all_reduce'}{which} ({by})"
+    hook = f", through the comm hook {entry['comm_hook']}" if entry.get("comm_hook") else ""
+    return f"DistributedDataParallel's gradient {entry.get('op') or 'all_reduce'}{which}{hook}"
 
 
 def _site_words(call_site: Optional[str]) -> Optional[str]:

@@ -90,3 +90,18 @@ def test_a_boring_model_saving_a_checkpoint_on_rank_0_only_names_trainer_save_ch
         _line(0, f"is about to barrier at {line}, run by `Trainer.save_checkpoint()`", message)
         for rank in range(1, world_size):
             _line(rank, "is at teardown", message)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_a_step_sync_logged_on_rank_0_only_is_named_against_the_others_gradient_bucket(run_world, world_size):
+    """``if self.global_rank == 0: self.log("step_v", ..., on_step=True, sync_dist=True)`` in
+    ``training_step``: rank 0 syncs the step value, the others go on to the batch's backward, where DDP
+    all-reduces the first gradient bucket from C++. Without the guard's comm hook the others' side is
+    invisible and the guard can only time out; with it every rank raises ``CollectiveMismatch``: rank 0's
+    side is the step sync run by ``LightningModule.log()`` at its line, the others' DDP's gradient
+    all_reduce of bucket 0 in Lightning's backward."""
+    for message in _mismatch(run_world, world_size, calls=["log"]).values():
+        sync = "barrier (self.log step sync of 'step_v', logged in training_step)"
+        _line(0, f"{sync} at {line_of('log')}, run by `LightningModule.log()`", message)
+        for rank in range(1, world_size):
+            _line(rank, "(DistributedDataParallel's gradient all_reduce of bucket 0), run by Lightning's `_", message)
