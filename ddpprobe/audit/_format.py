@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import textwrap
 
 from ddpprobe import hazards
@@ -242,7 +243,7 @@ def _stdout_section(result) -> list:
     per_rank = ", ".join(f"rank {r}: {n}" for r, n in enumerate(result.stdout_lines["world"]))
     lines = ["", f"stdout lines (print): W=1: {single}; W={result.world_size}: {per_rank}"]
     if sum(result.stdout_lines["world"]) > single and all(result.stdout_lines["world"]):
-        lines += _wrap(f"every rank prints; {hazards.fix_line('print_every_rank')}", "  ")
+        lines += ["  every rank prints"] + _wrap(hazards.fix_line("print_every_rank"), "    ")
     if result.removed_hooks:
         lines.append("removed Lightning 1.x hooks defined by the module:")
         lines += [f"  {h['hook']}: {h['effect']}" for h in result.removed_hooks]
@@ -343,7 +344,8 @@ def user_frames(traceback_lines: list) -> list:
                 path = stripped[len("File ") :].split('"')[1] if '"' in stripped else stripped
                 keep = not path.startswith(_library_roots()) and "site-packages" not in path
                 if keep:
-                    out.append(stripped)
+                    here = os.getcwd() + os.sep
+                    out.append(stripped.replace(f'"{here}', '"', 1) if path.startswith(here) else stripped)
             elif keep and stripped and not stripped.startswith(("Traceback", "^", "~")):
                 out.append("  " + stripped)
                 keep = False
