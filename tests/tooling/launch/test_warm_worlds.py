@@ -16,6 +16,7 @@ import importlib
 import inspect
 import os
 import re
+import tempfile
 
 import pytest
 
@@ -29,8 +30,8 @@ pytestmark = pytest.mark.not_a_fact("tests that warm worlds give what fresh worl
 
 SYNCED = [log_spec("v", sync_dist=True)]
 
-#: (probe module, scenario name, params or a function of the world size giving them): the fidelity cases,
-#: run in this order on one warm world.
+#: (probe module, scenario name, params or a function of the world size giving them, called anew for the warm
+#: and the fresh run): the fidelity cases, run in this order on one warm world.
 CASES = [
     ("validation", "validate", dict(n=7, logs=SYNCED)),
     ("validation", "validate", dict(n=6, logs=SYNCED, csv_logger=True, prints=True)),
@@ -53,14 +54,19 @@ CASES = [
     ("hooks", "removed_hook", dict(hook="validation_epoch_end")),
     ("iterable", "validate_iterable", dict(n=10, batch_size=2, shard="rank")),
     ("legacy_hooks", "legacy_hook", dict(hook="validation_epoch_end")),
+    ("manual_ddp_options", "fit_manual", dict(static_graph=True)),
+    ("metric_checkpoints", "fit_and_checkpoint", lambda w: dict(ckpt_dir=tempfile.mkdtemp(prefix="ddpprobe-ckpt-"))),
     ("metric_memory", "peak_memory", dict(recipe="counts", n=1000)),
+    ("metric_wrappers", "collection", dict(compute_groups=True)),
     ("multilabel", "best_threshold_recipes", dict(n=12)),
     ("outside_log_reductions", "strategy_reduce", lambda w: dict(values={"int64": [[3, -4], [4, -3], [1, -1]][:w]})),
+    ("parity_collectives", "evaluate_collectives", dict()),
     ("parity_gradients", "evaluate_rank_weights", dict(stage="validate")),
     ("parity_metrics", "fit_metric_reset", dict(n=8, val_n=6, batch_size=2, epochs=2)),
     ("parity_loggers", "validate_with_logger", dict(n=8, batch_size=2, logs=SYNCED)),
     ("parity_training", "fit_stepping", dict(n=12, batch_size=2, max_epochs=2, accumulate_grad_batches=2)),
     ("parity_samplers", "validate_with_batch_sampler", dict(n=9, batch_size=2, drop_last=False)),
+    ("precision", "bfloat16", dict()),
     ("predict", "predict", dict(n=7, write_files=True)),
     ("rank_state", "seeded_randomness", dict(seed=1234)),
     ("rank_state", "logger_versions", dict()),
@@ -78,6 +84,7 @@ NO_CASE = {
     "nccl": "its scenarios need CUDA tensors and the nccl backend; warm worlds run gloo only",
     "multinode": "a world of several nodes has its own warm world (num_nodes is in the key); checked below",
     "preemption": "its scenarios end ranks with SIGTERM, a world that fails by design and so runs fresh",
+    "parity_spawn": "its facts give worlds their own timeout (a ddp_spawn Trainer inside a rank), so they run fresh",
 }
 
 #: Keys whose values are measurements of the rank's process, not of DDP: process ids, timings and memory
@@ -201,13 +208,13 @@ def test_a_warm_world_gives_the_records_a_fresh_world_gives_scenario_after_scena
         differences = []
         for module, name, params in CASES:
             scenario = _scenario(module, name)
-            params = params(world_size) if callable(params) else params
-            warm_world = warm.run(warm_call(scenario, world_size, **params))
-            assert warm_world is not None, f"{module}.{name}{params} failed on a warm world"
-            fresh = fresh_world(scenario, world_size, **params)
+            given = (lambda: params(world_size)) if callable(params) else (lambda: params)
+            warm_world = warm.run(warm_call(scenario, world_size, **given()))
+            assert warm_world is not None, f"{module}.{name}{given()} failed on a warm world"
+            fresh = fresh_world(scenario, world_size, **given())
             found = _differences(warm_world, fresh)
             if found:
-                differences.append(f"{module}.{name} {params}:\n{found}")
+                differences.append(f"{module}.{name} {given()}:\n{found}")
         assert warm.scenarios == len(CASES) and not warm.ended
     finally:
         warm.close()
