@@ -1,5 +1,5 @@
-"""The ``run_world`` fixture with ``--warm-worlds`` (ddpprobe/pytest_plugin.py, ddpprobe/plugin/_warm.py): a plain
-call runs on a warm world; a test that fails a world by design, or a call with its own timeout, runs fresh
+"""The ``run_world`` fixture with ``--warm-worlds`` (ddpprobe/pytest_plugin.py, ddpprobe/plugin/_warm.py):
+a plain call runs on a warm world; a test that fails a world by design, or a call with its own timeout, runs fresh
 at once; a call whose warm world fails runs again fresh and the test sees the fresh world's error;
 ``--fresh-worlds`` keeps every world fresh."""
 
