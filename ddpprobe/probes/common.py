@@ -15,6 +15,11 @@ from ddpprobe._lightning import pl
 from ddpprobe.launch import RankInfo
 from ddpprobe.probes.data import IdDataset
 
+#: Seconds the ranks may take to meet in ``init_process_group`` (the rendezvous and gloo's connections),
+#: whatever the process-group timeout: ranks start and build their Trainer at their own pace (seconds apart
+#: on a loaded machine), and a hang fact's timeout of a few seconds is about its collectives, not the start.
+RENDEZVOUS_TIMEOUT_S = 60.0
+
 
 def ddp_trainer(info: RankInfo, **overrides):
     """A ``pytorch_lightning.Trainer`` that joins the launcher's world with ``strategy="ddp"``.
@@ -22,7 +27,10 @@ def ddp_trainer(info: RankInfo, **overrides):
     Equivalent to ``Trainer(strategy="ddp", accelerator=..., devices=..., num_nodes=...)`` except that the
     strategy object carries the world's backend and its process-group timeout
     (``DDPStrategy(process_group_backend=info.backend, timeout=info.pg_timeout)``), so a stuck
-    collective raises inside the rank instead of after Lightning's default 30 minutes.
+    collective raises inside the rank instead of after Lightning's default 30 minutes. The process
+    group is created with ``RENDEZVOUS_TIMEOUT_S`` (at least) and given ``info.pg_timeout`` for its
+    collectives right after (``torch.distributed.distributed_c10d._set_pg_timeout``, where torch has it):
+    see ``_collective_timeout_after_init``.
     Progress bar, model summary, checkpointing and the logger are off unless ``overrides`` turn them on.
 
     Args:
@@ -30,9 +38,7 @@ def ddp_trainer(info: RankInfo, **overrides):
         **overrides: any ``Trainer`` argument, e.g. ``logger=CSVLogger(".")`` or ``max_epochs=2``.
     """
     kwargs = dict(
-        strategy=pl.strategies.DDPStrategy(
-            process_group_backend=info.backend, timeout=datetime.timedelta(seconds=info.pg_timeout)
-        ),
+        strategy=_collective_timeout_after_init(info.backend, info.pg_timeout),
         accelerator=info.accelerator,
         devices=info.devices,
         num_nodes=info.num_nodes,
@@ -44,6 +50,33 @@ def ddp_trainer(info: RankInfo, **overrides):
     )
     kwargs.update(overrides)
     return pl.Trainer(**kwargs)
+
+
+def _collective_timeout_after_init(backend: str, pg_timeout: float):
+    """``DDPStrategy(process_group_backend=backend)`` whose process group waits up to ``RENDEZVOUS_TIMEOUT_S``
+    for the ranks to meet and then ``pg_timeout`` seconds per collective.
+
+    The strategy stays a ``DDPStrategy`` (the trace names its calls ``DDPStrategy.barrier`` ...): only this
+    instance's ``setup_distributed`` (pytorch_lightning/strategies/ddp.py, where ``init_process_group`` runs)
+    is wrapped. With a torch without ``_set_pg_timeout`` the group keeps ``pg_timeout`` for both."""
+    from torch.distributed import distributed_c10d
+
+    set_timeout = getattr(distributed_c10d, "_set_pg_timeout", None)
+    short = datetime.timedelta(seconds=pg_timeout)
+    if set_timeout is None:
+        return pl.strategies.DDPStrategy(process_group_backend=backend, timeout=short)
+    strategy = pl.strategies.DDPStrategy(
+        process_group_backend=backend, timeout=datetime.timedelta(seconds=max(pg_timeout, RENDEZVOUS_TIMEOUT_S))
+    )
+    setup_distributed = strategy.setup_distributed
+
+    def setup_then_shorten():
+        setup_distributed()
+        set_timeout(short)
+        strategy._timeout = short  # what the strategy reports, and passes to any group it makes later
+
+    strategy.setup_distributed = setup_then_shorten
+    return strategy
 
 
 def only_loader(loaders):
