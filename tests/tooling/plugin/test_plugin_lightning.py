@@ -1,7 +1,7 @@
 """``--lightning`` / ``DDPPROBE_LIGHTNING`` choose the Lightning package a whole run uses
-(ddpprobe/pytest_plugin.py ``_choose_lightning`` -> ``ddpprobe._lightning.use``), in the controller and in every xdist worker,
-before any test module imports a probe; version ranges (``run_if(lightning=...)``) are judged against
-that package's version and their reasons name it."""
+(ddpprobe/pytest_plugin.py ``_choose_lightning`` -> ``ddpprobe._lightning.use``), in the controller and in
+every xdist worker, before any test module imports a probe; version ranges (``run_if(lightning=...)``) are
+judged against that package's version and their reasons name it."""
 
 import importlib.util
 
