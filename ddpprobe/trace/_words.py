@@ -24,7 +24,7 @@ def describe_collective(entry: dict, calls: bool = False) -> str:
     `DDPStrategy.barrier()```; ``barrier (self.log epoch sync of 'v', logged in training_step) at m.py:12
     in training_step, run by Lightning's `_FitLoop.on_advance_end```."""
     shape = "" if entry.get("shape") is None else f" {list(entry['shape'])}"
-    text = f"{entry.get('op') or 'collective'}{(' ' + entry['dtype']) if entry.get('dtype') else ''}{shape}"
+    text = f"{entry.get('op') or ''}{(' ' + entry['dtype']) if entry.get('dtype') else ''}{shape}"
     source = entry.get("source")
     inner = []
     if source == "torchmetrics":
@@ -49,7 +49,7 @@ def describe_collective(entry: dict, calls: bool = False) -> str:
         text += f" ({'; '.join(inner)})"
     if entry.get("call_site"):
         text += f" at {entry['call_site']}"
-    return text + (f", {chain}" if chain else "")
+    return (text + (f", {chain}" if chain else "")).strip()  # no op (the audit words a place alone): no space
 
 
 def describe_call(entry: dict, where: Optional[str] = None) -> str:

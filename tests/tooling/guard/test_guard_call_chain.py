@@ -69,11 +69,13 @@ def test_a_property_read_on_rank_0_only_then_a_reduce_names_the_read_and_the_red
 
 
 def _line_in(cls, method: str, text: str) -> str:
+    """``"file.py:N in method"``: the line of ``cls.method`` that holds ``text``."""
     import inspect
+    import os
 
     lines, start = inspect.getsourcelines(getattr(cls, method))
     offset = next(i for i, line in enumerate(lines) if text in line)
-    return f"call_modules.py:{start + offset} in {method}"
+    return f"{os.path.basename(inspect.getsourcefile(cls))}:{start + offset} in {method}"
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
@@ -105,3 +107,22 @@ def test_a_step_sync_logged_on_rank_0_only_is_named_against_the_others_gradient_
         _line(0, f"{sync} at {line_of('log')}, run by `LightningModule.log()`", message)
         for rank in range(1, world_size):
             _line(rank, "(DistributedDataParallel's gradient all_reduce of bucket 0), run by Lightning's `_", message)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_a_readme_style_module_computing_accuracy_on_rank_0_only_names_the_metrics_compute(run_world, world_size):
+    """A module written from the README (tests/tooling/trace/newcomer.py): ``if self.trainer.is_global_zero:
+    print(self.accuracy.compute())`` in ``on_validation_epoch_end``. Every rank raises ``CollectiveMismatch``
+    in the sanity check's validation; rank 0's side is the ``MulticlassAccuracy`` state sync at its line,
+    run by ``MulticlassAccuracy.compute()``; the others have gone on to a barrier Lightning makes on its
+    own after the sanity check (named by its loop step, ``run by Lightning's `_FitLoop...```)."""
+    from tests.tooling.trace import newcomer
+
+    with pytest.raises(RankFailed) as failure:
+        run_world(newcomer.fit, world_size, **LIMITS)
+    line = _line_in(newcomer.LitClassifier, "on_validation_epoch_end", ".compute()")
+    for message in _guard_errors(failure.value, "CollectiveMismatch", list(range(world_size))).values():
+        _line(0, f"(MulticlassAccuracy state sync at compute()) at {line}", message)
+        _line(0, ", run by `MulticlassAccuracy.compute()`", message)
+        for rank in range(1, world_size):
+            _line(rank, "is about to barrier, run by Lightning's `_FitLoop.", message)

@@ -119,13 +119,25 @@ class _HookOnly(pl.Callback):
         _gradients.install(trainer.strategy.model)
 
 
+class _Buckets(pl.Callback):
+    """Reads how many gradient buckets the comm hook reduced, at the end of training (before Lightning's
+    teardown unwraps the model from ``DistributedDataParallel``)."""
+
+    def __init__(self):
+        self.buckets = None
+
+    def on_train_end(self, trainer, pl_module):
+        from ddpprobe.trace import _gradients
+
+        self.buckets = _gradients.buckets_reduced(trainer.strategy.model)
+
+
 def timed_fit(info, batches: int, repeats: int) -> dict:
     """Scenario for benchmarks/bench_guard.py: ``trainer.fit`` of ``TwoLayers`` for ``batches`` optimizer
     steps in each of ``TIMED_MODES``, alternating, ``repeats`` rounds. Record: ``seconds`` (mode -> list of
     wall times of ``fit``), ``checks`` (mode -> the guard's checks in the last round; None unguarded),
     ``buckets`` (mode -> gradient buckets the comm hook reduced in the last round; None without it)."""
     from ddpprobe.guard import CollectiveGuard
-    from ddpprobe.trace import _gradients
 
     seconds = {mode: [] for mode in TIMED_MODES}
     checks: dict = {}
@@ -138,7 +150,8 @@ def timed_fit(info, batches: int, repeats: int) -> dict:
                 bucket_cap_mb=BUCKET_CAP_MB,
             )
             guard = CollectiveGuard(collectives=mode == "full") if mode in ("boundaries", "full") else None
-            callbacks = [guard] if guard else [_HookOnly()] if mode == "hook" else []
+            counter = _Buckets()
+            callbacks = ([guard] if guard else [_HookOnly()] if mode == "hook" else []) + [counter]
             trainer = ddp_trainer(info, strategy=strategy, max_steps=batches, callbacks=callbacks)
             loader = id_loader(2 * batches * info.world_size, 2)
             if torch.distributed.is_initialized():  # line the ranks up before timing (none before the first fit)
@@ -147,5 +160,5 @@ def timed_fit(info, batches: int, repeats: int) -> dict:
             trainer.fit(TwoLayers(), train_dataloaders=loader)
             seconds[mode].append(time.perf_counter() - started)
             checks[mode] = guard.checks if guard else None
-            buckets[mode] = _gradients.buckets_reduced(trainer.strategy.model)
+            buckets[mode] = counter.buckets
     return {"seconds": seconds, "checks": checks, "buckets": buckets}
