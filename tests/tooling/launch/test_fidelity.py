@@ -42,6 +42,11 @@ pytestmark = pytest.mark.not_a_fact("tests that launched ranks look like torchru
 
 START_METHODS = ["forkserver", "spawn"]
 
+#: World timeout (s) of a world with spawned ranks: each rank is a fresh interpreter importing torch and
+#: Lightning, seconds on a quiet machine but over the default 120 s on a loaded one (seen under
+#: ``pytest -n 4`` on 2 cores, both ranks still importing pytorch_lightning when the world was ended).
+SPAWN_TIMEOUT_S = 400
+
 #: The message of the once-per-process warning the state scenario triggers (Lightning logs an
 #: epoch-level value with ``sync_dist=False`` in a distributed run). Source:
 #: pytorch_lightning/trainer/connectors/logger_connector/result.py ``_ResultCollection._get_cache``.
@@ -139,7 +144,8 @@ def test_a_rank_zero_only_function_called_before_any_trainer_runs_on_rank_0_only
     the function must still run on rank 0 only, whether the rank was forked from a server that imported
     Lightning with no rank set, or started fresh. Source: lightning_fabric/utilities/rank_zero.py."""
     world_size = 3 if start_method == "forkserver" else 2  # a spawned rank costs a fresh interpreter
-    world = run_world(rank_zero_only_before_trainer, world_size, start_method=start_method)
+    timeout = SPAWN_TIMEOUT_S if start_method == "spawn" else None
+    world = run_world(rank_zero_only_before_trainer, world_size, start_method=start_method, timeout=timeout)
 
     returned = [rec["returned"] for rec in world.records]
     assert returned == ["ran"] + [None] * (world_size - 1), oracle.side_by_side("returned", returned)
@@ -206,7 +212,7 @@ def test_the_same_scenario_gives_identical_records_files_and_stdout_under_both_s
         csv_logger=True,
     )
     forked = run_world(validation.validate, 2, start_method="forkserver", **params)
-    spawned = run_world(validation.validate, 2, start_method="spawn", **params)
+    spawned = run_world(validation.validate, 2, start_method="spawn", timeout=SPAWN_TIMEOUT_S, **params)
 
     for rank in range(2):
         assert forked.records[rank] == spawned.records[rank], (
