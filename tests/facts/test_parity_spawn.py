@@ -39,7 +39,7 @@ def test_after_ddp_spawn_fit_the_caller_gets_rank_0s_callback_metrics_and_traine
     multiprocessing.py ``_MultiProcessingLauncher`` (``_collect_rank_zero_results``, ``get_extra_results``,
     ``_recover_results_in_main_process``, ``_wrapping_function`` -> ``_set_num_threads_if_needed``)."""
     devices, n = 2, 8
-    world = run_world(parity_spawn.spawn_fit, 1, devices=devices, n=n, timeout=240)
+    world = run_world(parity_spawn.spawn_fit, 1, devices=devices, n=n, timeout=480)
 
     rec = world.records[0]
     threads = max(1, rec["cpus"] // devices)
@@ -61,7 +61,7 @@ def test_predict_with_return_predictions_under_ddp_spawn_fails_in_the_spawned_ra
     ``MisconfigurationException`` in the caller. Source: pytorch_lightning/loops/prediction_loop.py
     ``_PredictionLoop.return_predictions`` (set in ``Trainer._predict_impl``, which runs inside the
     launcher); torch/multiprocessing/spawn.py ``ProcessContext.join``."""
-    world = run_world(parity_spawn.spawn_predict, 1, devices=2, return_predictions=True, timeout=240)
+    world = run_world(parity_spawn.spawn_predict, 1, devices=2, return_predictions=True, timeout=480)
 
     rec = world.records[0]
     assert rec["raised"] == "ProcessRaisedException", rec
@@ -99,7 +99,7 @@ def test_at_import_rank_zero_only_takes_rank_before_local_rank_slurm_procid_and_
         num_nodes=nodes,
         variants=variants,
         variants_on_rank=on_rank,
-        timeout=300,
+        timeout=480,
     )
 
     records = world.records

@@ -4,8 +4,8 @@ assert) names facts that exist, or gives the reason none does, and its count say
 A fact is named as ``tests/facts/<file>.py::<function>`` in backticks, without its parameters; a row that
 names none says ``Not stated: <reason>``. The facts named are collected the way the default run collects
 them (``--backend gloo``), with the ``integration`` marker let in, so a misspelt or removed fact fails here.
-Every named fact must run on this machine or skip for a GPU reason only (``run_if`` CUDA devices or
-``--backend nccl``), never for another.
+Every named fact must run on this machine or skip for a GPU reason (``run_if`` CUDA devices or
+``--backend nccl``) or, on another Lightning release, for its release range; never for another reason.
 """
 
 from __future__ import annotations
@@ -129,7 +129,8 @@ def test_every_row_names_facts_that_exist_or_the_reason_none_does(pytester):
 def test_every_named_fact_runs_here_or_skips_for_a_gpu_reason_only(pytester):
     """A named fact that cannot run on a machine without GPUs (``--backend gloo``) must say so with a GPU
     need (``run_if(min_gpus=...)`` or ``backend="nccl"``), and no named fact is skipped for any other
-    reason: the page names facts a laptop runs, and their NCCL twins."""
+    reason than those and a Lightning release range (``run_if(lightning=...)``, for the release matrix):
+    the page names facts a laptop runs, and their NCCL twins."""
     text = PAGE.read_text(encoding="utf-8")
     collected = _collect(pytester, {path for path, _ in named(text)})
     here = runif.RunEnvironment.here("gloo")
@@ -145,7 +146,7 @@ def test_every_named_fact_runs_here_or_skips_for_a_gpu_reason_only(pytester):
         for item in collected.get(key, []):
             kinds = {kind for kind, _ in runif.unmet(runif.requirements_of(item), here)}
             static = item.get_closest_marker("skip") is not None
-            if static or kinds - {runif.DEVICES, runif.BACKEND}:
+            if static or kinds - {runif.DEVICES, runif.BACKEND, runif.LIGHTNING}:
                 other[item.nodeid] = sorted(kinds) + (["skip"] if static else [])
     assert not other, f"named facts that skip here for a reason other than GPUs: {other}"
 
