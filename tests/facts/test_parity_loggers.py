@@ -65,9 +65,9 @@ def test_a_custom_logger_without_rank_zero_only_is_called_on_every_rank_with_eac
 
 def test_a_logger_whose_log_metrics_is_rank_zero_only_writes_once_with_rank_0s_value(run_world, semantics):
     """The control: the same logger with ``log_metrics`` decorated by ``rank_zero_only`` (what CSVLogger,
-    TensorBoardLogger and the other built-in loggers do) is still called on both ranks, but writes on
-    rank 0 only, rank 0's local value. Source: pytorch_lightning/loggers/csv_logs.py ``CSVLogger.log_metrics``
-    (``@rank_zero_only``); lightning_utilities ``rank_zero_only``."""
+    TensorBoardLogger and the other built-in loggers do): its ``log_metrics`` runs on rank 0 only and
+    writes rank 0's local value; rank 1 writes nothing. Source: pytorch_lightning/loggers/csv_logs.py
+    ``CSVLogger.log_metrics`` (``@rank_zero_only``); lightning_utilities ``rank_zero_only``."""
     n, world_size, batch_size = 5, 2, 2
     world = run_world(
         parity_loggers.validate_with_logger,

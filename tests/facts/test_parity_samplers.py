@@ -179,9 +179,8 @@ def test_distributed_sampler_wrapper_forwards_set_epoch_to_the_users_sampler_in_
 
 def test_predict_wraps_a_custom_sampler_without_forwarding_set_epoch(run_world, semantics):
     """``trainer.predict`` wraps the same sampler in ``UnrepeatedDistributedSamplerWrapper``, which
-    deals draws r, r+W, ... without padding but has no ``set_epoch`` of its own: Lightning calls
-    ``set_epoch(0)`` on the wrapper, and the user's sampler never hears of it, so it draws from its
-    initial seed. Lightning's tests_pytorch/loops/test_prediction_loop.py::
+    deals draws r, r+W, ... without padding but does not forward ``set_epoch``: the user's sampler is
+    never called with it and draws from its initial seed. Lightning's tests_pytorch/loops/test_prediction_loop.py::
     test_prediction_loop_batch_sampler_set_epoch_called checks that the sampler *in the loader* gets
     ``set_epoch``, which holds; it runs one rank, where no wrapper is put in. Source:
     pytorch_lightning/overrides/distributed.py ``UnrepeatedDistributedSamplerWrapper`` (subclasses

@@ -32,7 +32,8 @@ def test_after_ddp_spawn_fit_the_caller_gets_rank_0s_callback_metrics_and_traine
     holds rank 0's ``callback_metrics`` (an unsynced ``rank_value`` logged as ``global_rank + 1`` reads 1.0,
     rank 1's 2.0 never arrives) and the trained weights (they differ from the ones it passed in), while
     its ``trainer.global_step`` stays 0: the loops' progress is not sent back, only the trainer's
-    status. Each spawned rank found ``OMP_NUM_THREADS`` set to ``max(1, CPUs // 2)``. Mirrors Lightning's
+    status. The spawned rank 0 found ``OMP_NUM_THREADS`` set to ``max(1, CPUs // 2)`` (it was unset in the
+    caller). Mirrors Lightning's
     tests_pytorch/strategies/test_ddp_integration.py::test_ddp_spawn_add_get_queue and
     strategies/launchers/test_multiprocessing.py::test_collect_rank_zero_results (mocked), and
     tests_fabric/utilities/test_distributed.py::test_set_num_threads_if_needed (mocked). Source:
