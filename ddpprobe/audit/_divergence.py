@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from ddpprobe import hazards
 from ddpprobe.audit._culprit import diagnose
 from ddpprobe.trace import describe_collective
 
@@ -213,4 +214,30 @@ def trace_summary(world: list, stage: str = "validate", shards: Optional[dict] =
             for rank in world
         ],
         "first_divergence": divergence,
+        "lone_reads": lone_reads(world),
     }
+
+
+def lone_reads(world: list) -> list:
+    """Reads of the logged metrics (``trainer.callback_metrics`` and the like: ``ddpprobe.hazards.reads_metrics``)
+    that ran an epoch sync on some ranks only, whether or not the ranks' collectives diverged afterwards (the
+    other ranks' own epoch-end sync of the same key can pair with it and give the right value, by luck):
+    ``[{"call_site", "call", "key", "op", "ranks"}]`` per call site and key, in first-seen order."""
+    found: dict = {}
+    for r, rank in enumerate(world):
+        for c in rank["collectives"]:
+            if c.get("op") == "barrier" or not hazards.reads_metrics(c):
+                continue
+            entry = found.setdefault(
+                (c.get("call_site"), c.get("key")),
+                {
+                    "call_site": c.get("call_site"),
+                    "call": c.get("call"),
+                    "key": c.get("key"),
+                    "op": c["op"],
+                    "ranks": [],
+                },
+            )
+            if r not in entry["ranks"]:
+                entry["ranks"].append(r)
+    return [e for e in found.values() if len(e["ranks"]) < len(world)]

@@ -111,6 +111,17 @@ def findings(result) -> list:
                 "each rank repeats the others' work)"
             )
             out.append({"problem": text, "consequences": []})
+    diagnosis_hazard = _diagnosis(result).get("hazard")
+    for read in (result.trace or {}).get("lone_reads") or []:
+        if diagnosis_hazard != "metrics_read_on_some_ranks":
+            where = f" at {read['call_site']}" if read.get("call_site") else ""
+            out.append(
+                {
+                    "problem": f"rank(s) {read['ranks']} alone read the logged metrics{where}, running the epoch "
+                    f"sync of {read.get('key')!r} on those ranks only",
+                    "consequences": [],
+                }
+            )
     raised_findings, own = [], None
     for places, info in raised_groups(result):
         text = f"the {result.stage} stage raised {info['type']} ({', '.join(places)})"
@@ -143,6 +154,8 @@ def named_hazards(result) -> list:
         out += row.hazards
     for row in result.experiment_rows:
         out += row.get("hazards") or [] if row["problem"] else []
+    if (result.trace or {}).get("lone_reads"):
+        out.append("metrics_read_on_some_ranks")
     if any(info.get("unsharded") for info in result.counts.values()):
         out.append("unsharded_data")
     if any(c["differs"] for c in result.callbacks):

@@ -193,8 +193,9 @@ def _trace_section(result) -> list:
     """The collective trace: how each rank ended, the first divergence, its culprit and fixes."""
     trace = result.trace or {}
     divergence = trace.get("first_divergence")
+    reads = _lone_reads(result)
     if not (divergence or result.world_error):
-        return []
+        return _reads_lines(reads, [""]) if reads else []
     lines = ["", f"collective trace ({trace.get('level', 'python')} level, {result.world_size} ranks):"]
     ended_as = {"end": "finished its stage", "raised": "stage raised", None: "never finished its stage"}
     for r, rank in enumerate(trace.get("ranks", [])):
@@ -216,6 +217,38 @@ def _trace_section(result) -> list:
     if result.world_error:
         first = result.world_error["message"].splitlines()
         lines += _wrap(f"the world failed ({result.world_error['type']}): " + " / ".join(first[:2]), "  ")
+    return _reads_lines(reads, lines)
+
+
+def _lone_reads(result) -> list:
+    """The trace's reads of the logged metrics on some ranks only that the divergence does not already name."""
+    diagnosis = ((result.trace or {}).get("first_divergence") or {}).get("diagnosis") or {}
+    if diagnosis.get("hazard") == "metrics_read_on_some_ranks":
+        return []
+    return (result.trace or {}).get("lone_reads") or []
+
+
+def read_cause(read: dict) -> str:
+    """The registry's cause of one lone read (``trace["lone_reads"]``)."""
+    return hazards.cause(
+        "metrics_read_on_some_ranks",
+        where=f"line {read['call_site']}" if read.get("call_site") else "the module",
+        call=f"`{read.get('call') or 'trainer.callback_metrics'}`",
+        key=read.get("key"),
+        op=read.get("op"),
+        ranks=f"rank(s) {read['ranks']}",
+    )
+
+
+def _reads_lines(reads: list, lines: list) -> list:
+    for read in reads:
+        lines += _wrap(
+            read_cause(read) + "; here it paired with the other ranks' own epoch-end sync of the key, and the "
+            "next collective of the module's own would pair with it instead",
+            "  ",
+        )
+        for line in hazards.advice("metrics_read_on_some_ranks", {"ranks": read["ranks"]}):
+            lines += _wrap(line, "    ")
     return lines
 
 

@@ -9,6 +9,7 @@ the registry entry (ddpprobe/hazards/) whose fact proves them, the numbers again
 
 import functools
 import inspect
+import os
 
 import pytest
 
@@ -200,6 +201,22 @@ def test_a_read_of_callback_metrics_on_rank_0_only_gets_the_read_on_every_rank_f
     assert result.row("train_v").fixes == [] and "train_v" in result.consequence_keys, result.row("train_v")
 
 
+def test_a_read_of_callback_metrics_on_rank_0_only_that_pairs_by_luck_is_named_with_the_same_fix():
+    """The same read on rank 0 with no collective after it: it pairs with rank 1's own epoch-end sync of
+    ``train_v``, so the ranks' collectives do not diverge and the value is right (by luck, as the fact says).
+    The audit still names the read from its call chain (the ranks that made it, the line, the key) and gives the
+    read-on-every-rank fix: the next collective the module makes there would pair with it instead."""
+    result = _audit(f"{FORMS}:make_metrics_read_model", f"{MODULES}:make_fit_8", "fit")
+
+    assert result.trace["first_divergence"] is None, result.format()
+    (read,) = result.trace["lone_reads"]
+    line = _line_of(audit_forms.MetricsReadModule, "on_train_epoch_end", "callback_metrics")
+    assert (read["ranks"], read["key"], read["call_site"]) == ([0], "train_v", line), read
+    text = _text(result)
+    assert f"line {line} reads `Trainer.callback_metrics`, which runs the epoch sync of 'train_v'" in text, text
+    assert _fix("metrics_read_on_some_ranks") in text and result.exit_code == 1, text
+
+
 def test_a_read_of_callback_metrics_on_rank_0_only_gets_the_read_on_every_rank_fix_under_the_guard(run_world):
     """The same module under ``CollectiveGuard``: every rank raises ``CollectiveMismatch`` at the read, with the
     read-on-every-rank fix and neither the ``compute()`` nor the ``rank_zero_only`` fix."""
@@ -283,7 +300,8 @@ def test_an_error_in_the_users_code_is_shown_with_the_users_frames_and_in_full_i
     line = _line_of(audit_forms.AttributeErrorModule, "validation_step", "self.threshold")
     number = line.split(":")[1].split()[0]
     text = result.format()
-    assert f'File "{inspect.getsourcefile(audit_forms)}", line {number}, in validation_step' in text, text
+    path = os.path.relpath(inspect.getsourcefile(audit_forms))  # shown relative to the working directory
+    assert f'File "{path}", line {number}, in validation_step' in text, text
     assert "return self.threshold * batch" in text and "pytorch_lightning" not in text, text
     assert [f["problem"] for f in result.findings] == ["the validate stage raised AttributeError (W=1, rank 0, rank 1)"]
     full = "".join(json.loads(result.to_json())["raised"]["single"]["traceback"])
