@@ -138,16 +138,17 @@ class Exchange:
         return verdict
 
     def _verdict(self, n: int, entry: dict) -> str:
-        key, waited = f"{n}/v", 0.0
+        key, waited, timeout = f"{n}/v", 0.0, self.timeout_s
         while True:
             try:
-                self.store.wait([key], self.timeout)
+                self.store.wait([key], datetime.timedelta(seconds=timeout))
                 break
             except torch.distributed.DistStoreError as exc:
                 if "timeout" not in str(exc).lower():
                     raise
-                waited += self.timeout_s
-                if waited + self.timeout_s <= self.pg_timeout_s and self._all_busy(n):
+                waited += timeout
+                timeout = min(self.timeout_s, self.pg_timeout_s - waited)
+                if timeout > 0.001 and self._all_busy(n):
                     continue  # the missing ranks are in a Lightning step that keeps one rank away: wait on
                 self._waited_s = waited
                 self._timed_out(n, entry)  # returns only if the last arrival closed the check in the meantime

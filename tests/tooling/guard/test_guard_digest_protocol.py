@@ -138,3 +138,38 @@ def test_two_missing_ranks_of_four_are_named_with_their_own_last_check_even_the_
         for missing in (2, 3):
             assert f"model.py:{12 + missing} in validation_step" in error.last_seen[missing], error.last_seen
         assert "ranks 2, 3 did not arrive within 0.5 s" in str(error), error
+
+
+def test_a_wait_that_times_out_as_the_last_rank_closes_the_check_passes():
+    """A rank's wait ran out, but the last arrival set the verdict before the rank claimed it (both ranks
+    ``compare_set`` the one verdict key, so only one of them writes it): the rank goes on as if in time,
+    and a rank that finds no verdict claims ``differ`` and raises ``GuardTimeout``."""
+    world = _world(2, timeout_s=0.2)
+    entry = _log_sync(world[0], "loss")
+    closed = world[1].store.compare_set("0/v", "", '{"rank": 1, "n": 0, "text": "is about to ..."}')
+    assert world[0]._timed_out(0, entry) is None and closed.startswith(b"{")
+
+    with pytest.raises(GuardTimeout):
+        world[0]._timed_out(1, _log_sync(world[0], "loss"))
+    assert world[0].store.get("1/v") == b"differ"
+
+
+def test_a_peer_writing_a_checkpoint_is_waited_for_up_to_the_process_group_timeout_then_named_with_it():
+    """Rank 1 noted that it is writing a checkpoint (``busy``, from ``on_save_checkpoint``) and never
+    arrives. Rank 0, with a guard timeout of 0.2 s and a process-group timeout of 0.6 s, waits on past its
+    timeout while rank 1 is busy, up to the process-group timeout, then raises ``GuardTimeout`` naming
+    rank 1 and the step it was in, and how long it waited."""
+    store = dist.HashStore()
+    world = [Exchange(store, 0, r, 2, 0.2, 0.6, "fit") for r in range(2)]
+    passed = _in_threads(world, lambda ex: _entries.boundary(ex.n, ex.rank, "on_train_epoch_end", 0))
+    assert passed == {0: None, 1: None}
+    world[1].busy("writing a checkpoint (Trainer.save_checkpoint)")
+    started = time.monotonic()
+    outcome = _in_threads(world[:1], lambda ex: _log_sync(ex, "loss"))
+    waited = time.monotonic() - started
+
+    error = outcome[0]
+    assert isinstance(error, GuardTimeout) and error.missing == [1], error
+    assert 0.6 <= waited < JOIN_S, waited
+    assert error.last_seen[1] == "is writing a checkpoint (Trainer.save_checkpoint) (after check #0)", error
+    assert "rank 1 did not arrive within 0.6 s" in str(error), error
