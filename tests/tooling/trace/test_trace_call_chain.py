@@ -87,3 +87,26 @@ def test_a_sync_lightning_makes_on_its_own_names_its_loop_step_not_a_users_call(
             f"Lightning's `{syncs[0]['loop_step']}`{running} runs the epoch sync of 'train_v' "
             f"(barrier), for the value logged at {logged_at}"
         ), describe_call(syncs[0])
+
+
+def test_the_audits_trace_names_the_call_in_a_module_it_did_not_write():
+    """``ddpprobe.audit`` of examples/reported_cases.py ``ComputeOnRankZeroModule`` (``self.acc.compute()``
+    under ``if self.global_rank == 0``): in the audit's trace, rank 0's collectives at that line carry
+    ``call`` ``BinaryAccuracy.compute`` (a method), and rank 1 made none there."""
+    import inspect
+
+    from ddpprobe.audit import audit
+    from examples import reported_cases
+
+    lines, start = inspect.getsourcelines(reported_cases.ComputeOnRankZeroModule.on_validation_epoch_end)
+    line = start + next(i for i, text in enumerate(lines) if "self.acc.compute()" in text)
+    site = f"reported_cases.py:{line} in on_validation_epoch_end"
+    result = audit(
+        "examples.reported_cases:make_compute_on_rank_zero_model",
+        "examples.reported_cases:make_ids_12",
+        world_size=2,
+        timeout=60,
+    )
+    at_line = [[c for c in rank["collectives"] if c.get("call_site") == site] for rank in result.trace["ranks"]]
+    assert at_line[0] and all((c["call"], c["call_kind"]) == ("BinaryAccuracy.compute", "method") for c in at_line[0])
+    assert at_line[1] == [], at_line[1]
