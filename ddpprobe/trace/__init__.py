@@ -19,7 +19,9 @@ event and reads them back (:func:`read_trace`, :func:`split_trace`); the other r
     and barriers), ``source`` (``"self.log"``: Lightning syncing a logged value;
     ``"torchmetrics"``: a ``Metric`` syncing its states at ``compute()``; ``"user"``: called from the
     user's code, e.g. ``self.all_gather``; ``"library"``: Lightning's or torch's own, e.g. a barrier
-    of the Trainer or a broadcast in ``DistributedDataParallel.forward``), ``origin`` (the function that
+    of the Trainer or a broadcast in ``DistributedDataParallel.forward``; ``"gradient"``: one bucket of
+    DDP's gradient all-reduce, through the comm hook of ``_gradients.py``, with ``bucket`` (the
+    ``GradBucket`` index) and ``comm_hook`` (the user's hook's name, or None)), ``origin`` (the function that
     called ``torch.distributed``: ``"torch/nn/parallel/distributed.py:1580 in _sync_buffers"``),
     ``key`` (the logged name, where there is one), ``sync`` (for ``self.log``: ``"step"``, the sync of a
     step value in ``self.log`` itself, or ``"epoch"``, the sync of the epoch value at the epoch's end),
@@ -27,8 +29,12 @@ event and reads them back (:func:`read_trace`, :func:`split_trace`); the other r
     at the sync: ``"list of 3"``, ``"tensor [2]"``), ``hook`` (the hook the key was logged from, else the
     hook running), ``running`` (the LightningModule or callback hook running, ``_current_fx_name``),
     ``call_site`` (``"file.py:42 in validation_step"``: the innermost frame of the user's code,
-    else None), ``pg_seq`` (the default process group's sequence number before the call; the Flight
-    Recorder numbers the backend's collectives ``pg_seq + 1 ...``).
+    else None), ``call`` and ``call_kind`` (the public name of the library call the user's line made:
+    ``"Trainer.callback_metrics"`` ``"property"``, ``"MeanMetric.compute"`` ``"method"``,
+    ``"torch.distributed.all_reduce"`` ``"function"``; None for a collective Lightning makes on its own),
+    ``loop_step`` (for those: the innermost Lightning loop or ``Trainer`` frame, ``"_FitLoop.on_advance_end"``;
+    else None; ``CallClassifier.chain``), ``pg_seq`` (the default process group's sequence number before
+    the call; the Flight Recorder numbers the backend's collectives ``pg_seq + 1 ...``).
 ``done`` / ``raised``
     ``seq``, and for ``raised`` the ``error`` text: the collective returned or raised; ``done`` also
     has ``pg_seq`` after the call (the backend collectives it ran are ``pg_seq`` before + 1 .. after).
