@@ -217,6 +217,10 @@ def diagnose(divergence: dict, world: list, sequences: list, stage: str, shards:
         evidence = {"keys per rank": [e.get("key") if e else None for e in entries], "op": entries[0]["op"]}
         text = hazards.cause("keys_differ", op=entries[0]["op"], keys=", ".join(map(str, evidence["keys per rank"])))
         return _diagnosis(None, text, "keys_differ", evidence)
+    if divergence["kind"] == "mismatch":
+        shapes = _gather_shapes_differ(divergence["entries"])
+        if shapes is not None:
+            return shapes
     loop = STAGE_LOOP[stage]
     proven = shard_lengths(world, loop, (shards or {}).get(loop))
     found = culprit(divergence, sequences, ended, logs, proven if proven and len(set(proven)) > 1 else None)
@@ -260,6 +264,26 @@ def diagnose(divergence: dict, world: list, sequences: list, stage: str, shards:
         why or "some ranks skip it, and it is not a call of the module's own: no registry entry names why"
     )
     return _diagnosis(found, text + pairing, name, evidence)
+
+
+def _gather_shapes_differ(entries: list) -> Optional[dict]:
+    """Every rank at one call site of its own code made an all_gather of one dtype, and the shapes differ (gloo
+    rejects it: tests/facts/test_collectives.py); None otherwise."""
+    if any(e is None for e in entries) or len({site(e) for e in entries}) != 1:
+        return None
+    first = entries[0]
+    shapes = [e.get("shape") for e in entries]
+    if first.get("op") != "all_gather" or first.get("source") != "user" or any(s is None for s in shapes):
+        return None
+    if len({e.get("dtype") for e in entries}) != 1 or len({tuple(s) for s in shapes}) == 1:
+        return None
+    evidence = {"op": "all_gather", "same dtype": True, "shapes per rank": shapes, "dtype": first.get("dtype")}
+    words = ", ".join(f"rank {r} {list(s)}" for r, s in enumerate(shapes))
+    text = hazards.cause("gather_shapes_differ", shapes=words) + (
+        f" of {first.get('dtype')} with all_gather at {first.get('call_site')}: every rank made the same call, "
+        "and all_gather needs one shape on every rank"
+    )
+    return _diagnosis(None, text, "gather_shapes_differ", evidence)
 
 
 def _diagnosis(found, explanation: str, name: Optional[str], evidence: dict) -> dict:

@@ -208,3 +208,63 @@ class MetricsReadModule(MetricsReadThenReduceModule):
 
 def make_metrics_read_model() -> MetricsReadModule:
     return MetricsReadModule()
+
+
+class EpochEndMeanModule(MeanModule):
+    """Sums each rank's ``value`` and counts its samples in ``validation_step``, then logs their quotient (the
+    rank's own mean) once in ``on_validation_epoch_end`` with ``sync_dist=True``: Lightning averages the ranks'
+    values without their sample counts (tests/facts/test_log_reductions.py), which differs from the whole set's
+    mean when the shards hold different numbers of samples."""
+
+    def __init__(self):
+        super().__init__()
+        self.total, self.count = 0.0, 0
+
+    def validation_step(self, batch, batch_idx):
+        self.total += float(batch["value"].float().sum())
+        self.count += len(batch["id"])
+
+    def on_validation_epoch_end(self):
+        self.log("val_mean", torch.tensor(self.total / max(self.count, 1)), sync_dist=True)
+        self.total, self.count = 0.0, 0
+
+
+def make_epoch_end_mean_model() -> EpochEndMeanModule:
+    return EpochEndMeanModule()
+
+
+class PerBatchGatherModule(MeanModule):
+    """Gathers each batch's summed ``value`` with ``self.all_gather`` in ``validation_step`` (one collective of
+    the module's own per batch) and logs the gathered sum without ``sync_dist``: on shards of different batch
+    counts the ranks that ran out leave the others waiting (tests/facts/test_uneven_shards.py)."""
+
+    def validation_step(self, batch, batch_idx):
+        gathered = self.all_gather(batch["value"].float().sum())
+        self.log("val_gathered", gathered.sum(), batch_size=len(batch["id"]))
+
+
+def make_per_batch_gather_model() -> PerBatchGatherModule:
+    return PerBatchGatherModule()
+
+
+class GatherOutputsModule(MeanModule):
+    """Keeps each batch's ``value`` in ``validation_step`` and, in ``on_validation_epoch_end``, gathers the
+    epoch's values (``self.all_gather(torch.cat(outputs))``) to log their mean: on shards of different sample
+    counts the ranks gather tensors of different first dimensions, which gloo rejects
+    (tests/facts/test_collectives.py)."""
+
+    def __init__(self):
+        super().__init__()
+        self.outputs: list = []
+
+    def validation_step(self, batch, batch_idx):
+        self.outputs.append(batch["value"].float())
+
+    def on_validation_epoch_end(self):
+        gathered = self.all_gather(torch.cat(self.outputs))
+        self.log("val_gathered_mean", gathered.mean())
+        self.outputs = []
+
+
+def make_gather_outputs_model() -> GatherOutputsModule:
+    return GatherOutputsModule()

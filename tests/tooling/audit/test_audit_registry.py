@@ -60,6 +60,10 @@ SCENARIOS = {
     "uneven_batches_step_sync": (f"{EX}:make_step_synced_model", f"{EX}:make_sharded_iterable_5", "validate", True, None),
     "uneven_batches_fit": (f"{EX}:make_train_loss_model", f"{EX}:make_sharded_iterable_5_fit", "fit", True, None),
     "predict_collective": (f"{EX}:make_predict_gather_model", f"{EX}:make_ids_5", "predict", True, {"predict_collective"}),
+    "unweighted_rank_mean": (f"{AF}:make_epoch_end_mean_model", f"{EX}:make_unpadded_11", "validate", False, {"unweighted_rank_mean"}),
+    "rank_local_weighted": (f"{AM}:make_unsynced_mean_model", f"{EX}:make_unpadded_11", "validate", False, {"rank_local_weighted"}),
+    "uneven_batches": (f"{AF}:make_per_batch_gather_model", f"{EX}:make_sharded_iterable_5", "validate", True, {"uneven_batches"}),
+    "gather_shapes_differ": (f"{AF}:make_gather_outputs_model", f"{EX}:make_unpadded_11", "validate", True, {"gather_shapes_differ"}),
 }  # fmt: skip
 
 #: ``entry: the entry the guard names`` for the scenarios the guard stops (a collective the ranks make apart).
@@ -71,16 +75,12 @@ GUARDED = {
     "metrics_read_on_some_ranks": "metrics_read_on_some_ranks",
     "collective_on_some_ranks": "collective_on_some_ranks",
     "uneven_batches_step_sync": "uneven_batches",
+    "uneven_batches": "uneven_batches",
+    "gather_shapes_differ": "gather_shapes_differ",
 }
 
 #: Entries no module of the self-test shows yet, and why.
-NOT_SHOWN = {
-    "unweighted_rank_mean": "needs shards of unequal sample counts without padding (a user's unrepeated sampler)",
-    "rank_local_weighted": "needs shards of unequal sample counts without padding (a user's unrepeated sampler)",
-    "uneven_batches": "the guard's name for uneven batch counts at a batch boundary (shown by the step-sync scenario)",
-    "gather_shapes_differ": "the audit names no culprit for a shape mismatch every rank makes; the guard's rule "
-    "is tested on hand-written entries (test_audit_forms.py)",
-}
+NOT_SHOWN: dict = {}
 
 #: The fact files whose tests are hazards (a wrong value, a crash or a hang) or their fixes.
 HAZARD_FILES = (
