@@ -84,6 +84,8 @@ class WarmPool:
             self.started += 1
         try:
             result = world.run(call)
+        except Exception:  # noqa: BLE001 - a warm world that cannot run (e.g. its forkserver is gone) is ended
+            result = None
         finally:
             if world.ended or world.scenarios >= self.max_scenarios:
                 world.close()
