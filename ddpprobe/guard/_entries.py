@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ddpprobe.audit._fixes import fix_line
+from ddpprobe.hazards import guard_fix_lines
 from ddpprobe.trace import describe_collective
 
 #: Fields of a collective (as the trace names them) that must be equal on every rank, in this order.
@@ -149,11 +149,11 @@ def _plural(text: str) -> str:
 
 
 def consequence(entries: list, pg_timeout_s: float) -> str:
-    """What would happen if the ranks went on, for entries whose ``id`` differ, then the fixes a fact proves
-    for that case (``ddpprobe.audit._fixes.FIXES``, each naming its fact test; none where no fact proves
-    one)."""
-    text, fixes = _consequence(entries, f"the process-group timeout ({pg_timeout_s:g} s)")
-    return "\n".join([text, *(fix_line(name) for name in fixes)])
+    """What would happen if the ranks went on, for entries whose ``id`` differ, then the fix lines of the
+    hazard registry (``ddpprobe.hazards.guard_fix_lines``: the proven fix with its fact test where its
+    preconditions hold, else a line saying that no proven fix applies)."""
+    text, _ = _consequence(entries, f"the process-group timeout ({pg_timeout_s:g} s)")
+    return "\n".join([text, *guard_fix_lines(entries)])
 
 
 def _consequence(entries: list, waiting: str) -> tuple:
