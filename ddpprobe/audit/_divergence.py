@@ -39,6 +39,7 @@ _OWNER_FIELDS = (
     "call",
     "call_kind",
     "loop_step",
+    "callback",
 )
 
 

@@ -33,8 +33,11 @@ event and reads them back (:func:`read_trace`, :func:`split_trace`); the other r
     ``"Trainer.callback_metrics"`` ``"property"``, ``"MeanMetric.compute"`` ``"method"``,
     ``"torch.distributed.all_reduce"`` ``"function"``; None for a collective Lightning makes on its own),
     ``loop_step`` (for those: the innermost Lightning loop or ``Trainer`` frame, ``"_FitLoop.on_advance_end"``;
-    else None; ``CallClassifier.chain``), ``pg_seq`` (the default process group's sequence number before
-    the call; the Flight Recorder numbers the backend's collectives ``pg_seq + 1 ...``).
+    else None; ``CallClassifier.chain``), ``callback`` (the ``Callback`` hook that made it, by the instance's
+    class: ``"TQDMProgressBar.on_train_epoch_end"``, where ``call`` is then the public call the hook made,
+    ``"Trainer.progress_bar_metrics"``, and ``loop_step`` the loop that ran the hook; a user's callback is the
+    user's frame: ``"MyCallback.on_train_epoch_end"``; else None), ``pg_seq`` (the default process group's
+    sequence number before the call; the Flight Recorder numbers the backend's collectives ``pg_seq + 1 ...``).
 ``done`` / ``raised``
     ``seq``, and for ``raised`` the ``error`` text: the collective returned or raised; ``done`` also
     has ``pg_seq`` after the call (the backend collectives it ran are ``pg_seq`` before + 1 .. after).

@@ -79,7 +79,7 @@ class CallClassifier:
 
     def context(self, frame, op: Optional[str] = None) -> dict:
         """``{"source", "key", "sync", "metric", "states", "state_sizes", "hook", "running", "call_site",
-        "origin", "call", "call_kind", "loop_step"}`` of the collective ``op`` called from ``frame`` (the
+        "origin", "call", "call_kind", "loop_step", "callback"}`` of the collective ``op`` called from ``frame`` (the
         caller of the ``torch.distributed`` function): ``sync`` is ``"epoch"`` for a logged key's sync at
         ``compute()``, ``"step"`` for its step sync; ``state_sizes`` each Metric state's size at the sync;
         ``running`` the hook running; ``call``, ``call_kind`` and ``loop_step`` the call chain
@@ -116,7 +116,7 @@ class CallClassifier:
         if call_site is None and key is not None:  # a logged value synced by the loop: where it was logged
             call_site = self.log_sites.get((key, hook))
         if source is None:
-            source = "user" if chain["call"] else "library"
+            source = "user" if chain["call"] and not chain["loop_step"] else "library"
         running = getattr(self.model, "_current_fx_name", None)
         return {
             "source": source,
@@ -166,12 +166,56 @@ class CallClassifier:
             first = (loops or steps or [None])[0]
             step = None if first is None else _qualified(inner[first])
             walk = inner[: loops[0]] if loops else frames
-            return {"call": None, "call_kind": None, "loop_step": step, "_walk": walk, "_user": None}
+            callback, call, kind = self._callback_call(walk, op)
+            return {
+                "call": call,
+                "call_kind": kind,
+                "loop_step": step,
+                "callback": callback,
+                "_walk": walk,
+                "_user": None,
+            }
         if entry is None:
             call, kind = (f"torch.distributed.{op}", "function") if op else (None, None)
         else:
             call, kind = public_name(entry, self._is_library)
-        return {"call": call, "call_kind": kind, "loop_step": None, "_walk": frames, "_user": frames[user]}
+        owner = frames[user].f_locals.get("self")
+        callback = _qualified(frames[user]) if isinstance(owner, pl.Callback) else None
+        return {
+            "call": call,
+            "call_kind": kind,
+            "loop_step": None,
+            "callback": callback,
+            "_walk": frames,
+            "_user": frames[user],
+        }
+
+    def _callback_call(self, walk: list, op: Optional[str]) -> tuple:
+        """``(callback, call, call_kind)`` of a collective made inside a library ``Callback``'s hook that a loop
+        ran (``walk``: the frames inside the innermost loop frame, innermost first): the outermost frame whose
+        ``self`` is a ``Callback`` (not ddpprobe's own) is the hook, ``"TQDMProgressBar.on_train_epoch_end"``
+        (the instance's class); the outermost frame inside it that is not the callback's own is the public call
+        it made (``"Trainer.progress_bar_metrics"``, a property), or ``torch.distributed.<op>`` where the
+        callback calls torch itself. ``(None, None, None)`` where no callback's hook is in the chain."""
+        hooks = [
+            i
+            for i, f in enumerate(walk)
+            if isinstance(f.f_locals.get("self"), pl.Callback) and not f.f_code.co_filename.startswith(self._own)
+        ]
+        if not hooks:
+            return None, None, None
+        hook = walk[hooks[-1]]
+        owner = hook.f_locals["self"]
+        inside = [
+            f
+            for f in walk[: hooks[-1]]
+            if f.f_locals.get("self") is not owner and not f.f_code.co_filename.startswith(self._own)
+        ]
+        if inside:
+            call, kind = public_name(inside[-1], self._is_library)
+        else:
+            call, kind = (f"torch.distributed.{op}", "function") if op else (None, None)
+        return _qualified(hook), call, kind
 
     def _is_user(self, frame) -> bool:
         return not frame.f_code.co_filename.startswith((*self.library, "<"))

@@ -68,6 +68,8 @@ def describe_call(entry: dict, where: Optional[str] = None) -> str:
     tail = f" {where}" if where else ""
     site = _site_words(entry.get("call_site"))
     call = entry.get("call")
+    if entry.get("callback"):
+        return _callback_words(entry, what, tail, site)
     if call and site:
         verb = "reads" if entry.get("call_kind") == "property" else "calls"
         name = call if entry.get("call_kind") == "property" else f"{call}()"
@@ -87,6 +89,34 @@ def describe_call(entry: dict, where: Optional[str] = None) -> str:
     if entry.get("loop_step") and entry.get("key") and entry.get("call_site"):
         logged = f", for the value logged at {entry['call_site']}"
     return f"{subject} runs {what}{logged}{tail}"
+
+
+def _callback_words(entry: dict, what: str, tail: str, site: Optional[str]) -> str:
+    """``describe_call`` of a collective made in a ``Callback``'s hook: ```TQDMProgressBar.on_train_epoch_end`
+    reads `Trainer.progress_bar_metrics`, which runs the epoch sync of 'v' (all_reduce), for the value logged
+    at m.py:12 in training_step`` (a library callback Lightning's loop ran); ``line 9 of cb.py
+    (`MyCallback.on_train_epoch_end`) calls `DDPStrategy.barrier()`, which runs a barrier`` (a user's
+    callback: its line)."""
+    callback, call, kind = entry["callback"], entry.get("call"), entry.get("call_kind")
+    own = entry.get("loop_step") or not site  # Lightning's loop ran a library callback: no line of the user's
+    if own:
+        subject = f"`{callback}`"
+    else:
+        found = re.match(r"^line (\d+) of (.+) \(.+\)$", site)
+        subject = f"line {found.group(1)} of {found.group(2)} (`{callback}`)" if found else f"{site} (`{callback}`)"
+    logged = f", for the value logged at {entry['call_site']}" if own and entry.get("key") and site else ""
+    if not call:
+        return f"{subject} runs {what}{logged}{tail}"
+    verb = "reads" if kind == "property" else "calls"
+    name = call if kind == "property" else f"{call}()"
+    if kind == "function" and call.startswith("torch.distributed."):
+        return f"{subject} {verb} `{name}`{tail}"
+    return f"{subject} {verb} `{name}`, which runs {what}{logged}{tail}"
+
+
+def _made_call(call: str, kind: Optional[str]) -> str:
+    """``reading `Trainer.progress_bar_metrics``` / ``calling `DDPStrategy.broadcast()```."""
+    return f"reading `{call}`" if kind == "property" else f"calling `{call}()`"
 
 
 def _what(entry: dict) -> str:
@@ -112,6 +142,8 @@ def _run_by(entry: dict) -> str:
     Lightning's `_FitLoop.on_advance_end```; empty where the entry names no call chain, or the user's line
     calls ``torch.distributed`` itself."""
     call, kind = entry.get("call"), entry.get("call_kind")
+    if entry.get("callback"):
+        return f"run by `{entry['callback']}`" + (f" {_made_call(call, kind)}" if call else "")
     if call and entry.get("call_site"):
         if kind == "function" and call.startswith("torch.distributed."):
             return ""
