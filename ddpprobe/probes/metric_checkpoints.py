@@ -10,10 +10,10 @@ the end of the epoch: ``Trainer.save_checkpoint`` builds the checkpoint on every
 unsynced (torchmetrics/metric.py ``Metric.state_dict``). A new run loads the file on every rank
 (``Strategy.load_checkpoint``, ``Metric._load_from_state_dict``).
 
-With ``fix=True`` the module does what Lightning 1.6 did before the logic was dropped (Lightning #12193):
-``on_save_checkpoint`` writes the state synced over all ranks (``Metric.sync``/``unsync``, a collective
-on every rank), and ``on_load_checkpoint`` drops the metric's keys on every rank but 0, which keep the
-metric's defaults.
+With ``fix=True`` the module does what Lightning 1.x did with fault-tolerant training, before 2.0 dropped
+the logic (Lightning #12193): ``on_save_checkpoint`` writes the state synced over all ranks
+(``Metric.sync``/``unsync``, a collective on every rank), and ``on_load_checkpoint`` drops the metric's
+keys on every rank but 0, which keep the metric's defaults.
 """
 
 from __future__ import annotations

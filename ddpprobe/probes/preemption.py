@@ -74,6 +74,12 @@ class SigtermProbe(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
+def received_sigterm(trainer) -> bool:
+    """``trainer.received_sigterm``: a property since 2.0; before, Lightning kept no such flag (and set no
+    ``SIGTERM`` handler outside SLURM), so ``False``."""
+    return bool(getattr(trainer, "received_sigterm", False))
+
+
 def sigterm_during_fit(
     info: RankInfo, where: str, target_rank: int = 0, at_step: int = 1, n: int = 24, batch_size: int = 2
 ) -> dict:
@@ -98,6 +104,6 @@ def sigterm_during_fit(
         "steps": model.steps,
         "starts": model.starts,
         "ends": model.ends,
-        "received_sigterm": bool(trainer.received_sigterm),
+        "received_sigterm": received_sigterm(trainer),
         "seconds": time.monotonic() - start,
     }

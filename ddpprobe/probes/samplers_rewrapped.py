@@ -32,6 +32,7 @@ lists the user's sampler once per epoch on each rank (``_DatasetSamplerWrapper.r
 
 from __future__ import annotations
 
+import inspect
 import os
 import random
 from typing import Optional
@@ -96,6 +97,20 @@ class PythonRandomSampler(Sampler):
 
     def __len__(self) -> int:
         return self.n
+
+
+def sampler_option(value: bool) -> dict:
+    """``{"use_distributed_sampler": value}``, or ``{"replace_sampler_ddp": value}`` for a Lightning release
+    before 2.0, where the ``Trainer`` argument had that name."""
+    if "use_distributed_sampler" in inspect.signature(pl.Trainer.__init__).parameters:
+        return {"use_distributed_sampler": value}
+    return {"replace_sampler_ddp": value}
+
+
+def training_loader(trainer):
+    """The ``DataLoader`` a ``Trainer`` trained on (1.x holds it inside a ``CombinedLoader``'s ``loaders``)."""
+    loader = trainer.train_dataloader
+    return getattr(loader, "loaders", loader)
 
 
 def user_sampler(kind: str, dataset, info: RankInfo, num_samples: Optional[int]):
@@ -170,9 +185,9 @@ def fit_with_sampler(
     loader = DataLoader(dataset, batch_size=batch_size, sampler=given, shuffle=sampler == "shuffle", num_workers=0)
     model = SamplerProbe()
     with recorded_warnings() as warnings:
-        trainer = ddp_trainer(info, max_epochs=1, use_distributed_sampler=use_distributed_sampler)
+        trainer = ddp_trainer(info, max_epochs=1, **sampler_option(use_distributed_sampler))
         trainer.fit(model, train_dataloaders=loader)
-    used = trainer.train_dataloader.sampler
+    used = training_loader(trainer).sampler
     return {
         "seen_ids": model.seen_ids,
         "sampler": type(used).__name__,

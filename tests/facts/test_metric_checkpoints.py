@@ -4,9 +4,9 @@
 ``Metric.state_dict`` copies the rank's local, unsynced state, and the checkpoint file is rank 0's
 (``Strategy.save_checkpoint`` writes on global rank 0 only). A new run loads the file on every rank, so
 every rank starts from rank 0's state, and ``compute()``, which sums the ranks' states, counts it W times.
-Lightning 1.6 synced metric states before saving and restored them on rank 0 only; that logic was dropped
-(Lightning #12193), and nothing replaced it. The fix, written in the module's ``on_save_checkpoint`` /
-``on_load_checkpoint``, is the control here.
+Lightning 1.x restored metric states on rank 0 only (and synced them before saving under fault-tolerant
+training); 2.0 dropped that logic (Lightning #12193), and nothing replaced it. The fix, written in the
+module's ``on_save_checkpoint`` / ``on_load_checkpoint``, is the control here.
 
 ``SumMetric`` of the training batches' ``value`` (``id ** 2``), N = 10, batch 2, one epoch; each rank's
 shuffled ``DistributedSampler`` shard (seed 0, padded) from ``oracle.distributed_sampler_ids``. The probe
@@ -19,6 +19,7 @@ checkpoint_connector.py ``dump_checkpoint``, ``restore_model``.
 import pytest
 
 from ddpprobe.probes import metric_checkpoints as checkpoints
+from ddpprobe.runif import run_if
 from tests.support import oracle
 
 N, BATCH_SIZE = 10, 2
@@ -39,6 +40,7 @@ def _run_both(run_world, tmp_path, world_size: int, fix: bool):
     return fitted, loaded
 
 
+@run_if(lightning=">=2.0")  # 1.x reset the metrics of every rank but 0 after loading
 @pytest.mark.fresh_world("the second world loads the checkpoint file the first one writes")
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_a_persistent_metric_checkpointed_in_ddp_holds_rank_0s_state_and_a_new_run_computes_it_w_times(
@@ -64,6 +66,29 @@ def test_a_persistent_metric_checkpointed_in_ddp_holds_rank_0s_state_and_a_new_r
     assert computed == pytest.approx([world_size * own[0]] * world_size), (
         oracle.side_by_side("compute()", computed) + f"  expected W x rank 0's {world_size * own[0]}, all {sum(own)}"
     )
+
+
+@run_if(lightning="<2.0")
+@pytest.mark.fresh_world("the second world loads the checkpoint file the first one writes")
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_before_2_0_a_checkpointed_metric_is_restored_on_rank_0_only_so_compute_gives_rank_0s_state(
+    run_world, semantics, tmp_path, world_size
+):
+    """Lightning 1.x reset every ``Metric`` of every rank but 0 after loading a checkpoint
+    (checkpoint_connector.py ``restore_model``; it synced the states before saving only under fault-tolerant
+    training): the file holds rank 0's local sum, rank 0 restores it, the others hold 0, and ``compute()``
+    gives rank 0's local sum (110 at W = 2), not the all-rank 285. Checked on 1.9.5."""
+    fitted, loaded = _run_both(run_world, tmp_path, world_size, fix=False)
+
+    own = _rank_sums(world_size)
+    oracle.assert_distinct(rank0=own[0], all_ranks=sum(own), w_times_rank0=world_size * own[0])
+    saved = [rec["saved_state"] for rec in fitted.records]
+    assert saved == pytest.approx([own[0]] * world_size), oracle.side_by_side("in the file", saved)
+    after = [rec["loaded_state"] for rec in loaded.records]
+    assert after == pytest.approx([own[0]] + [0.0] * (world_size - 1)), oracle.side_by_side("after loading", after)
+    computed = [rec["computed"] for rec in loaded.records]
+    semantics.number("compute() after loading", computed[0], vs=("all ranks together", sum(own)))
+    assert computed == pytest.approx([own[0]] * world_size), oracle.side_by_side("compute()", computed)
 
 
 @pytest.mark.fresh_world("the second world loads the checkpoint file the first one writes")

@@ -72,6 +72,7 @@ def test_a_bfloat16_metric_state_syncs_over_gloo_and_sums_in_bfloat16_so_small_v
     )
 
 
+@run_if(lightning=">=2.1")  # the cast before the step sync arrived in 2.1 (_ResultMetric.update)
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_a_bfloat16_value_logged_with_sync_dist_is_cast_to_float32_first_so_its_synced_sum_is_exact(
     run_world, semantics, world_size
@@ -92,6 +93,27 @@ def test_a_bfloat16_value_logged_with_sync_dist_is_cast_to_float32_first_so_its_
     )
     dtypes = [rec["logged_dtypes"] for rec in world.records]
     assert dtypes == [{"bf16_sum_epoch": "float32", "bf16_sum_step": "float32"}] * world_size
+
+
+@run_if(lightning="<2.1")
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_before_2_1_a_bfloat16_value_logged_with_sync_dist_is_synced_in_bfloat16_at_step_level(
+    run_world, semantics, world_size
+):
+    """Before 2.1 ``_ResultMetric.update`` cast only integer values, and after the step sync: the step value
+    of the same bfloat16 log is synced in bfloat16 (256.0, a bfloat16 in ``logged_metrics``), while the
+    epoch value, accumulated into the float32 state, is synced in float32 (256.5). Checked on 1.9.5 and
+    2.0.9.post0."""
+    world = run_world(precision.bfloat16, world_size)
+
+    values = [precision.bf16_value(r) for r in range(world_size)]
+    exact, rounded = sum(values), _bfloat16_sum(values)
+    oracle.assert_distinct(exact=exact, bfloat16=rounded)
+    got = [rec["logged"] for rec in world.records]
+    semantics.number("bf16_sum_step", got[0]["bf16_sum_step"], vs=("exact sum", exact))
+    assert got == [{"bf16_sum_epoch": exact, "bf16_sum_step": rounded}] * world_size, oracle.side_by_side("logged", got)
+    dtypes = [rec["logged_dtypes"] for rec in world.records]
+    assert dtypes == [{"bf16_sum_epoch": "float32", "bf16_sum_step": "bfloat16"}] * world_size
 
 
 @run_if(min_gpus=2, backend="nccl")

@@ -11,7 +11,7 @@ broadcast: only the signalled rank raised, and the others went on alone into the
 
 Rank ``target`` sends its own process ``SIGTERM`` at batch 1 of 12 (W = 2) or 8 (W = 3): in
 ``on_train_batch_end`` (between two steps) or in ``training_step`` (before the step's backward). Every
-rank catches what ``fit`` raises and reports it; the process-group timeout is short (3 s), so a rank
+rank catches what ``fit`` raises and reports it; the process-group timeout is short (5 s), so a rank
 that would hang fails instead. The probe is ddpprobe/probes/preemption.py.
 Sources: pytorch_lightning/trainer/connectors/signal_connector.py ``_SignalConnector._sigterm_notifier_fn``;
 pytorch_lightning/loops/training_epoch_loop.py ``_TrainingEpochLoop._broadcast_sigterm_tensor``,
@@ -27,7 +27,7 @@ from tests.support import gloo, oracle
 
 #: The batch at which the signal is sent, and the short timeouts of these worlds (seconds).
 AT_STEP = 1
-PG_TIMEOUT_S, WORLD_TIMEOUT_S = 3, 20
+PG_TIMEOUT_S, WORLD_TIMEOUT_S = 5, 30
 
 
 def _run(run_world, world_size: int, where: str, target: int):
@@ -71,7 +71,7 @@ def test_sigterm_to_rank_0_between_steps_makes_every_rank_raise_sigterm_exceptio
     assert max(seconds) < PG_TIMEOUT_S, oracle.side_by_side("seconds in fit", seconds)
 
 
-@run_if(backend="gloo")  # the text of gloo's error; NCCL reports its own
+@run_if(lightning=">=2.0", backend="gloo")  # SIGTERMException since 2.0; the text of gloo's error
 @pytest.mark.parametrize("world_size, target", [(2, 1), (3, 1), (3, 2)])
 def test_sigterm_to_another_rank_between_steps_stops_that_rank_only_and_the_others_fail_in_the_next_step(
     run_world, semantics, world_size, target
@@ -106,7 +106,8 @@ def test_sigterm_during_a_training_step_blocks_every_rank_until_the_process_grou
     """``SIGTERM`` arriving inside ``training_step`` 1 (where a real signal most likely lands): the handler's
     broadcast is made by that rank alone, while the others are in the step's gradient all_reduce, so the
     two collectives pair with each other and neither completes. Every rank blocks until the
-    process-group timeout and fails with gloo's timeout; no rank raises ``SIGTERMException``."""
+    process-group timeout and fails with gloo's timeout (or, where its peers timed out a moment earlier
+    and left, with "Connection closed by peer"); no rank raises ``SIGTERMException``."""
     world = _run(run_world, world_size, "mid_step", target=target)
 
     got = _outcomes(world)
@@ -115,7 +116,9 @@ def test_sigterm_during_a_training_step_blocks_every_rank_until_the_process_grou
     )
     assert got == [("RuntimeError", AT_STEP)] * world_size, oracle.side_by_side("(raised, last step)", got)
     kinds = [gloo.error_kind(rec["message"]) for rec in world.records]
-    assert kinds == [gloo.TIMED_OUT] * world_size, oracle.side_by_side("gloo errors", kinds)
+    assert gloo.TIMED_OUT in kinds and set(kinds) <= {gloo.TIMED_OUT, gloo.PEER_GONE}, oracle.side_by_side(
+        "gloo errors", kinds
+    )
     seconds = [rec["seconds"] for rec in world.records]
     assert min(seconds) >= PG_TIMEOUT_S * 0.9, oracle.side_by_side("seconds in fit", seconds)
 
@@ -158,12 +161,12 @@ def test_before_2_5_2_no_collective_runs_between_training_steps(run_world, seman
     assert got == [[0] * (24 // (2 * world_size) - 1)] * world_size, oracle.side_by_side("between steps", got)
 
 
-@run_if(lightning="<2.5.2", backend="gloo")  # the text of gloo's error
+@run_if(lightning=">=2.0,<2.5.2", backend="gloo")  # SIGTERMException since 2.0; the text of gloo's error
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_before_2_5_2_sigterm_to_rank_0_stops_rank_0_only_and_the_others_fail_in_the_next_step(
     run_world, semantics, world_size
 ):
-    """Before 2.5.2 (Lightning #20806): ``SIGTERM`` to rank 0 after step 1 made rank 0 alone raise
+    """From 2.0 to 2.5.1 (Lightning #20806): ``SIGTERM`` to rank 0 after step 1 made rank 0 alone raise
     ``SIGTERMException`` at the end of step 1; the other ranks ran step 2 and failed in its gradient
     all_reduce when rank 0 left (under NCCL they wait there until its timeout)."""
     world = _run(run_world, world_size, "between_steps", target=0)

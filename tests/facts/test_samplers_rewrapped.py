@@ -119,6 +119,26 @@ def test_random_sampler_with_replacement_becomes_a_plain_distributed_sampler_tha
     assert about_it == [[]] * world_size, oracle.side_by_side("sampler warnings", about_it)
 
 
+@run_if(lightning="<2.0.3")
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_before_2_0_3_random_sampler_with_replacement_was_wrapped_so_each_rank_drew_ceil_k_over_w(
+    run_world, semantics, world_size
+):
+    """Before 2.0.3 (PR #17713) a ``RandomSampler`` was wrapped like any custom sampler
+    (``DistributedSamplerWrapper``): each rank listed its own K = 30 draws and took its positions of them,
+    ``ceil(K / W)`` samples per epoch (15 at W = 2), with repeats. Checked on 1.9.5."""
+    n, k = 10, 30
+    world = run_world(samplers.fit_with_sampler, world_size, n=n, sampler="replacement", num_samples=k)
+
+    per_rank = -(-k // world_size)
+    oracle.assert_distinct(wrapped=per_rank, replaced=-(-n // world_size))
+    seen = [_flat(rec["seen_ids"]) for rec in world.records]
+    semantics.number("samples drawn per rank", len(seen[0]), vs=("ceil(N / W)", -(-n // world_size)))
+    assert [len(s) for s in seen] == [per_rank] * world_size, oracle.side_by_side("draws", [len(s) for s in seen])
+    used = [(rec["sampler"], rec["shuffle"]) for rec in world.records]
+    assert used == [("DistributedSamplerWrapper", True)] * world_size, oracle.side_by_side("sampler", used)
+
+
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_with_use_distributed_sampler_false_each_rank_draws_its_share_of_the_replacement_samples(
     run_world, semantics, world_size
