@@ -218,9 +218,9 @@ def diagnose(divergence: dict, world: list, sequences: list, stage: str, shards:
         text = hazards.cause("keys_differ", op=entries[0]["op"], keys=", ".join(map(str, evidence["keys per rank"])))
         return _diagnosis(None, text, "keys_differ", evidence)
     if divergence["kind"] == "mismatch":
-        shapes = _gather_shapes_differ(divergence["entries"])
-        if shapes is not None:
-            return shapes
+        found = _gather_shapes_differ(divergence["entries"]) or _list_state_dtypes_differ(divergence["entries"])
+        if found is not None:
+            return found
     loop = STAGE_LOOP[stage]
     proven = shard_lengths(world, loop, (shards or {}).get(loop))
     found = culprit(divergence, sequences, ended, logs, proven if proven and len(set(proven)) > 1 else None)
@@ -284,6 +284,40 @@ def _gather_shapes_differ(entries: list) -> Optional[dict]:
         "and all_gather needs one shape on every rank"
     )
     return _diagnosis(None, text, "gather_shapes_differ", evidence)
+
+
+def _list_state_dtypes_differ(entries: list) -> Optional[dict]:
+    """Every rank at one ``Metric`` state sync made an all_gather, and the dtypes differ: a rank with an empty
+    list state sends torchmetrics' float32 placeholder against the others' entries (tests/facts/
+    test_hidden_collectives_torchmetrics_list_states.py); None otherwise."""
+    if any(e is None for e in entries) or len({site(e) for e in entries}) != 1:
+        return None
+    first = entries[0]
+    dtypes = [e.get("dtype") for e in entries]
+    if first.get("op") != "all_gather" or first.get("source") != "torchmetrics" or len(set(dtypes)) == 1:
+        return None
+    empty = [r for r, e in enumerate(entries) if "list of 0" in (e.get("state_sizes") or {}).values()]
+    if not empty or any(dtypes[r] != "float32" for r in empty):
+        return None
+    evidence = {
+        "dtypes per rank": dtypes,
+        "ranks with an empty list state": empty,
+        "metric": first.get("metric"),
+        "call site": first.get("call_site"),
+    }
+    others = {d for r, d in enumerate(dtypes) if r not in empty}
+    effect = (
+        ", which gloo rejects against the others' 8-byte entries (its size check)"
+        if others & {"int64", "float64"}
+        else ", and the others' 4-byte entries arrive there as float32 bit patterns"
+        if others & {"int32"}
+        else ""
+    )
+    words = ", ".join(f"rank {r} {d}" for r, d in enumerate(dtypes))
+    text = hazards.cause(
+        "list_state_dtypes_differ", metric=first.get("metric"), dtypes=words, empty=f"rank(s) {empty}", effect=effect
+    )
+    return _diagnosis(None, text, "list_state_dtypes_differ", evidence)
 
 
 def _diagnosis(found, explanation: str, name: Optional[str], evidence: dict) -> dict:

@@ -177,30 +177,51 @@ def _missing_synced_right(case: _Case) -> Optional[tuple]:
     return cause, ["missing_samples_synced_correctly"]
 
 
-def _int64_reduce(case: _Case) -> Optional[tuple]:
-    """A value computed in the key's hook from ``trainer.strategy.reduce`` of an integer tensor: every rank made
-    an integer all_reduce from Lightning's ``_sync_ddp`` (the call chain's ``Strategy.reduce``) there, and the
-    measured value is a whole number (the truncated mean stays an integer)."""
-    if not case.collectives or float(case.measured) != int(case.measured):
-        return None
+def _strategy_reduces(case: _Case, dtypes: tuple) -> Optional[dict]:
+    """The first all_reduce of one of ``dtypes`` that every W=N rank made from Lightning's ``_sync_ddp`` (the
+    call chain's ``Strategy.reduce``) in the key's hook, recorded in the case's evidence; None where some rank
+    made none."""
     per_rank = []
     for rank in case.collectives:
         found = [
             c
             for c in rank
-            if c.get("dtype") in INTEGER_DTYPES
+            if c.get("dtype") in dtypes
             and c.get("op") == "all_reduce"
             and (c.get("running") or c.get("hook")) in case.hooks
             and ("Strategy.reduce" in str(c.get("call") or "") or "_sync_ddp" in str(c.get("origin") or ""))
             and c.get("source") in ("user", "library")
         ]
         per_rank.append(found)
-    if not all(per_rank):
+    if not per_rank or not all(per_rank):
         return None
     first = per_rank[0][0]
     case.evidence.update({"call site": first.get("call_site"), "op": first["op"], "dtype": first["dtype"]})
+    return first
+
+
+def _int64_reduce(case: _Case) -> Optional[tuple]:
+    """A value computed in the key's hook from ``trainer.strategy.reduce`` of an integer tensor: every rank made
+    an integer all_reduce from ``Strategy.reduce`` there, and the measured value is a whole number (the
+    truncated mean stays an integer)."""
+    if not case.collectives or float(case.measured) != int(case.measured):
+        return None
+    first = _strategy_reduces(case, INTEGER_DTYPES)
+    if first is None:
+        return None
     where = f"line {first['call_site']}" if first.get("call_site") else f"the {case.hooks[0]} hook"
     return hazards.cause("int64_reduce", where=where, op=first["op"]), ["int64_reduce"]
+
+
+def _bool_reduce(case: _Case) -> Optional[tuple]:
+    """A value computed in the key's hook from ``trainer.strategy.reduce`` of a bool tensor: every rank made a
+    bool all_reduce from ``Strategy.reduce`` there, whose sum and mean are ``any`` over the ranks per element
+    (tests/facts/test_reductions_outside_log.py)."""
+    first = _strategy_reduces(case, ("bool",)) if case.collectives else None
+    if first is None:
+        return None
+    where = f"line {first['call_site']}" if first.get("call_site") else f"the {case.hooks[0]} hook"
+    return hazards.cause("bool_reduce", where=where, op=first["op"], shape=first.get("shape")), ["bool_reduce"]
 
 
 def _batch_means_differ(case: _Case) -> Optional[tuple]:
@@ -283,6 +304,7 @@ _RULES = (
     _missing_samples,
     _missing_synced_right,
     _int64_reduce,
+    _bool_reduce,
     _non_decomposable,
 )
 

@@ -140,6 +140,25 @@ COLLECTIVES = (
         _list_state,
     ),
     Hazard(
+        "list_state_dtypes_differ",
+        "a Metric list state gathered with a float32 placeholder from a rank that never added an entry",
+        (
+            F
+            + "test_hidden_collectives_torchmetrics_list_states.py::test_a_rank_that_never_updated_sends_a_float32_placeholder_and_is_aborted_when_the_others_hold_int64",
+            F
+            + "test_hidden_collectives_torchmetrics_list_states.py::test_a_rank_that_never_updated_reads_the_others_int32_entries_as_float32_bit_patterns",
+        ),
+        "{metric}'s state sync gathers tensors of different dtypes ({dtypes}): the list state of {empty} holds no "
+        "entry, so torchmetrics sends its float32 placeholder{effect}",
+        ("dtypes per rank", "ranks with an empty list state", "metric"),
+        "on a rank with nothing to add, update the list state with an empty tensor of the entries' dtype "
+        "(torch.empty(0, dtype=torch.long)), so it holds that dtype instead of the float32 placeholder",
+        F
+        + "test_hidden_collectives_torchmetrics_list_states.py::test_an_empty_update_of_the_right_dtype_on_a_rank_with_nothing_to_add_lets_every_rank_compute",
+        "the float32 ranks' list states recorded empty (their state sizes)",
+        lambda ev: bool(ev["ranks with an empty list state"]) and len(set(ev["dtypes per rank"])) > 1,
+    ),
+    Hazard(
         "uneven_batches",
         "ranks run different numbers of batches, so a per-batch collective has no partner",
         (

@@ -101,6 +101,16 @@ def guard_hazard(entries: list) -> Optional[tuple]:
         return None
     dtypes = {repr(e["id"][3]) for e in collectives}  # COLLECTIVE_ID: op, reduce_op, dtype, shape, ...
     shapes = [e["id"][4] for e in collectives]
+    if len(dtypes) > 1 and fields[0].get("source") == "torchmetrics" and fields[0].get("op") == "all_gather":
+        # A Metric's state sync of one list state with another dtype on some ranks: an empty list state's
+        # float32 placeholder, where the posted state sizes show an empty list on exactly the float32 ranks.
+        ordered = sorted(collectives, key=lambda e: e["rank"])
+        empty = [e["rank"] for e in ordered if "list of 0" in ((e["fields"].get("state_sizes") or {}).values())]
+        return "list_state_dtypes_differ", {
+            "dtypes per rank": [str(e["id"][3]) for e in ordered],
+            "ranks with an empty list state": empty,
+            "metric": fields[0].get("metric"),
+        }
     return "gather_shapes_differ", {
         "op": fields[0].get("op"),
         "same dtype": len(dtypes) == 1,

@@ -126,6 +126,20 @@ VALUES = (
         "a reduce_op='mean' (the default) of an integer tensor",
         lambda ev: ev["dtype"] in ("int64", "int32", "int16", "int8", "uint8"),
     ),
+    Hazard(
+        "bool_reduce",
+        "trainer.strategy.reduce of a bool tensor is any() over ranks, for mean and sum",
+        (F + "test_reductions_outside_log.py::test_strategy_reduce_of_a_bool_tensor_is_any_for_mean_and_sum",),
+        "{where} reduced a bool tensor of shape {shape} with trainer.strategy.reduce ({op} bool on every rank): "
+        "the sum and the mean of bools over ranks are any() per element (True where one rank holds True), not "
+        "a count nor a fraction of the ranks' values",
+        ("call site", "op", "dtype"),
+        "reduce a float tensor (x.float()), whose sum and mean over ranks are exact, and compare afterwards",
+        F
+        + "test_reductions_outside_log.py::test_strategy_reduce_of_a_float_tensor_is_the_exact_mean_or_sum_in_float32",
+        "a bool tensor reduced",
+        lambda ev: ev["dtype"] == "bool",
+    ),
     # --- values each rank keeps for itself -------------------------------------------------------------
     Hazard(
         "rank_local_mean",

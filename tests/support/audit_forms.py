@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 from torch.utils.data import DataLoader
+from torchmetrics import Metric
 
 from ddpprobe.probes.data import IdDataset
 from tests.support.audit_modules import BIG, MeanModule, RankStrideSampler
@@ -38,6 +39,29 @@ class Int64ReduceModule(MeanModule):
 
 def make_int64_reduce_model() -> Int64ReduceModule:
     return Int64ReduceModule()
+
+
+class BoolReduceModule(MeanModule):
+    """Keeps one bool per sample (``value >= BIG``) in ``validation_step`` and logs the share of such samples
+    over every rank as ``trainer.strategy.reduce(flags).float().mean()`` (``reduce_op="mean"``) in
+    ``on_validation_epoch_end``: the mean of bools over ranks is ``any`` per element, not the ranks' mean
+    (tests/facts/test_reductions_outside_log.py)."""
+
+    def __init__(self):
+        super().__init__()
+        self.flags: list = []
+
+    def validation_step(self, batch, batch_idx):
+        self.flags.append(batch["value"] >= BIG)
+
+    def on_validation_epoch_end(self):
+        share = self.trainer.strategy.reduce(torch.cat(self.flags))
+        self.log("val_big_share", share.float().mean())
+        self.flags = []
+
+
+def make_bool_reduce_model() -> BoolReduceModule:
+    return BoolReduceModule()
 
 
 # --- 2. a report contradicting its own evidence ---------------------------------------------------------
@@ -268,3 +292,43 @@ class GatherOutputsModule(MeanModule):
 
 def make_gather_outputs_model() -> GatherOutputsModule:
     return GatherOutputsModule()
+
+
+class OddIds(Metric):
+    """The ids of the samples whose ``value`` is odd, kept as a ``"cat"`` list state of int64 tensors (one per
+    batch that has any); ``compute()`` returns how many there are over every rank."""
+
+    def __init__(self):
+        super().__init__()
+        self.add_state("ids", default=[], dist_reduce_fx="cat")
+
+    def update(self, ids: torch.Tensor, values: torch.Tensor) -> None:
+        odd = ids[values % 2 == 1]
+        if len(odd):
+            self.ids.append(odd.long())
+
+    def compute(self) -> torch.Tensor:
+        ids = self.ids if isinstance(self.ids, torch.Tensor) else torch.cat(self.ids) if self.ids else None
+        return torch.tensor(0.0) if ids is None else torch.tensor(float(ids.numel()))
+
+
+class OddIdsModule(MeanModule):
+    """Updates an :class:`OddIds` each batch and logs its ``compute()`` at epoch end on every rank. At W=2 on
+    ``IdDataset(8)`` rank 0 holds the even ids only, so it never adds an entry: torchmetrics gathers its
+    float32 placeholder against the other rank's int64 entries (tests/facts/
+    test_hidden_collectives_torchmetrics_list_states.py)."""
+
+    def __init__(self):
+        super().__init__()
+        self.odd = OddIds()
+
+    def validation_step(self, batch, batch_idx):
+        self.odd.update(batch["id"], batch["value"])
+
+    def on_validation_epoch_end(self):
+        self.log("val_odd", self.odd.compute())
+        self.odd.reset()
+
+
+def make_odd_ids_model() -> OddIdsModule:
+    return OddIdsModule()
