@@ -99,6 +99,7 @@ def test_sigterm_to_another_rank_between_steps_stops_that_rank_only_and_the_othe
 
 
 @run_if(lightning=">=2.5.2", backend="gloo")  # the text of gloo's timeout; NCCL reports its own
+@pytest.mark.waits_for_timeout
 @pytest.mark.parametrize("world_size, target", [(2, 0), (2, 1), (3, 0)])
 def test_sigterm_during_a_training_step_blocks_every_rank_until_the_process_group_timeout(
     run_world, semantics, world_size, target
