@@ -56,6 +56,7 @@ POSTED_FIELDS = (
     "sync",
     "call",
     "loop_step",
+    "callback",
     "bucket",
     "comm_hook",
 )
@@ -152,11 +153,14 @@ def consequence(entries: list, pg_timeout_s: float) -> str:
     """What would happen if the ranks went on, for entries whose ``id`` differ, then the fix lines of the
     hazard registry (``ddpprobe.hazards.guard_fix_lines``: the proven fix with its fact test where its
     preconditions hold, else a line saying that no proven fix applies)."""
-    text, _ = _consequence(entries, f"the process-group timeout ({pg_timeout_s:g} s)")
+    text = _consequence(entries, f"the process-group timeout ({pg_timeout_s:g} s)")
     return "\n".join([text, *guard_fix_lines(entries)])
 
 
-def _consequence(entries: list, waiting: str) -> tuple:
+def _consequence(entries: list, waiting: str) -> str:
+    """The sentence of what would happen, from what differs between the entries: the kinds of check, then
+    the op, the source or destination rank, the dtype or shape, the reduce op or group, and last what each
+    side's collective carries (:func:`_carries`)."""
     kinds = {e["kind"] for e in entries}
     # Only boundaries, some at a batch: the ranks are at different batches (or one has no next batch). A
     # collective on some ranks while the others are at a batch boundary is a collective they skipped, not
@@ -165,44 +169,144 @@ def _consequence(entries: list, waiting: str) -> tuple:
         return (
             "The ranks ran different numbers of batches: the next collective of the ranks with more batches "
             "(DistributedDataParallel's gradient all_reduce in fit, a step-level sync_dist, a Lightning broadcast) "
-            f"has no partner, or pairs with another step's, and fails or blocks until {waiting}.",
-            ["even_batches"],
+            f"has no partner, or pairs with another step's, and fails or blocks until {waiting}."
         )
     if kinds == {"boundary"}:
-        return f"The ranks are at different points of the run: their next collectives would not pair ({waiting}).", []
+        return f"The ranks are at different points of the run: their next collectives would not pair ({waiting})."
     if "boundary" in kinds:
-        alone = ranks_text([e["rank"] for e in entries if e["kind"] == "collective"])
+        alone = [e for e in entries if e["kind"] == "collective"]
+        made = list(dict.fromkeys(_made(e["fields"]) for e in alone))
         return (
-            f"{alone} would wait in a collective the other ranks do not call: it fails when a peer leaves (gloo) "
-            f"or blocks until {waiting} (NCCL), or pairs with an unrelated collective.",
-            ["compute_everywhere", "rank_zero_only"],
+            f"{ranks_text([e['rank'] for e in alone])} would wait in a collective the other ranks do not call "
+            f"({_and(made)}): it fails when a peer leaves (gloo) or blocks until {waiting} (NCCL), or pairs with "
+            "an unrelated collective."
         )
     fields = [e["fields"] for e in entries]
     if len({f["op"] for f in fields}) > 1:
         return (
             "The ranks would enter different collectives: the backend pairs them anyway (exchanging wrong data), "
-            f"aborts, or blocks until {waiting}.",
-            [],
+            f"aborts, or blocks until {waiting}."
         )
     if len({f.get("root") for f in fields}) > 1:
         return (
             "The ranks name different source or destination ranks (src=/dst=) for the same collective: each "
             "waits for data from, or sends to, a different rank, so the collective exchanges wrong data or "
-            f"blocks until {waiting}.",
-            [],
+            f"blocks until {waiting}."
         )
-    if len({(f["key"], f["hook"] if f["source"] == "self.log" else None) for f in fields}) > 1:
+    sides = _sides_of(entries)
+    if any(len({repr(e["id"][_AT[name]]) for e in entries}) > 1 for name in ("dtype", "shape")):
         return (
-            "The values of different keys would be reduced together: every key would hold a mix of the ranks' "
-            "values, and nothing would raise.",
-            ["same_keys"],
+            "The ranks would contribute tensors of different dtypes or shapes"
+            + (f" ({sides})" if sides else "")
+            + f": the backend aborts, cuts the data or blocks until {waiting}."
         )
-    if len({f["metric"] for f in fields}) > 1:
-        return "The states of different metrics would be synced together.", []
-    dtype_at = 1 + COLLECTIVE_ID.index("dtype")  # the position in an entry's ``id`` (after its kind)
-    same_dtype = len({repr(e["id"][dtype_at]) for e in entries}) == 1
-    return (
-        "The ranks would contribute tensors of different dtypes or shapes: the backend aborts, cuts the data or "
-        f"blocks until {waiting}.",
-        ["pad_gather"] if same_dtype else [],
-    )
+    if any(len({repr(e["id"][_AT[name]]) for e in entries}) > 1 for name in ("reduce_op", "group_size")):
+        return (
+            "The ranks would make the same collective with different reduce ops or groups: each rank's result "
+            f"is computed another way, or the collective blocks until {waiting}."
+        )
+    return _mix(entries, sides)
+
+
+#: The position of each field of ``COLLECTIVE_ID`` in an entry's ``id`` (after its kind).
+_AT = {name: 1 + i for i, name in enumerate(COLLECTIVE_ID)}
+#: What a barrier made for a sync of this source comes before (its data collective), and that one's verb:
+#: Lightning's ``_sync_ddp`` (lightning_fabric/utilities/distributed.py) runs a barrier then the all_reduce,
+#: torchmetrics' ``gather_all_tensors`` (torchmetrics/utilities/distributed.py) a barrier then all_gathers.
+_AFTER_BARRIER = {"self.log": "reduced", "torchmetrics": "gathered"}
+_VERBS = {"all_reduce": "reduced", "reduce": "reduced", "reduce_scatter": "reduced", "broadcast": "broadcast"}
+
+
+def _carries(fields: dict) -> str:
+    """What one side's collective carries (or, at a barrier, what it is for), from its recorded fields: ``the
+    value logged as 'loss' in training_step``, ``MeanMetric's states``, ``the gradients of bucket 0``, ``the
+    data given to `DDPStrategy.reduce()```, ``what reading `Trainer.callback_metrics` syncs``, ``the
+    module's own data``."""
+    source = fields.get("source")
+    if source == "self.log":
+        hook = f" in {fields['hook']}" if fields.get("hook") else ""
+        return f"the value logged as {fields['key']!r}{hook}" if fields.get("key") else f"a logged value{hook}"
+    if source == "torchmetrics":
+        return f"{fields['metric']}'s states" if fields.get("metric") else "a Metric's states"
+    if source == "gradient":
+        bucket = fields.get("bucket")
+        return f"the gradients of bucket {bucket}" if isinstance(bucket, int) else "a bucket of gradients"
+    call, barrier = fields.get("call"), fields.get("op") == "barrier"
+    if call and fields.get("call_kind") == "property":
+        return f"what reading `{call}` syncs"
+    if call:
+        return f"`{call}()`" if barrier else f"the data given to `{call}()`"
+    if fields.get("loop_step"):
+        return f"Lightning's `{fields['loop_step']}`"
+    owner = "the module's own" if source == "user" else "Lightning's or torch's own"
+    return f"{owner} {'barrier' if barrier else 'data'}"
+
+
+def _made(fields: dict) -> str:
+    """The collective a side makes, as the object of "wait in": ``an all_reduce of the gradients of bucket 0``,
+    ``a barrier for the value logged as 'v' in validation_step``, ``a barrier of `DDPStrategy.barrier()```."""
+    op = fields.get("op") or "collective"
+    article = "an" if op[:1] in "aeiou" else "a"
+    preposition = "for" if op == "barrier" and fields.get("source") in ("self.log", "torchmetrics") else "of"
+    return f"{article} {op} {preposition} {_carries(fields)}"
+
+
+def _kind_of(fields: dict) -> str:
+    """The kind of thing a side's collective carries: a logged value, a metric's states, a gradient bucket,
+    or another tensor."""
+    return {"self.log": "key", "torchmetrics": "metric", "gradient": "bucket"}.get(fields.get("source"), "tensor")
+
+
+def _sides_of(entries: list) -> str:
+    """``"the value logged as 'a' on rank 0 with MeanMetric's states on rank 1"`` where the sides carry
+    different things (:func:`_carries`), else ``""``."""
+    groups: dict = {}
+    for entry in entries:
+        groups.setdefault(_carries(entry["fields"]), []).append(entry["rank"])
+    if len(groups) < 2:
+        return ""
+    return " with ".join(f"{what} on {ranks_text(ranks)}" for what, ranks in groups.items())
+
+
+def _mix(entries: list, sides: str) -> str:
+    """The same collective, equal in op, dtype and shape, carrying different things on the ranks: they
+    would be combined with each other. Nothing raises when the collective carries data (its dtypes and
+    shapes agree); at a barrier the collective after it is the source's own (:data:`_AFTER_BARRIER`)."""
+    fields = [e["fields"] for e in entries]
+    op = fields[0]["op"]
+    kinds = {_kind_of(f) for f in fields}
+    sources = {f.get("source") for f in fields}
+    if op == "barrier":
+        verb = _AFTER_BARRIER.get(next(iter(sources))) if len(sources) == 1 else None
+        after = " after this barrier"
+        raises = ""
+    else:
+        verb = _VERBS.get(op, "gathered" if "gather" in op else "exchanged")
+        after = ""
+        raises = ", and nothing would raise"
+    if not sides:  # the ids differ in a field no side's words name
+        return f"The ranks would make the same {op} for different purposes: its result mixes them{raises}."
+    if kinds == {"key"} and verb:
+        keys = {f.get("key") for f in fields}
+        what = "The values of different keys" if len(keys) > 1 else "Values of one key logged in different hooks"
+        return f"{what} would be {verb} together{after}: every key would hold a mix of the ranks' values{raises}."
+    if kinds == {"metric"} and verb:
+        return (
+            f"The states of different metrics would be {verb} together{after} ({sides}): each metric would "
+            f"compute from a mix of the ranks' states{raises}."
+        )
+    if kinds == {"bucket"}:
+        return (
+            f"Different gradient buckets would be {verb or 'reduced'} together ({sides}): each bucket's "
+            f"parameters would get another bucket's gradients{raises}."
+        )
+    if op == "barrier":
+        return (
+            f"The ranks would pass this barrier for different purposes ({sides}): each then makes the next "
+            f"collective of its own purpose, and those pair with each other, mixing unrelated values."
+        )
+    return f"The ranks would {op} unrelated values together ({sides}): each side's result would mix them{raises}."
+
+
+def _and(items: list) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]

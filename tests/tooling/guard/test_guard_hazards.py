@@ -160,7 +160,8 @@ def test_metric_compute_on_rank_0_only_raises_collective_mismatch_on_every_rank_
     """``if self.global_rank == 0: self.mean.compute()``: without the guard rank 0 is left alone in the
     metric's state sync and fails when its peers leave. With it every rank raises ``CollectiveMismatch``:
     rank 0 is about to sync ``MeanMetric``'s states at ``compute()``, the others are at a hook boundary,
-    and the message says rank 0 would wait in a collective the others do not call."""
+    and the message says rank 0 would wait in a collective the others do not call, the barrier that opens
+    the metric's state sync (torchmetrics/utilities/distributed.py ``gather_all_tensors``)."""
     with pytest.raises(RankFailed) as failure:
         run_world(guarded.metric_compute, world_size, where="rank0", n=7, batch_size=2, **LIMITS)
 
@@ -169,7 +170,10 @@ def test_metric_compute_on_rank_0_only_raises_collective_mismatch_on_every_rank_
         _line(0, "(MeanMetric state sync at compute())", message)
         for r in range(1, world_size):
             _line(r, "is at ", message)
-        assert "rank 0 would wait in a collective the other ranks do not call" in message, message
+        assert (
+            "rank 0 would wait in a collective the other ranks do not call (a barrier for MeanMetric's states)"
+            in message
+        ), message
 
 
 # ---------------------------------------------------------------------------------------------
