@@ -127,10 +127,11 @@ class CollectiveGuard(pl.Callback):
     key (and the hook it was logged in) and torchmetrics class (ddpprobe/guard/_entries.py). And the hook
     boundaries ``setup``, ``on_*_batch_start``, ``on_*_batch_end``, ``on_*_epoch_end`` and ``teardown``,
     compared by hook, epoch, batch and dataloader index, so ranks with uneven numbers of batches are
-    stopped before DistributedDataParallel's gradient all_reduce (made from C++, which no Python wrapper
-    sees) pairs different steps. Predict's batch boundaries are not compared: Lightning gives ranks unequal predict
-    shards by design (``UnrepeatedDistributedSamplerWrapper``) and the predict loop makes no collective
-    per batch.
+    stopped before DistributedDataParallel's gradient all_reduce pairs different steps. That all_reduce
+    is made from C++; the guard's DDP comm hook checks it bucket by bucket (op, dtype, shape, bucket index)
+    like any other collective (``collectives=True`` only). Predict's batch boundaries are not compared:
+    Lightning gives ranks unequal predict shards by design (``UnrepeatedDistributedSamplerWrapper``) and
+    the predict loop makes no collective per batch.
 
     Args:
         timeout: seconds a rank waits for its peers at a check before raising ``GuardTimeout``; must be

@@ -53,7 +53,7 @@ class PeerFailed(GuardError):
 
 class GuardTimeout(GuardError):
     """A peer did not reach the check within the guard's timeout (it is in slow code, in a collective
-    made from C++, or gone), named with its last known position.
+    the guard does not check, or gone), named with its last known position.
 
     Attributes:
         missing: the ranks that did not arrive.

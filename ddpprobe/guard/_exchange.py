@@ -276,8 +276,10 @@ class Exchange:
             f"{self._head(n)}: {_entries.ranks_text(missing)} did not arrive within {self._waited_s:g} s "
             f"(CollectiveGuard's timeout; the process-group timeout is {self.pg_timeout_s:g} s):\n"
             + "\n".join(lines)
-            + "\nThe missing rank is in slow code, in a collective made from C++ (e.g. DistributedDataParallel's "
-            "gradient all_reduce in backward), or gone. Raise CollectiveGuard(timeout=...) if it is only slow.",
+            + "\nThe missing rank is in slow code, in a collective the guard does not check (e.g. "
+            "DistributedDataParallel's buffer broadcast: of the collectives made from C++ only DDP's gradient "
+            "all-reduces are checked, bucket by bucket through the guard's comm hook, and none under "
+            "CollectiveGuard(collectives=False)), or gone. Raise CollectiveGuard(timeout=...) if it is only slow.",
             n,
             {r: entry["text"] for r in here},
             missing,
