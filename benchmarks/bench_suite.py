@@ -9,7 +9,7 @@ file, and prints:
 - the outcome counts (passed, failed, skipped, xfailed, ...);
 - the worlds the ``run_world`` fixture started (their ranks, how many raised, how many ran on a warm world
   of ``--warm-worlds``, ddpprobe/plugin/_warm.py), the calls it answered
-  with a completed identical world instead, and the distinct world keys (ddpprobe/_shared_worlds.py, read
+  with a completed identical world instead, and the distinct world keys (ddpprobe/plugin/_shared_worlds.py, read
   from the log ``DDPPROBE_WORLD_LOG`` asks every process of the run to write); CPU seconds per test and per
   started world; the CPU of the controller and of each xdist worker themselves (their imports, collection
   and in-process test code), the rest being the forkserver, the ranks and other subprocesses;
@@ -104,7 +104,7 @@ def per_file(rows: list) -> list:
 
 def read_world_log(folder: str) -> tuple:
     """``(calls, processes)`` from a ``DDPPROBE_WORLD_LOG`` folder: one dict per ``run_world`` call and one
-    per pytest process (ddpprobe/_shared_worlds.py ``log_call`` / ``log_process``).
+    per pytest process (ddpprobe/plugin/_shared_worlds.py ``log_call`` / ``log_process``).
 
     A process that ran pytest sessions inside its own (``pytester.runpytest_inprocess``) logs itself at the
     end of each; its last line, the outermost session's, holds its whole CPU time and is the one kept."""

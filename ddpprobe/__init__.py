@@ -12,8 +12,8 @@ The rooms, each a package or module with its own docstring:
   step (docs/guard.md);
 - :mod:`ddpprobe.card` writes the semantics card (what one run of the facts established) and merges
   cards of several Lightning releases into the version matrix;
-- :mod:`ddpprobe.runif`: the one skip vocabulary (``run_if``: CUDA devices, backend, Lightning release);
-- :mod:`ddpprobe.pytest_plugin`: the pytest options, the ``run_world`` fixture and ``run_if`` turned into
+- :mod:`ddpprobe.plugin.runif`: the one skip vocabulary (``run_if``: CUDA devices, backend, Lightning release);
+- :mod:`ddpprobe.plugin.pytest_plugin`: the pytest options, the ``run_world`` fixture and ``run_if`` turned into
   skips at collection (the card's own plugin is :mod:`ddpprobe.card.plugin`).
 
 The Lightning package every room imports (``pytorch_lightning`` or ``lightning.pytorch``) is chosen once,

@@ -1,4 +1,4 @@
-"""What a test's code says about the worlds it runs, read by the pytest plugin (ddpprobe/pytest_plugin.py).
+"""What a test's code says about the worlds it runs, read by the pytest plugin (ddpprobe/plugin/pytest_plugin.py).
 
 - :func:`waits_for_timeout`: the test waits seconds for a timeout by design (marked ``waits_for_timeout``, or
   passing ``pg_timeout=`` to a world); under xdist such tests start first (:func:`start_waiting_tests_first`);

@@ -45,7 +45,7 @@ MAX_SCENARIOS = 200
 ENV_VAR = "DDPPROBE_WARM_WORLDS"
 
 #: Variables of the launcher's environment that change no world: pytest's name of the current test and
-#: the folder of the log of worlds (ddpprobe/_shared_worlds.py).
+#: the folder of the log of worlds (ddpprobe/plugin/_shared_worlds.py).
 IGNORED_ENVIRONMENT = ("PYTEST_CURRENT_TEST", "DDPPROBE_WORLD_LOG")
 
 

@@ -23,8 +23,8 @@ import math
 
 import pytest
 
+from ddpprobe.plugin.runif import run_if
 from ddpprobe.probes import callbacks
-from ddpprobe.runif import run_if
 from tests.support import oracle
 
 

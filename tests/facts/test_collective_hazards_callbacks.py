@@ -26,8 +26,8 @@ import time
 import pytest
 
 from ddpprobe import RankFailed
+from ddpprobe.plugin.runif import run_if
 from ddpprobe.probes import hazards
-from ddpprobe.runif import run_if
 from tests.support import gloo, oracle
 
 #: What each callback's error says on a rank without the key (Lightning's own text).

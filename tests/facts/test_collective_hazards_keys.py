@@ -27,8 +27,8 @@ Sources: pytorch_lightning/trainer/connectors/logger_connector/result.py ``_Resu
 import pytest
 
 from ddpprobe import RankFailed
+from ddpprobe.plugin.runif import run_if
 from ddpprobe.probes import hazards
-from ddpprobe.runif import run_if
 from tests.support import gloo, oracle
 
 HOOKS = ("validation_step", "on_validation_epoch_end")

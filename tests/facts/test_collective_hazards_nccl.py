@@ -23,8 +23,8 @@ import time
 import pytest
 
 from ddpprobe import RankFailed
+from ddpprobe.plugin.runif import run_if
 from ddpprobe.probes import hazards
-from ddpprobe.runif import run_if
 from tests.facts import test_collective_hazards_keys as keys
 from tests.support import gloo, oracle
 

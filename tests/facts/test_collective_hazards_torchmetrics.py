@@ -24,8 +24,8 @@ Sources: torchmetrics/metric.py ``Metric.forward``, ``Metric._forward_reduce_sta
 import pytest
 
 from ddpprobe import RankFailed
+from ddpprobe.plugin.runif import run_if
 from ddpprobe.probes import hazards
-from ddpprobe.runif import run_if
 from tests.support import gloo, oracle
 
 N, BATCH_SIZE = 7, 2

@@ -23,8 +23,8 @@ and #7773 (all_gather of uneven shapes, open). The probe is ddpprobe/probes/coll
 import pytest
 
 from ddpprobe import RankDied, RankFailed, WorldTimeout
+from ddpprobe.plugin.runif import run_if
 from ddpprobe.probes import collectives
-from ddpprobe.runif import run_if
 from tests.support import gloo, oracle
 
 

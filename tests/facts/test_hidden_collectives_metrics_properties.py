@@ -39,8 +39,8 @@ import time
 import pytest
 
 from ddpprobe import RankFailed
+from ddpprobe.plugin.runif import run_if
 from ddpprobe.probes import hidden_collectives as hidden
-from ddpprobe.runif import run_if
 from tests.support import gloo, oracle
 
 N, BATCH_SIZE = 7, 2

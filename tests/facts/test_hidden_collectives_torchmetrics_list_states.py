@@ -39,8 +39,8 @@ import torch
 from sklearn.metrics import roc_auc_score
 
 from ddpprobe import RankDied, RankFailed
+from ddpprobe.plugin.runif import run_if
 from ddpprobe.probes import hidden_collectives as hidden
-from ddpprobe.runif import run_if
 from tests.support import gloo, oracle
 
 PG_TIMEOUT_S, WORLD_TIMEOUT_S = 2, 20

@@ -17,8 +17,8 @@ from collections import Counter
 
 import pytest
 
+from ddpprobe.plugin.runif import run_if
 from ddpprobe.probes import legacy_hooks
-from ddpprobe.runif import run_if
 from tests.support import oracle
 
 pytestmark = run_if(lightning="<2.0")

@@ -19,9 +19,9 @@ pytorch_lightning/core/module.py ``LightningModule.manual_backward``; torch/nn/p
 
 import pytest
 
+from ddpprobe.plugin.runif import run_if
 from ddpprobe.probes import manual_ddp_options as manual
 from ddpprobe.probes.training import INIT_BIAS, INIT_WEIGHT, regression_x, regression_y
-from ddpprobe.runif import run_if
 from tests.support import oracle
 
 N, BATCH_SIZE, STEPS, LR = 18, 2, 3, 0.05

@@ -18,8 +18,8 @@ checkpoint_connector.py ``dump_checkpoint``, ``restore_model``.
 
 import pytest
 
+from ddpprobe.plugin.runif import run_if
 from ddpprobe.probes import metric_checkpoints as checkpoints
-from ddpprobe.runif import run_if
 from tests.support import oracle
 
 N, BATCH_SIZE = 10, 2

@@ -26,8 +26,8 @@ result.py ``_ResultMetric.update``, ``_ResultCollection.log``; torchmetrics/metr
 import pytest
 import torch
 
+from ddpprobe.plugin.runif import run_if
 from ddpprobe.probes import precision
-from ddpprobe.runif import run_if
 from tests.support import oracle
 
 NO_CPU_BACKEND = "No backend type associated with device type cpu"

@@ -15,8 +15,8 @@ import time
 import pytest
 
 from ddpprobe import RankFailed
+from ddpprobe.plugin.runif import run_if
 from ddpprobe.probes import nccl
-from ddpprobe.runif import run_if
 from tests.support import gloo, oracle
 
 pytestmark = run_if(min_gpus=2, backend="nccl")

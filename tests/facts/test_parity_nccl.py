@@ -7,8 +7,8 @@ Lightning's tests these mirror carry ``@RunIf(min_cuda_gpus=2)`` (tests/tests_py
 docstring names the one it mirrors.
 """
 
+from ddpprobe.plugin.runif import run_if
 from ddpprobe.probes import parity_gradients
-from ddpprobe.runif import run_if
 from tests.facts import (
     test_parity_gradients as gradients,
     test_parity_loggers as loggers,

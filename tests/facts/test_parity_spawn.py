@@ -16,8 +16,8 @@ starts fresh interpreters inside a launched world, to read the rank ``rank_zero_
 
 import pytest
 
+from ddpprobe.plugin.runif import run_if
 from ddpprobe.probes import parity_spawn
-from ddpprobe.runif import run_if
 from tests.support import oracle
 
 #: CPU facts (``ddp_spawn`` here starts gloo ranks on CPU whatever the run's backend) that start fresh

@@ -21,8 +21,8 @@ pytorch_lightning/loops/training_epoch_loop.py ``_TrainingEpochLoop._broadcast_s
 
 import pytest
 
+from ddpprobe.plugin.runif import run_if
 from ddpprobe.probes import preemption
-from ddpprobe.runif import run_if
 from tests.support import gloo, oracle
 
 #: The batch at which the signal is sent, and the short timeouts of these worlds (seconds).

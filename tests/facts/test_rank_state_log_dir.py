@@ -19,8 +19,8 @@ ddpprobe/probes/rank_state.py ``logger_versions``; every rank's logger writes un
 import pytest
 
 from ddpprobe import RankFailed
+from ddpprobe.plugin.runif import run_if
 from ddpprobe.probes import rank_state
-from ddpprobe.runif import run_if
 from tests.support import gloo, oracle
 
 PG_TIMEOUT_S, WORLD_TIMEOUT_S = 2, 40

@@ -10,8 +10,8 @@ is in ``tests/facts/test_lightning_1x_hooks.py``.
 
 import math
 
+from ddpprobe.plugin.runif import run_if
 from ddpprobe.probes import hooks
-from ddpprobe.runif import run_if
 
 pytestmark = run_if(lightning=">=2.0")
 

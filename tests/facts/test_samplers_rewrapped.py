@@ -18,8 +18,8 @@ import pytest
 import torch
 from torch.utils.data import RandomSampler
 
+from ddpprobe.plugin.runif import run_if
 from ddpprobe.probes import samplers_rewrapped as samplers
-from ddpprobe.runif import run_if
 from tests.support import oracle
 
 

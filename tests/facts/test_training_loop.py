@@ -26,9 +26,9 @@ update rules, computed here in float64.
 import pytest
 
 from ddpprobe import RankFailed
+from ddpprobe.plugin.runif import run_if
 from ddpprobe.probes import training
 from ddpprobe.probes.training import INIT_BIAS, INIT_WEIGHT, regression_x, regression_y
-from ddpprobe.runif import run_if
 from tests.support import oracle
 
 # ---------------------------------------------------------------------------------------------

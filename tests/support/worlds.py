@@ -3,7 +3,7 @@
 import pytest
 
 from ddpprobe.launch import cuda_device_count
-from ddpprobe.runif import world_skip_reason
+from ddpprobe.plugin.runif import world_skip_reason
 
 
 def skip_unless_runnable(backend: str, world_size: int) -> None:

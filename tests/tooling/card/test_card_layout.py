@@ -22,7 +22,15 @@ from ddpprobe.card.schema import validate_card
 
 pytest_plugins = ["pytester"]
 
-PLUGINS = ["-p", "ddpprobe.pytest_plugin", "-p", "ddpprobe.card.plugin", "-p", "no:cacheprovider", "--strict-markers"]
+PLUGINS = [
+    "-p",
+    "ddpprobe.plugin.pytest_plugin",
+    "-p",
+    "ddpprobe.card.plugin",
+    "-p",
+    "no:cacheprovider",
+    "--strict-markers",
+]
 
 #: Fake modules named like the seed question's fact modules: part 1 holds with a number, part 4 has one
 #: fact that fails; parts 2 and 3 have no facts in the run.

@@ -95,7 +95,15 @@ def _logged_write_card(card, path):
 ddpprobe.card.plugin.write_card = _logged_write_card
 """
 
-PLUGINS = ["-p", "ddpprobe.pytest_plugin", "-p", "ddpprobe.card.plugin", "-p", "no:cacheprovider", "--strict-markers"]
+PLUGINS = [
+    "-p",
+    "ddpprobe.plugin.pytest_plugin",
+    "-p",
+    "ddpprobe.card.plugin",
+    "-p",
+    "no:cacheprovider",
+    "--strict-markers",
+]
 
 
 def _make_card(pytester, *extra, subprocess=False, source=FAKE_FACTS):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pathlib
 import re
 
-from ddpprobe import runif
+from ddpprobe.plugin import runif
 
 pytest_plugins = ["pytester"]
 

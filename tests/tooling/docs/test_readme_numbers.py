@@ -24,7 +24,8 @@ from typing import Optional
 
 import pytest
 
-from ddpprobe import _lightning, runif
+from ddpprobe import _lightning
+from ddpprobe.plugin import runif
 
 pytest_plugins = ["pytester"]
 

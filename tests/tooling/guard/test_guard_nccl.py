@@ -9,8 +9,8 @@ and skip elsewhere with that reason. Scenarios: tests/support/guarded.py.
 import pytest
 
 from ddpprobe import RankFailed
+from ddpprobe.plugin.runif import run_if
 from ddpprobe.probes import log_spec
-from ddpprobe.runif import run_if
 from tests.support import guarded, oracle
 from tests.tooling.guard import test_guard_twins as twins
 

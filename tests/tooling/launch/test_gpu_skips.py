@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ddpprobe import run_world
-from ddpprobe.runif import RunEnvironment
+from ddpprobe.plugin.runif import RunEnvironment
 from tests.support import scenarios
 
 pytestmark = pytest.mark.not_a_fact("tests the launcher's GPU checks and skip reasons, not a fact about DDP")

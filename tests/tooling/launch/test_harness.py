@@ -347,7 +347,7 @@ def test_world(run_world, test):
 
 @pytest.mark.integration
 def test_under_xdist_every_worker_forks_its_ranks_from_one_forkserver_the_controller_started(tmp_path):
-    """One forkserver per run, not per worker (ddpprobe/pytest_plugin.py ``pytest_configure_node``): the
+    """One forkserver per run, not per worker (ddpprobe/plugin/pytest_plugin.py ``pytest_configure_node``): the
     ranks of both workers' worlds have the same parent, a child of the controller, gone when the run ends."""
     import subprocess
     import sys
@@ -357,7 +357,7 @@ def test_under_xdist_every_worker_forks_its_ranks_from_one_forkserver_the_contro
     code = (
         "import os, sys, pytest\n"
         "print('controller', os.getpid(), flush=True)\n"
-        "sys.exit(pytest.main(['-p', 'ddpprobe.pytest_plugin', '-p', 'no:cacheprovider', '-q', '-n', '2']))\n"
+        "sys.exit(pytest.main(['-p', 'ddpprobe.plugin.pytest_plugin', '-p', 'no:cacheprovider', '-q', '-n', '2']))\n"
     )
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)  # this checkout's ddpprobe

@@ -1,11 +1,11 @@
-"""Worlds shared between tests (ddpprobe/_shared_worlds.py, used by the ``run_world`` fixture): a world that
+"""Worlds shared between tests (ddpprobe/plugin/_shared_worlds.py, used by the ``run_world`` fixture): a world that
 completed is started once per session and every later call with the same key gets its own copy of the
 result; a world that raised is never shared; ``fresh_world`` and ``--fresh-worlds`` start every world anew."""
 
 import pytest
 
 from ddpprobe import RankFailed
-from ddpprobe._shared_worlds import SharedWorlds, world_key
+from ddpprobe.plugin._shared_worlds import SharedWorlds, world_key
 from tests.support import scenarios
 
 pytestmark = pytest.mark.not_a_fact("tests how the run_world fixture shares worlds, not a fact about DDP")

@@ -1,5 +1,5 @@
 """``--lightning`` / ``DDPPROBE_LIGHTNING`` choose the Lightning package a whole run uses
-(ddpprobe/pytest_plugin.py ``_choose_lightning`` -> ``ddpprobe._lightning.use``), in the controller and in
+(ddpprobe/plugin/pytest_plugin.py ``_choose_lightning`` -> ``ddpprobe._lightning.use``), in the controller and in
 every xdist worker, before any test module imports a probe; version ranges (``run_if(lightning=...)``) are
 judged against that package's version and their reasons name it."""
 
@@ -13,7 +13,7 @@ CHECK = """
 import os
 
 from ddpprobe import _lightning
-from ddpprobe.runif import run_if
+from ddpprobe.plugin.runif import run_if
 
 
 def test_the_chosen_package_is_the_one_imported():
@@ -43,7 +43,7 @@ def test_the_lightning_option_or_variable_chooses_the_package_in_every_xdist_wor
     ``<1.0`` skips naming that package; without it, the run is refused at once (exit code 4) with the
     install command."""
     pytester.makepyfile(test_choice=CHECK.format(choice=choice, module=MODULES[choice]))
-    args = ["-p", "ddpprobe.pytest_plugin", "-p", "no:cacheprovider", "-rs", "-n", "1"]
+    args = ["-p", "ddpprobe.plugin.pytest_plugin", "-p", "no:cacheprovider", "-rs", "-n", "1"]
     monkeypatch.delenv("DDPPROBE_LIGHTNING", raising=False)
     if how == "option":
         args += ["--lightning", choice]

@@ -1,5 +1,5 @@
-"""The skip vocabulary (ddpprobe/runif.py ``run_if``) and the checks the pytest plugin makes before a
-run (ddpprobe/pytest_plugin.py): reasons built from a fact's needs, skips reported at the skipped test,
+"""The skip vocabulary (ddpprobe/plugin/runif.py ``run_if``) and the checks the pytest plugin makes before a
+run (ddpprobe/plugin/pytest_plugin.py): reasons built from a fact's needs, skips reported at the skipped test,
 ``--backend nccl`` refused where the CUDA devices are missing unless ``--skip-unavailable``, and
 ``--world-size`` values refused before any test runs. CUDA device counts are faked (monkeypatch), so
 the GPU paths are proven on machines without a GPU too."""
@@ -10,12 +10,12 @@ import types
 import pytest
 import torch
 
-from ddpprobe import runif
-from ddpprobe.runif import Requirements, RunEnvironment, run_if
+from ddpprobe.plugin import runif
+from ddpprobe.plugin.runif import Requirements, RunEnvironment, run_if
 
 pytest_plugins = ["pytester"]
 
-PLUGIN = ["-p", "ddpprobe.pytest_plugin", "-p", "no:cacheprovider", "-rs", "--strict-markers"]
+PLUGIN = ["-p", "ddpprobe.plugin.pytest_plugin", "-p", "no:cacheprovider", "-rs", "--strict-markers"]
 
 
 def _fake_cuda(monkeypatch, count: int) -> None:
@@ -125,7 +125,7 @@ def test_the_environment_here_counts_cuda_devices_whatever_the_backend(monkeypat
 
 FACTS = """
 import pytest
-from ddpprobe.runif import run_if
+from ddpprobe.plugin.runif import run_if
 
 @run_if(min_gpus=2, backend="nccl")
 def test_gpu_only():
@@ -154,7 +154,7 @@ def _skip_lines(result) -> list:
 def test_skips_are_reported_at_the_skipped_test_not_at_the_plugin(pytester, monkeypatch):
     """Under gloo on a machine without GPUs: the GPU-only fact, the fact for another release and the
     fact whose world asks for nccl skip, each with its reason, and every ``-ra`` line points at the test
-    module, never at ``ddpprobe/pytest_plugin.py``."""
+    module, never at ``ddpprobe/plugin/pytest_plugin.py``."""
     _fake_cuda(monkeypatch, 0)
     pytester.makepyfile(test_facts=FACTS)
 

@@ -1,4 +1,4 @@
-"""The ``run_world`` fixture with ``--warm-worlds`` (ddpprobe/pytest_plugin.py, ddpprobe/plugin/_warm.py):
+"""The ``run_world`` fixture with ``--warm-worlds`` (ddpprobe/plugin/pytest_plugin.py, ddpprobe/plugin/_warm.py):
 a plain call runs on a warm world; a test that fails a world by design, or a call with its own timeout, runs fresh
 at once; a call whose warm world fails runs again fresh and the test sees the fresh world's error;
 ``--fresh-worlds`` keeps every world fresh."""
@@ -67,7 +67,9 @@ def test_calls_run_warm_unless_they_fail_by_design_and_a_failed_warm_world_rerun
     monkeypatch.setenv("DDPPROBE_WORLD_LOG", str(log))
     monkeypatch.delenv("DDPPROBE_WARM_WORLDS", raising=False)
 
-    result = pytester.runpytest_inprocess("-p", "ddpprobe.pytest_plugin", "-p", "no:cacheprovider", option, "-n", "0")
+    result = pytester.runpytest_inprocess(
+        "-p", "ddpprobe.plugin.pytest_plugin", "-p", "no:cacheprovider", option, "-n", "0"
+    )
 
     result.assert_outcomes(passed=5)
     warm = option == "--warm-worlds"

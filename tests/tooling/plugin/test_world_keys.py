@@ -1,11 +1,11 @@
-"""A world's key fills in the defaults of the scenario and of ``run_world`` (ddpprobe/_shared_worlds.py
+"""A world's key fills in the defaults of the scenario and of ``run_world`` (ddpprobe/plugin/_shared_worlds.py
 ``with_defaults``): a call that gives a default and one that leaves it out are one world, shared by the
 ``run_world`` fixture; any other value is another world."""
 
 import pytest
 
 from ddpprobe import run_world as api_run_world
-from ddpprobe._shared_worlds import with_defaults, world_key
+from ddpprobe.plugin._shared_worlds import with_defaults, world_key
 from tests.support import scenarios
 
 pytestmark = pytest.mark.not_a_fact("tests how the run_world fixture keys worlds, not a fact about DDP")

@@ -1,6 +1,6 @@
 """Worlds shared within one pytest session: a world that completed is not started again for the same key.
 
-Used by the ``run_world`` fixture (ddpprobe/pytest_plugin.py). A *key* names everything a world's records
+Used by the ``run_world`` fixture (ddpprobe/plugin/pytest_plugin.py). A *key* names everything a world's records
 depend on: the scenario (``module:qualname``), the world size, every keyword of ``run_world``
 (scenario parameters, backend, timeouts, start method, ``env``, ``num_nodes``, ...; those left out at
 their defaults, :func:`with_defaults`, so ``lr=0.05`` given and left out are one key) with their types

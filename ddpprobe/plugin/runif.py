@@ -4,14 +4,14 @@ and the reason it is skipped where that is missing.
 Like Lightning's ``RunIf`` (tests_pytorch/helpers/runif.py), a fact declares its needs in one marker and
 the skip reason is built from them, so it is never missing or wrong::
 
-    from ddpprobe.runif import run_if
+    from ddpprobe.plugin.runif import run_if
 
     pytestmark = run_if(min_gpus=2, backend="nccl")      # a whole module
 
     @run_if(lightning="<2.0")                             # one test
     def test_validation_epoch_end_receives_only_the_ranks_own_outputs(run_world): ...
 
-``run_if`` returns a ``pytest.mark.run_if(...)`` marker. ``ddpprobe.pytest_plugin`` evaluates it at
+``run_if`` returns a ``pytest.mark.run_if(...)`` marker. ``ddpprobe.plugin.pytest_plugin`` evaluates it at
 collection, against this run (its ``--backend``, the CUDA devices here, the Lightning package chosen with
 ``--lightning`` and its version), and adds a ``pytest.mark.skipif`` with the reason to every test that
 cannot run, so pytest's ``-ra`` summary points at the skipped test itself. Reasons read, joined by
@@ -117,7 +117,7 @@ def run_if(*, min_gpus: int = 0, backend: Optional[str] = None, lightning: Optio
 
     Returns:
         ``pytest.mark.run_if(Requirements(...))``, for a decorator, ``pytestmark`` or
-        ``pytest.param(..., marks=...)``; ``ddpprobe.pytest_plugin`` turns it into a ``skipif`` at collection.
+        ``pytest.param(..., marks=...)``; ``ddpprobe.plugin.pytest_plugin`` turns it into a ``skipif`` at collection.
 
     Raises:
         ValueError: a need is malformed (negative ``min_gpus``, unknown backend, a range that is not

@@ -1,7 +1,7 @@
-"""pytest plugin: command-line options, the ``run_world`` fixture, and ``run_if`` markers (ddpprobe/runif.py)
+"""pytest plugin: command-line options, the ``run_world`` fixture, and ``run_if`` markers (ddpprobe/plugin/runif.py)
 turned into skips at collection.
 
-Enable it from a ``conftest.py`` with ``pytest_plugins = ["ddpprobe.pytest_plugin"]``.
+Enable it from a ``conftest.py`` with ``pytest_plugins = ["ddpprobe.plugin.pytest_plugin"]``.
 
 Options (each also readable from an environment variable, the option wins; backend, timeouts and start
 method are resolved by ``ddpprobe.launch.resolve_settings``, as ``run_world`` resolves them):
@@ -26,7 +26,7 @@ option                 environment variable          meaning
 
 Shared worlds: a world that completed is started once per session. A later ``run_world`` call with the same
 scenario, world size, parameters, settings and environment, in any test and any xdist worker of the run,
-gets a copy of its result (ddpprobe/_shared_worlds.py); a world that raised is never shared. A test that
+gets a copy of its result (ddpprobe/plugin/_shared_worlds.py); a world that raised is never shared. A test that
 needs worlds of its own (it compares two worlds, or counts processes) says so with
 ``@pytest.mark.fresh_world("reason")``.
 
@@ -60,7 +60,7 @@ from typing import Optional
 
 import pytest
 
-from ddpprobe import _lightning, _shared_worlds, runif
+from ddpprobe import _lightning
 from ddpprobe.launch import (
     BACKENDS,
     START_METHODS,
@@ -73,7 +73,7 @@ from ddpprobe.launch import (
     run_world as _run_world,
     start_shared_forkserver,
 )
-from ddpprobe.plugin import _test_code, _warm
+from ddpprobe.plugin import _shared_worlds, _test_code, _warm, runif
 
 #: How each launch setting is named in a usage error: the option (its variable is named by the resolver).
 _OPTIONS = {
@@ -164,7 +164,7 @@ def pytest_configure(config) -> None:
     config.addinivalue_line(
         "markers",
         "run_if(min_gpus=0, backend=None, lightning=None): run only where these needs are met, else skip "
-        "with the reason (use ddpprobe.runif.run_if to build it)",
+        "with the reason (use ddpprobe.plugin.runif.run_if to build it)",
     )
     config.addinivalue_line(
         "markers",
