@@ -78,6 +78,11 @@ def _rank_divergent(ins: _Inputs, key: _Key) -> tuple:
             )
         return RANK_DIVERGENT, cause, fixes, evidence
     evidence["single-process"] = key.single
+    unsynced = _unsynced_metrics(ins, key)
+    if unsynced:
+        evidence.update({"metrics with sync_on_compute=False": unsynced, "torchmetrics collectives": 0})
+        cause = hazards.cause("metric_sync_on_compute_false", key=key.name, metrics=", ".join(unsynced))
+        return RANK_DIVERGENT, cause, ["metric_sync_on_compute_false"], evidence
     samples = key.counts.samples if key.counts is not None else None
     weighted = (
         sum(v * n for v, n in zip(known, samples)) / sum(samples)
@@ -90,6 +95,19 @@ def _rank_divergent(ins: _Inputs, key: _Key) -> tuple:
         evidence["samples per rank"] = samples
         return RANK_DIVERGENT, hazards.cause("rank_local_weighted", samples=samples), ["rank_local_weighted"], evidence
     return _rank_divergent_unexplained(key, cause, unweighted, weighted, evidence)
+
+
+def _unsynced_metrics(ins: _Inputs, key: _Key) -> list:
+    """``["name (Class)"]`` of the module's Metrics built with ``sync_on_compute=False`` (on every rank), where the
+    key is a logged Metric object and no rank made a torchmetrics collective (so no Metric synced its state);
+    empty otherwise."""
+    if not key.metric_object or any(c.get("source") == "torchmetrics" for rank in ins.collectives for c in rank):
+        return []
+    per_rank = [rec.get("metrics") for rec in ins.world]
+    if not per_rank or any(m is None for m in per_rank):
+        return []
+    names = [{f"{m['name']} ({m['class']})" for m in metrics if not m["sync_on_compute"]} for metrics in per_rank]
+    return sorted(set.intersection(*names)) if names else []
 
 
 def _rank_divergent_unexplained(key: _Key, cause: str, unweighted: float, weighted, evidence: dict) -> tuple:

@@ -280,8 +280,23 @@ def audit_rank(
         "predictions": predictions,
         "weights_digest": weights_digest(model),
         "callbacks": callback_states(trainer),
+        "metrics": _metric_settings(model),
         "global_step": int(trainer.global_step),
     }
+
+
+def _metric_settings(model) -> list:
+    """``[{"name", "class", "sync_on_compute"}]`` of every torchmetrics ``Metric`` the module holds (a
+    ``MetricCollection``'s metrics included, ``named_modules`` order)."""
+    try:
+        from torchmetrics import Metric
+    except ImportError:
+        return []
+    return [
+        {"name": name, "class": type(m).__name__, "sync_on_compute": bool(getattr(m, "sync_on_compute", True))}
+        for name, m in model.named_modules()
+        if isinstance(m, Metric)
+    ]
 
 
 def _build(model_ref: str, data_ref: Optional[str], stage: str, seed: int, weights: str) -> tuple:

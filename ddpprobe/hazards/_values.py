@@ -206,6 +206,22 @@ VALUES = (
         lambda ev: ev["hook"] == "on_validation_epoch_end" and not ev.get("unmoved"),
     ),
     Hazard(
+        "metric_sync_on_compute_false",
+        "a Metric built with sync_on_compute=False: each rank computes it from its own state",
+        (
+            F
+            + "test_collective_hazards_torchmetrics.py::test_sync_on_compute_false_leaves_a_metric_and_a_metric_collection_logged_with_log_dict_rank_local",
+        ),
+        "{key!r} is a logged Metric object and the module's {metrics} has sync_on_compute=False: no rank made a "
+        "torchmetrics state sync, so each rank's value is computed from its own shard's state (no error, no "
+        "warning), and the logger writes rank 0's",
+        ("per-rank values", "metrics with sync_on_compute=False", "torchmetrics collectives"),
+        "build the Metric with sync_on_compute=True (the default): compute() then syncs its state over every "
+        "rank, so every rank holds the whole set's value",
+        F
+        + "test_collective_hazards_torchmetrics.py::test_sync_on_compute_false_leaves_a_metric_and_a_metric_collection_logged_with_log_dict_rank_local",
+    ),
+    Hazard(
         "metric_step_local",
         "a Metric object logged on_step: each rank's step value is its own batch's",
         (

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 from torch.utils.data import DataLoader
-from torchmetrics import Metric
+from torchmetrics import MeanMetric, Metric
 
 from ddpprobe.probes.data import IdDataset
 from tests.support.audit_modules import BIG, MeanModule, RankStrideSampler
@@ -332,3 +332,21 @@ class OddIdsModule(MeanModule):
 
 def make_odd_ids_model() -> OddIdsModule:
     return OddIdsModule()
+
+
+class UnsyncedMeanMetricModule(MeanModule):
+    """Logs a ``torchmetrics.MeanMetric(sync_on_compute=False)`` of each batch's ``value`` as ``val_mean`` (the
+    Metric object): its compute() never syncs, so each rank keeps its own shard's mean (tests/facts/
+    test_collective_hazards_torchmetrics.py)."""
+
+    def __init__(self):
+        super().__init__()
+        self.mean = MeanMetric(sync_on_compute=False)
+
+    def validation_step(self, batch, batch_idx):
+        self.mean.update(batch["value"].float())
+        self.log("val_mean", self.mean)
+
+
+def make_unsynced_mean_metric_model() -> UnsyncedMeanMetricModule:
+    return UnsyncedMeanMetricModule()

@@ -62,6 +62,7 @@ SCENARIOS = {
     "predict_collective": (f"{EX}:make_predict_gather_model", f"{EX}:make_ids_5", "predict", True, {"predict_collective"}),
     "bool_reduce": (f"{AF}:make_bool_reduce_model", f"{AM}:make_ids_8", "validate", False, {"bool_reduce"}),
     "list_state_dtypes_differ": (f"{AF}:make_odd_ids_model", f"{AM}:make_ids_8", "validate", True, {"list_state_dtypes_differ"}),
+    "metric_sync_on_compute_false": (f"{AF}:make_unsynced_mean_metric_model", f"{AM}:make_ids_8", "validate", False, {"metric_sync_on_compute_false"}),
     "unweighted_rank_mean": (f"{AF}:make_epoch_end_mean_model", f"{EX}:make_unpadded_11", "validate", False, {"unweighted_rank_mean"}),
     "rank_local_weighted": (f"{AM}:make_unsynced_mean_model", f"{EX}:make_unpadded_11", "validate", False, {"rank_local_weighted"}),
     "uneven_batches": (f"{AF}:make_per_batch_gather_model", f"{EX}:make_sharded_iterable_5", "validate", True, {"uneven_batches"}),
@@ -106,7 +107,6 @@ HAZARD_FILES = (
 
 #: Tests of the hazard files that are no entry's fact, and why (a mechanism, or a hazard with no entry yet).
 UNLISTED = {
-    "test_collective_hazards_torchmetrics.py::test_sync_on_compute_false_leaves_a_metric_and_a_metric_collection_logged_with_log_dict_rank_local": "no entry yet: the audit does not read sync_on_compute",
     "test_collective_hazards_callbacks.py::test_rank_0_left_in_reduce_boolean_decision_raises_at_the_process_group_timeout": "no entry yet: the audit does not name reduce_boolean_decision",
     "test_hidden_collectives_metrics_properties.py::test_reading_a_metrics_property_in_on_train_epoch_end_runs_the_epoch_sync_and_reads_the_whole_set_value": "the mechanism (a read on every rank is right)",
     "test_hidden_collectives_metrics_properties.py::test_reading_callback_metrics_mid_epoch_runs_no_collective_and_holds_no_epoch_value_yet": "the mechanism (mid-epoch reads run none)",
