@@ -152,11 +152,20 @@ def _append(line: dict) -> None:
 
 
 def log_call(
-    test: str, ref: str, world_size, key: str, seconds: float, reused: bool, ok: bool, warm: bool = False
+    test: str,
+    ref: str,
+    world_size,
+    key: str,
+    seconds: float,
+    reused: bool,
+    ok: bool,
+    warm: bool = False,
+    fell_back: bool = False,
 ) -> None:
     """One ``run_world`` call, when ``DDPPROBE_WORLD_LOG`` is set: the test, the scenario, its world size
-    and key, the seconds it took, whether the result was a stored one, whether it returned and whether a
-    warm world ran it (ddpprobe/plugin/_warm.py)."""
+    and key, the seconds it took, whether the result was a stored one, whether it returned, whether a
+    warm world ran it (ddpprobe/plugin/_warm.py) and whether a warm world failed it first (``fell_back``: the
+    call then ran fresh)."""
     _append(
         {
             "test": test,
@@ -167,6 +176,7 @@ def log_call(
             "reused": reused,
             "ok": ok,
             "warm": warm,
+            "fell_back": fell_back,
         }
     )
 

@@ -458,12 +458,12 @@ def run_world(request, backend, _shared_worlds_store, _warm_pool):
         ref = f"{getattr(scenario, '__module__', None)}:{getattr(scenario, '__qualname__', None)}"
         filled = _shared_worlds.with_defaults(_run_world, merged, skip=("scenario", "world_size"))
         key = _shared_worlds.world_key(ref, world_size, _shared_worlds.with_defaults(scenario, filled))
-        started, outcome = time.monotonic(), {"reused": False, "ok": False, "warm": False}
+        started, outcome = time.monotonic(), {"reused": False, "ok": False, "warm": False, "fell_back": False}
         warm = pool if pool is not None and not {"timeout", "pg_timeout"} & set(kwargs) else None
 
         def start():
             result = warm.run(scenario, world_size, merged) if warm is not None else None
-            outcome["warm"] = result is not None
+            outcome["warm"], outcome["fell_back"] = result is not None, warm is not None and result is None
             return result if result is not None else _run_world(scenario, world_size, **merged)
 
         try:
