@@ -178,7 +178,7 @@ def _consequence(entries: list, waiting: str) -> str:
         made = list(dict.fromkeys(_made(e["fields"]) for e in alone))
         return (
             f"{ranks_text([e['rank'] for e in alone])} would wait in a collective the other ranks do not call "
-            f"({_and(made)}): it fails when a peer leaves (gloo) or blocks until {waiting} (NCCL), or pairs with "
+            f"({_and(made)}): it fails when a peer leaves (gloo), on NCCL blocks until {waiting}, or pairs with "
             "an unrelated collective."
         )
     fields = [e["fields"] for e in entries]

@@ -18,7 +18,7 @@ import re
 import pytest
 
 from ddpprobe import RankFailed
-from ddpprobe.audit._fixes import fix_line
+from ddpprobe.hazards import fix_line
 from ddpprobe.probes import hazards, log_spec
 from tests.support import guarded, oracle
 
@@ -88,7 +88,7 @@ def test_keys_named_after_the_rank_raise_collective_mismatch_on_every_rank_namin
         for r in range(world_size):
             _line(r, f"(self.log epoch sync of 'loss_rank{r}', logged in {hook})", message)
         assert KEY_MIX in message, message
-        assert fix_line("same_keys") in message, message
+        assert fix_line("keys_differ") in message, message
 
 
 def test_the_mismatch_names_the_line_each_key_was_logged_from(run_world):
@@ -257,7 +257,7 @@ def _at_the_short_ranks_last_batch(message: str, stage: str, world_size: int) ->
     for r in short:
         _line(r, f"is at on_{stage}_batch_start (batch {fewest - 1}, epoch 0, this rank's last batch)", message)
     assert UNEVEN in message, message
-    assert fix_line("even_batches") in message, message
+    assert fix_line("uneven_batches") in message, message
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
