@@ -131,6 +131,7 @@ def world_counts(calls: list) -> dict:
         "calls": len(calls),
         "started": len(started),
         "warm": sum(bool(c.get("warm")) for c in started),
+        "fell_back": sum(bool(c.get("fell_back")) for c in started),
         "ranks": sum(c["world_size"] for c in started if isinstance(c["world_size"], int) and not c.get("warm")),
         "raised": sum(not c["ok"] for c in started),
         "reused": len(calls) - len(started),
@@ -242,7 +243,8 @@ def main(argv=None) -> int:
     worlds = world_counts(calls)
     print(
         f"worlds: {worlds['started']} started ({worlds['warm']} on warm worlds, the others fresh with "
-        f"{worlds['ranks']} rank processes; {worlds['raised']} raised), "
+        f"{worlds['ranks']} rank processes, {worlds['fell_back']} of them after a warm world failed the call; "
+        f"{worlds['raised']} raised), "
         f"{worlds['reused']} run_world calls answered by an identical completed world; {worlds['keys']} distinct "
         f"world keys, {worlds['scenarios']} scenarios"
     )
