@@ -12,6 +12,16 @@ def _some_ranks_only(ins: _Inputs, key: _Key) -> tuple:
     others = [r for r in range(len(ins.world)) if r not in key.logged_on]
     cause = f"self.log({key.name!r}) ran on rank(s) {key.logged_on} only, never on rank(s) {others}"
     if ins.ended is not None and all(ins.ended[r] != "end" for r in others):
+        missing = _monitor_errors(ins, key, others)
+        if missing:
+            evidence = {"ranks": key.logged_on, "key": key.name, "monitored": True, "raised": missing}
+            cause = hazards.cause(
+                "unsynced_key_on_some_ranks", key=key.name, ranks=f"rank(s) {key.logged_on}", others=f"rank(s) {others}"
+            ) + (
+                f"; rank(s) {others} raised {', '.join(sorted(set(missing.values())))}, naming the monitored key they "
+                "never logged"
+            )
+            return SOME_RANKS_ONLY, cause, ["unsynced_key_on_some_ranks"], evidence
         cause += (
             f"; rank(s) {others} stopped before they reached it (their stage raised or never finished: see "
             "the collective trace)"
@@ -45,6 +55,25 @@ def _some_ranks_only(ins: _Inputs, key: _Key) -> tuple:
     evidence["monitored"] = key.name in monitors
     cause = hazards.cause("unsynced_key_on_some_ranks", key=key.name, ranks=ranks, others=f"rank(s) {others}")
     return SOME_RANKS_ONLY, cause, ["unsynced_key_on_some_ranks"], evidence
+
+
+def _monitor_errors(ins: _Inputs, key: _Key, others: list) -> dict:
+    """``{rank: "Callback's error"}`` where every rank of ``others`` raised a callback's error naming the key,
+    which a callback of that class monitors (``ModelCheckpoint`` or ``EarlyStopping`` looking for a key the rank
+    never logged: tests/facts/test_collective_hazards_callbacks.py); empty otherwise."""
+    if key.sync_dist or key.metric_object:
+        return {}
+    found = {}
+    for r in others:
+        raised = ins.world[r].get("raised") or {}
+        message = str(raised.get("message") or "")
+        callbacks = ins.world[r].get("callbacks") or []
+        monitors = {cb.get("callback") for cb in callbacks if cb.get("monitor") == key.name}
+        named = [c for c in monitors if c and c in message]
+        if not named or not any(q in message for q in (f"'{key.name}'", f"`{key.name}`")):
+            return {}
+        found[r] = f"{raised.get('type')} ({named[0]})"
+    return found
 
 
 def _not_stored(ins: _Inputs, key: _Key, reference: dict) -> tuple:

@@ -63,6 +63,8 @@ COLLECTIVES = (
         (
             F
             + "test_collective_hazards_callbacks.py::test_a_callback_monitoring_a_key_only_rank_0_logs_raises_on_every_other_rank_and_leaves_rank_0_waiting",
+            F
+            + "test_collective_hazards_callbacks.py::test_rank_0_left_in_reduce_boolean_decision_raises_at_the_process_group_timeout",
         ),
         "self.log({key!r}) ran on {ranks} only, never on {others}; callbacks monitoring it fail on the ranks "
         "without it, and the logger has it only when rank 0 logs it",

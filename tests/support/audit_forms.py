@@ -13,6 +13,7 @@ import torch
 from torch.utils.data import DataLoader
 from torchmetrics import MeanMetric, Metric
 
+from ddpprobe._lightning import pl
 from ddpprobe.probes.data import IdDataset
 from tests.support.audit_modules import BIG, MeanModule, RankStrideSampler
 
@@ -350,3 +351,21 @@ class UnsyncedMeanMetricModule(MeanModule):
 
 def make_unsynced_mean_metric_model() -> UnsyncedMeanMetricModule:
     return UnsyncedMeanMetricModule()
+
+
+class RankZeroMonitoredKeyModule(MeanModule):
+    """Logs ``val_mean`` (sync_dist) on every rank and, in ``on_validation_epoch_end``, ``val_top`` without
+    ``sync_dist`` under ``if self.global_rank == 0``, monitored by ``ModelCheckpoint``: the other ranks'
+    checkpoint raises for the missing key and leaves rank 0 in its ``reduce_boolean_decision``
+    (tests/facts/test_collective_hazards_callbacks.py)."""
+
+    def on_validation_epoch_end(self):
+        if self.global_rank == 0:
+            self.log("val_top", torch.tensor(1.0))
+
+    def configure_callbacks(self):
+        return [pl.callbacks.ModelCheckpoint(monitor="val_top", mode="max", save_top_k=1)]
+
+
+def make_rank_zero_monitored_key_model() -> RankZeroMonitoredKeyModule:
+    return RankZeroMonitoredKeyModule()
