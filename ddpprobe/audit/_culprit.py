@@ -253,6 +253,12 @@ def diagnose(divergence: dict, world: list, sequences: list, stage: str, shards:
         name = "list_state_element_sync" if entry.get("metric") and any(sizes) else None
         return _diagnosis(found, _uneven_calls(found, world, sequences) + pairing, name, evidence)
     hook = entry.get("running") or entry.get("hook")
+    readers = [r for r, e in enumerate(found["paired"]) if e is not None and hazards.reads_metrics(e)]
+    if not found["decided"] and 0 < len(readers) < len(found["paired"]):
+        # One side's collective is the epoch sync a read of the logged metrics ran on those ranks only: the
+        # other ranks' next collective pairs with it (the fact of ``metrics_read_on_some_ranks``).
+        name, why, evidence = _alone_hazard(found["paired"][readers[0]], readers)
+        return _diagnosis(found, f"{head}; {why}" + pairing, name, evidence)
     if not found["decided"]:
         others = [describe_collective(e) for e in found["paired"] if e is not None and site(e) != found["site"]]
         text = f"{head}; which of the two made the ranks part is not proven" + (

@@ -105,7 +105,7 @@ def _rank_divergent(ins: _Inputs, key: _Key) -> tuple:
                 "rank; no single-process run had these weights, so whether that is the whole set's value is "
                 "not compared"
             )
-        return RANK_DIVERGENT, cause, fixes, evidence
+        return _with_epoch_end_local(ins, key, (RANK_DIVERGENT, cause, fixes, evidence))
     evidence["single-process"] = key.single
     unsynced = _unsynced_metrics(ins, key)
     if unsynced:
@@ -123,7 +123,50 @@ def _rank_divergent(ins: _Inputs, key: _Key) -> tuple:
     if weighted is not None and ins.close(weighted, key.single):
         evidence["samples per rank"] = samples
         return RANK_DIVERGENT, hazards.cause("rank_local_weighted", samples=samples), ["rank_local_weighted"], evidence
-    return _rank_divergent_unexplained(key, cause, unweighted, weighted, evidence)
+    return _with_epoch_end_local(ins, key, _rank_divergent_unexplained(key, cause, unweighted, weighted, evidence))
+
+
+def _own_hook(ins: _Inputs, key: _Key):
+    """``(entry, {"hook", "collectives in the hook", "reduce_fx"})`` of a key logged from one hook only, neither a
+    Metric nor ``sync_dist=True``: ``epoch_end_rank_local`` for an epoch-end hook, ``step_mean_rank_local`` for a
+    step hook; the collectives are those any rank's module or Metric made in that hook (the trace's ``source``
+    ``"user"`` or ``"torchmetrics"``). None for any other key."""
+    if key.metric_object or key.sync_dist or len(key.hooks) != 1:
+        return None
+    hook = key.hooks[0]
+    name = (
+        "epoch_end_rank_local"
+        if hook.endswith("_epoch_end")
+        else "step_mean_rank_local"
+        if hook.endswith("_step")
+        else None
+    )
+    if name is None:
+        return None
+    made = sum(
+        1
+        for rank in ins.collectives
+        for c in rank
+        if c.get("hook") == hook and c.get("source") in ("user", "torchmetrics")
+    )
+    reduce_fx = next((c.get("reduce_fx") for c in key.calls), None)
+    return name, {"hook": hook, "collectives in the hook": made, "reduce_fx": reduce_fx}
+
+
+def _with_epoch_end_local(ins: _Inputs, key: _Key, found: tuple) -> tuple:
+    """``found`` with the registry entry of a value each rank computed for itself added (:func:`_own_hook`: no
+    rank ran a collective in the one hook that logged it, as the recorded trace shows), whatever else holds
+    (repeated samples, no single-process run on these weights); not where ``rank_local_metric``,
+    ``rank_local_mean`` or ``rank_local_weighted`` already names it."""
+    verdict, cause, names, evidence = found
+    own = _own_hook(ins, key)
+    if own is None or own[1]["collectives in the hook"]:
+        return found
+    if {"rank_local_metric", "rank_local_mean", "rank_local_weighted"} & set(names):
+        return found
+    name, local = own
+    cause = f"{cause}; " + hazards.cause(name, key=key.name, hook=local["hook"])
+    return verdict, cause, [*names, name], {**evidence, **local}
 
 
 def _unsynced_metrics(ins: _Inputs, key: _Key) -> list:
@@ -154,8 +197,7 @@ def _rank_divergent_unexplained(key: _Key, cause: str, unweighted: float, weight
         cause += (
             f"; {shown}; unknown whether sync_dist=True would give it: the ranks ran {sum(c.samples)} samples, "
             f"{c.duplicates} of them repeats ({repeats}), and a per-sample mean synced over the ranks counts the "
-            "repeats too. Candidates: (1) the repeated samples: for: they ran; against: nothing recorded. "
-            "(2) not a per-sample mean: for: nothing recorded; against: nothing recorded"
+            "repeats too"
         )
         evidence.update({"samples per rank": c.samples, "duplicates": c.duplicates, "sampler": c.sampler})
         return RANK_DIVERGENT, cause, ["repeated_samples"], evidence

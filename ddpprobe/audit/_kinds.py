@@ -27,6 +27,9 @@ FLOORED_COUNT_ISSUE = "https://github.com/Lightning-AI/pytorch-lightning/issues/
 #: A key of a ``fit`` whose weights trained apart, logged from a training hook: nothing at W=1 ran on the
 #: same weights, so it is judged from the ranks alone.
 TRAINED_APART = "synced; not compared with single-process (the weights trained apart)"
+#: The same for a key neither logged with ``sync_dist=True`` nor a Metric, with no collective of the module's own
+#: in its hook on any rank: nothing synced it, so its equal values are each rank's own.
+TRAINED_APART_LOCAL = "rank-local: the ranks' values agree here by chance (not synced; the weights trained apart)"
 
 #: Verdicts that make the audit fail when the key is epoch-level.
 PROBLEMS = (

@@ -20,6 +20,7 @@ from ddpprobe.audit._kinds import (
     SYNCED_DIFFERS,
     SYNCED_EQUAL,
     TRAINED_APART,
+    TRAINED_APART_LOCAL,
     KeyRow,
 )
 from ddpprobe.audit._values import _step_values, applicable, as_float, loader_kind
@@ -34,9 +35,19 @@ def _trained_apart_cause(ins: _Inputs) -> str:
     )
 
 
+def _unsynced(ins: _Inputs, key: _Key) -> bool:
+    """Nothing synced the key: neither ``sync_dist=True`` nor a Metric, and no rank ran a collective of the
+    module's own in the key's hooks (the trace's ``source`` ``"user"``)."""
+    if len(ins.world) < 2 or key.sync_dist or key.metric_object:
+        return False
+    return not any(c.get("hook") in key.hooks and c.get("source") == "user" for rank in ins.collectives for c in rank)
+
+
 def _agreeing(ins: _Inputs, key: _Key, reference: dict, ref_logs: list) -> tuple:
     """The ranks agree: equal to single-process, differing from it (with the cause), or not compared."""
     if reference is None:
+        if _unsynced(ins, key):
+            return TRAINED_APART_LOCAL, _synced_by(ins, key), [], {}
         return TRAINED_APART, _trained_apart_cause(ins), [], {}
     if not key.ref_calls:
         return NOT_AT_SINGLE, "", [], {}

@@ -188,6 +188,36 @@ VALUES = (
         F + "test_f1_over_whole_set.py::test_f1_over_the_whole_validation_set_five_ways",
     ),
     Hazard(
+        "epoch_end_rank_local",
+        "a value computed in an epoch-end hook from each rank's own outputs, with no collective in the hook",
+        (F + "test_epoch_end_outputs.py::test_outputs_collected_in_validation_step_are_rank_local_at_epoch_end",),
+        "{key!r} is computed in {hook} from each rank's own outputs: no rank ran a collective in {hook} and it is "
+        "neither a Metric object nor logged with sync_dist=True, so each rank logs its own shard's value",
+        ("per-rank values", "hook", "collectives in the hook"),
+        "log a torchmetrics Metric object (self.log(key, metric)); its state (counts) is summed over ranks at "
+        "compute(), so F1-like scores are those of the samples every rank ran",
+        F + "test_f1_over_whole_set.py::test_f1_over_the_whole_validation_set_five_ways",
+        "a value logged from an epoch-end hook in which no rank ran a collective, not a Metric object",
+        lambda ev: ev["collectives in the hook"] == 0 and not ev.get("metric_object"),
+    ),
+    Hazard(
+        "step_mean_rank_local",
+        "a mean logged from a step hook without sync_dist, with no collective in the hook",
+        (
+            F
+            + "test_logging_sync_dist.py::test_without_sync_dist_each_rank_keeps_its_own_value_and_only_rank_0s_reaches_the_log_file",
+        ),
+        "{key!r} is logged from {hook} with sync_dist=False and no rank ran a collective in {hook}: each rank's epoch "
+        "value is the mean over its own shard",
+        ("per-rank values", "hook", "collectives in the hook"),
+        "sync_dist=True for a per-sample mean (each batch's mean, logged with its batch_size): every rank then gets "
+        "the mean over every rank's samples (with repeated samples, over the padded set)",
+        F
+        + "test_logging_sync_dist.py::test_with_sync_dist_every_rank_gets_the_mean_over_the_padded_set_not_the_dataset",
+        "a tensor or number logged with reduce_fx='mean' from a step hook in which no rank ran a collective",
+        lambda ev: ev["collectives in the hook"] == 0 and not ev.get("metric_object") and ev.get("reduce_fx") == "mean",
+    ),
+    Hazard(
         "experiment_rank_local",
         "values written to self.logger.experiment from each rank's own outputs (the logger keeps rank 0's)",
         (

@@ -174,8 +174,10 @@ def test_a_rank_local_per_sample_mean_with_padding_is_not_called_non_decomposabl
     """The same module on 9 samples at W=2: ``DistributedSampler`` pads rank 1's shard with a repeat of
     sample 0, so the ranks' values average to the padded set's mean, not the single process's. A per-sample
     mean synced over the ranks would count the repeat too, so the records cannot tell "not a per-sample
-    mean" from "the repeated sample": the audit says unknown with both candidates, not "sync_dist=True
-    cannot fix it", and gives the fix that holds for either (drop the repeats)."""
+    mean" from "the repeated sample": the audit says unknown whether sync_dist=True would give it, not
+    "sync_dist=True cannot fix it", and gives the fix that holds for either (drop the repeats) and, as the key
+    is logged with sync_dist=False from validation_step where no rank ran a collective, that entry's fix
+    (sync_dist=True); no list of candidates with "nothing recorded" for or against them."""
     n, world_size = 9, 2
     result = _audit("make_unsynced_mean_model", "make_ids_9")
 
@@ -188,10 +190,12 @@ def test_a_rank_local_per_sample_mean_with_padding_is_not_called_non_decomposabl
     row = result.row("val_mean")
     assert row.per_rank == pytest.approx(per_rank) and row.single == pytest.approx(single), row
     assert oracle.mean(row.per_rank) == pytest.approx(padded)
-    assert row.verdict == ddp_audit.RANK_DIVERGENT and row.fixes == ["repeated_samples"], row
+    assert row.verdict == ddp_audit.RANK_DIVERGENT, row
+    assert row.fixes == ["repeated_samples", "step_mean_rank_local"], row
     cause = " ".join(row.cause.split())
     assert "unknown whether sync_dist=True would give it: the ranks ran 10 samples, 1 of them repeats" in cause, cause
-    assert "(1) the repeated samples" in cause and "(2) not a per-sample mean" in cause, cause
+    assert "'val_mean' is logged from validation_step with sync_dist=False" in cause, cause
+    assert "Candidates" not in cause and "nothing recorded" not in cause, cause
     assert "sync_dist=True cannot fix it" not in cause, cause
 
 
