@@ -185,8 +185,10 @@ def _unsynced_metrics(ins: _Inputs, key: _Key) -> list:
 def _rank_divergent_unexplained(key: _Key, cause: str, unweighted: float, weighted, evidence: dict) -> tuple:
     """Rank-local values whose mean (plain or sample-weighted) is not the single-process value. "Not a
     per-sample mean" is proven only when the ranks ran exactly the single process's samples; with repeated
-    samples (padding) a per-sample mean synced over the ranks is the padded set's mean too, so the cause is
-    ``unknown`` with both candidates, and the fix that holds for either (drop the repeats) is the one given."""
+    samples (padding) a per-sample mean synced over the ranks is the padded set's mean too, so whether
+    sync_dist=True gives the single process's value is ``unknown``; the fix that holds for either (drop the
+    repeats) is given, and :func:`_with_epoch_end_local` adds the rank-local value's own entry where the trace
+    proves it."""
     c = key.counts
     shown = f"averaging the ranks' values gives {unweighted:.6g}" + (
         f" (weighted by their samples {weighted:.6g})" if weighted is not None else ""
