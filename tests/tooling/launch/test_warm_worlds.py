@@ -200,6 +200,7 @@ def test_every_probe_module_has_a_fidelity_case():
     assert with_scenarios - covered - set(NO_CASE) == set(), "add a case to CASES (or a reason to NO_CASE)"
 
 
+@pytest.mark.integration  # about 150 worlds, 30-70 s: left to `pytest -m integration` (and .ci/run)
 @pytest.mark.fresh_world("compares warm worlds with fresh ones")
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_a_warm_world_gives_the_records_a_fresh_world_gives_scenario_after_scenario(world_size):
