@@ -31,11 +31,14 @@ DOC = os.path.join(REPO, "docs", "audit.md")
 BEGIN, END = "<!-- hazards -->", "<!-- /hazards -->"
 
 EX, AM, AF = "examples.reported_cases", "tests.support.audit_modules", "tests.support.audit_forms"
+NC = "tests.support.newcomer_modules"
 SEED = ("examples.seed_f1_module:make_model", "examples.seed_f1_module:make_data")
 
 #: ``entry: (model, data, stage, hangs, the entries the audit names)``: a module with the entry's hazard.
 SCENARIOS = {
-    "repeated_samples": (f"{AM}:make_unsynced_mean_model", f"{AM}:make_ids_9", "validate", False, {"repeated_samples"}),
+    "repeated_samples": (f"{AM}:make_unsynced_mean_model", f"{AM}:make_ids_9", "validate", False, {"repeated_samples", "step_mean_rank_local"}),
+    "step_mean_rank_local": (f"{AM}:make_unsynced_mean_model", f"{AM}:make_ids_9", "validate", False, {"repeated_samples", "step_mean_rank_local"}),
+    "epoch_end_rank_local": (f"{NC}:make_model", f"{NC}:make_data", "validate", False, {"repeated_samples", "step_mean_rank_local", "epoch_end_rank_local", "print_every_rank"}),
     "unsharded_data": (f"{EX}:make_synced_sum_model", f"{EX}:make_unsharded_iterable_8", "validate", False, {"unsharded_data"}),
     "missing_samples": (f"{AM}:make_mean_model", f"{AM}:make_rank_stride_11", "validate", False, {"missing_samples"}),
     "missing_samples_synced_correctly": (f"{AM}:make_mean_model", f"{AF}:make_rank_stride_11_in_pairs", "validate", False, {"missing_samples_synced_correctly"}),
