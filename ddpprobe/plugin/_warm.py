@@ -116,7 +116,7 @@ def _sorted(mapping, ignored=()) -> tuple:
 
 #: Whether the fixture runs warm worlds when neither ``--warm-worlds`` nor ``DDPPROBE_WARM_WORLDS`` says
 #: (``--fresh-worlds`` and ``DDPPROBE_WARM_WORLDS=0`` turn them off whatever this says).
-DEFAULT = False
+DEFAULT = True
 
 
 def enabled(option: bool) -> bool:

@@ -30,7 +30,7 @@ gets a copy of its result (ddpprobe/plugin/_shared_worlds.py); a world that rais
 needs worlds of its own (it compares two worlds, or counts processes) says so with
 ``@pytest.mark.fresh_world("reason")``.
 
-Warm worlds (``--warm-worlds``): a world that is started runs on the ranks of a warm world of its kind when
+Warm worlds (the default; ``--fresh-worlds`` or ``DDPPROBE_WARM_WORLDS=0`` turn them off): a world that is started runs on the ranks of a warm world of its kind when
 one answers for it (ddpprobe/plugin/_warm.py), else fresh; a failed warm world is ended and the call runs
 again in a fresh world. A test that fails a world by design gets fresh worlds at once: marked
 ``fresh_world`` or ``waits_for_timeout``, or whose code passes ``pg_timeout=``, names a ``WorldError``
@@ -155,7 +155,7 @@ def pytest_addoption(parser) -> None:
         action="store_true",
         default=False,
         help="run each world on the ranks of a warm world of its kind, kept up from scenario to scenario; a "
-        "failed warm world reruns the call fresh (default DDPPROBE_WARM_WORLDS=1)",
+        "failed warm world reruns the call fresh (the default; DDPPROBE_WARM_WORLDS=0 turns it off)",
     )
 
 
