@@ -10,8 +10,10 @@ started (pytest's own ``--basetemp`` is put elsewhere: pytest keeps it on purpos
 """
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -58,9 +60,20 @@ def _carriers(token: str) -> list:
 
 def _run_pytest(tmp_path, args: list, timeout: float = 600) -> tuple:
     """Run ``python -m pytest args`` from the repository root with a fresh ``TMPDIR``; return
-    ``(completed process, TMPDIR's entries afterwards, processes of the run still alive)``."""
-    tmpdir = tmp_path / "tmpdir"
-    tmpdir.mkdir(parents=True)
+    ``(completed process, TMPDIR's entries afterwards, processes of the run still alive)``.
+
+    The ``TMPDIR`` is a new folder directly in the system's temporary folder, not under ``tmp_path``: the
+    forkserver's socket lives in it, and a Unix socket's path may not exceed 107 bytes (``AF_UNIX path too
+    long`` under pytest's deeper folders). It is removed afterwards."""
+    tmpdir = Path(tempfile.mkdtemp(prefix="ddpprobe-left-"))
+    try:
+        return _run_pytest_in(tmp_path, tmpdir, args, timeout)
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def _run_pytest_in(tmp_path, tmpdir: Path, args: list, timeout: float) -> tuple:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     token = uuid.uuid4().hex
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "DDPPROBE_"))}
     env.update(TMPDIR=str(tmpdir), **{MARKER: token})
