@@ -3,6 +3,7 @@ registry entry (ddpprobe/hazards/) its evidence proves. Pure Python, on recorded
 
 from __future__ import annotations
 
+import re
 from typing import Optional
 
 from ddpprobe import hazards
@@ -164,27 +165,58 @@ def shard_lengths(world: list, loop: str, shards: Optional[list] = None) -> Opti
     return None
 
 
+class Known(str):
+    """Words for a field an entry lacks, saying what is known in its place (``"the logged metrics"`` for a read's
+    key): its ``repr`` is the words themselves, so a registry template's ``{key!r}`` reads them unquoted, where a
+    field the entry has is quoted."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def known(value, words: str):
+    """``value`` where the entry has it (neither None nor empty), else :class:`Known` ``words``."""
+    return value if value not in (None, "") else Known(words)
+
+
+def read_numbers(fields: dict, ranks: list) -> dict:
+    """The numbers of ``metrics_read_on_some_ranks``'s cause for a read of the logged metrics (a trace entry, or
+    a lone read of ``lone_reads``) that ``ranks`` made: a read without a key runs the epoch sync of the logged
+    metrics, one without a call site is the module's."""
+    return dict(
+        where=f"line {fields['call_site']}" if fields.get("call_site") else "the module",
+        call=f"`{fields.get('call') or 'trainer.callback_metrics'}`",
+        key=known(fields.get("key"), "the logged metrics"),
+        op=known(fields.get("op"), "a collective"),
+        ranks=f"rank(s) {ranks}",
+    )
+
+
 def _alone_hazard(entry: dict, ranks: list) -> tuple:
-    """``(name or None, cause)`` of a collective that only ``ranks`` made, from its fields and call chain."""
+    """``(name or None, cause)`` of a collective that only ``ranks`` made, from its fields and call chain. A field
+    the entry lacks is worded by what is known (:func:`known`): a ``Metric`` whose class is not recorded is
+    ``torchmetrics.Metric``, a ``self.log`` call without a key ``self.log(...)``, a collective without an op
+    ``a collective``, a line of the user's code without its call site ``a line of your code``."""
     found = hazards.alone(entry, ranks)
     if found is None:
         return None, "", {"ranks": ranks, "source": entry.get("source"), "origin": entry.get("origin")}
     name, evidence = found
     who = f"rank(s) {ranks}"
-    where = f" in {entry.get('running') or entry.get('hook')}" if entry.get("running") or entry.get("hook") else ""
+    hook = entry.get("running") or entry.get("hook")
+    where = f" in {hook}" if hook else ""
+    key = known(entry.get("key"), "...")
     numbers = {
-        "metrics_read_on_some_ranks": dict(
-            where=f"line {entry.get('call_site')}" if entry.get("call_site") else "the module",
-            call=f"`{entry.get('call') or 'trainer.callback_metrics'}`",
-            key=entry.get("key"),
-            op=entry.get("op"),
-            ranks=who,
+        "metrics_read_on_some_ranks": read_numbers(entry, ranks),
+        "metric_compute_on_some_ranks": dict(
+            metric=known(entry.get("metric"), "torchmetrics.Metric"), ranks=who, where=where
         ),
-        "metric_compute_on_some_ranks": dict(metric=entry.get("metric"), ranks=who, where=where),
-        "rank0_only_synced_log": dict(key=entry.get("key"), ranks=who),
-        "key_on_some_ranks": dict(key=entry.get("key"), ranks=who),
+        "rank0_only_synced_log": dict(key=key, ranks=who),
+        "key_on_some_ranks": dict(key=key, ranks=who),
         "collective_on_some_ranks": dict(
-            what=entry.get("op"), call_site=entry.get("call_site"), ranks=who, where=where
+            what=known(entry.get("op"), "a collective"),
+            call_site=known(entry.get("call_site"), "a line of your code"),
+            ranks=who,
+            where=where,
         ),
     }[name]
     return name, hazards.cause(name, **numbers), evidence
@@ -331,21 +363,43 @@ def _diagnosis(found, explanation: str, name: Optional[str], evidence: dict) -> 
     return {"culprit": found, "explanation": explanation, "hazard": name, "fixes": fixes, "evidence": evidence}
 
 
+def _call_words(entry: dict) -> str:
+    """The call of :func:`purpose` ``entry`` (one call can make several collectives) as a noun phrase, from
+    ``describe_collective``'s words without the op, dtype and shape: a sync they name takes "the" (``the
+    self.log epoch sync of 'v', logged in validation_step at m.py:12 in validation_step``, ``the MeanMetric
+    state sync at compute()``), a phrase with its own article or owner stands as it is (``a Metric's state
+    sync at compute()``, ``DistributedDataParallel's gradient all_reduce of bucket 0``), and any other words
+    (``not called from Python ...``, ``your code``) or none are those of ``a collective``."""
+    words = describe_collective({**entry, "op": "", "dtype": None, "shape": None})
+    inner, rest = "", words
+    if words.startswith("("):
+        depth = 0
+        for i, char in enumerate(words):
+            depth += {"(": 1, ")": -1}.get(char, 0)
+            if depth == 0:
+                inner, rest = words[1:i], words[i + 1 :]
+                break
+    rest = rest if rest[:1] in ("", " ", ",") else f" {rest}"
+    first = inner.split(" ", 1)[0]
+    if first in ("a", "an") or first.endswith("'s"):
+        return inner + rest
+    if re.search(r"\bsync\b", inner.split(",", 1)[0]):
+        return f"the {inner}{rest}"
+    return "a collective" + (f" ({inner})" if inner else "") + rest
+
+
 def _uneven_calls(found: dict, world: list, sequences: list) -> str:
     """The same call on every rank syncing a different number of times: the per-rank counts of collectives
-    per call, the ``Metric`` states' sizes, and the value each rank logged from that hook afterwards."""
+    per call, the ``Metric`` states' sizes, and, where the call's hook is known, the value each rank logged
+    from that hook afterwards."""
     entry, bursts = found["entry"], found["bursts"]
-    where = describe_collective({**entry, "op": "", "dtype": None, "shape": None}).strip()
-    where = where.removeprefix("collective").strip()
-    if where.startswith("(") and ")" in where:
-        where = where[1:].replace(")", "", 1)
     stopped = [r for r, rank in enumerate(world) if rank["stage"] != "end"]
     made = [
         f"rank {r} {b[0] if len(b) == 1 else b} collective(s){' (then it stopped)' if r in stopped else ''}"
         for r, b in enumerate(bursts)
     ]
     text = (
-        f"the culprit is the {where}: every rank made this call {len(bursts[0])} time(s), but "
+        f"the culprit is {_call_words(entry)}: every rank made this call {len(bursts[0])} time(s), but "
         + ("one call made " if len(bursts[0]) == 1 else "its calls made ")
         + ", ".join(made)
     )
@@ -358,6 +412,8 @@ def _uneven_calls(found: dict, world: list, sequences: list) -> str:
             " so the ranks pair different elements)"
         )
     hook = entry.get("running") or entry.get("hook")
+    if not hook:
+        return text
     values = []
     for r, rank in enumerate(world):
         logged = [e for e in rank["logs"] if e.get("hook") == hook]

@@ -115,10 +115,11 @@ def findings(result) -> list:
     for read in (result.trace or {}).get("lone_reads") or []:
         if diagnosis_hazard != "metrics_read_on_some_ranks":
             where = f" at {read['call_site']}" if read.get("call_site") else ""
+            synced = f"the epoch sync of {read['key']!r}" if read.get("key") else "their epoch sync"
             out.append(
                 {
-                    "problem": f"rank(s) {read['ranks']} alone read the logged metrics{where}, running the epoch "
-                    f"sync of {read.get('key')!r} on those ranks only",
+                    "problem": f"rank(s) {read['ranks']} alone read the logged metrics{where}, running {synced} on "
+                    "those ranks only",
                     "consequences": [],
                 }
             )

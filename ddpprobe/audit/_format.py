@@ -229,15 +229,11 @@ def _lone_reads(result) -> list:
 
 
 def read_cause(read: dict) -> str:
-    """The registry's cause of one lone read (``trace["lone_reads"]``)."""
-    return hazards.cause(
-        "metrics_read_on_some_ranks",
-        where=f"line {read['call_site']}" if read.get("call_site") else "the module",
-        call=f"`{read.get('call') or 'trainer.callback_metrics'}`",
-        key=read.get("key"),
-        op=read.get("op"),
-        ranks=f"rank(s) {read['ranks']}",
-    )
+    """The registry's cause of one lone read (``trace["lone_reads"]``), worded as the culprit's read is
+    (``read_numbers`` in ddpprobe/audit/_culprit.py: a read without a key runs the logged metrics' sync)."""
+    from ddpprobe.audit._culprit import read_numbers
+
+    return hazards.cause("metrics_read_on_some_ranks", **read_numbers(read, read["ranks"]))
 
 
 def _reads_lines(reads: list, lines: list) -> list:
