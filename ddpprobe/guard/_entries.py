@@ -76,10 +76,70 @@ def collective(n: int, rank: int, fields: dict) -> dict:
         "rank": rank,
         "id": ["collective"] + [compared.get(k) for k in COLLECTIVE_ID],
         "fields": {k: fields.get(k) for k in POSTED_FIELDS},
-        "text": "is about to "
-        + describe_collective(fields, calls=True)
-        + (f" [{fields['root']}]" if fields.get("root") else ""),
+        "text": "is about to " + _words(fields),
     }
+
+
+def _words(fields: dict) -> str:
+    """A collective's words in a side's text: ``describe_collective`` and its source or destination rank."""
+    return describe_collective(fields, calls=True) + (f" [{fields['root']}]" if fields.get("root") else "")
+
+
+#: How a compared field is named where a side's words would not show it: ``"reduce op MAX"``.
+_FIELD_WORDS = {
+    "op": "op {}",
+    "reduce_op": "reduce op {}",
+    "dtype": "dtype {}",
+    "shape": "shape {}",
+    "group_size": "a group of {} ranks",
+    "root": "{}",
+    "source": "source {}",
+    "key": "key {!r}",
+    "log_hook": "logged in {}",
+    "metric": "metric {}",
+    "bucket": "bucket {}",
+}
+
+
+def _compared(entry: dict) -> dict:
+    """A collective entry's posted fields with the compared values of its ``id`` (``COLLECTIVE_ID``)."""
+    return dict(entry["fields"], **{name: entry["id"][_AT[name]] for name in COLLECTIVE_ID})
+
+
+def differing(entries: list) -> dict:
+    """``{field: [value per rank, by rank]}`` of the ``COLLECTIVE_ID`` fields whose compared values differ
+    between the collective ``entries`` (``{}`` where fewer than two are collectives)."""
+    collectives = sorted((e for e in entries if e.get("kind") == "collective"), key=lambda e: e["rank"])
+    if len(collectives) < 2:
+        return {}
+    values = {name: [e["id"][_AT[name]] for e in collectives] for name in COLLECTIVE_ID}
+    return {name: vs for name, vs in values.items() if len({repr(v) for v in vs}) > 1}
+
+
+def side_texts(entries: list) -> list:
+    """Each entry's text, in order: a collective's completed with every compared field that differs from
+    another rank's collective and that its words do not show (a field is shown where the words change with
+    its value), so that sides that differ never read alike: ``"is about to all_reduce float32 [2] at m.py:20
+    in validation_step, with reduce op MAX"``."""
+    collectives = [e for e in entries if e.get("kind") == "collective"]
+    texts = []
+    for entry in entries:
+        text = entry.get("text", "")
+        if entry.get("kind") == "collective" and len(collectives) > 1:
+            mine = _compared(entry)
+            unshown = []
+            for name in COLLECTIVE_ID:
+                others = [o["id"][_AT[name]] for o in collectives if repr(o["id"][_AT[name]]) != repr(mine[name])]
+                swapped = [dict(mine, **{name: v}, **({"hook": v} if name == "log_hook" else {})) for v in others]
+                if others and any(_words(s) == _words(mine) for s in swapped):
+                    value = mine[name]
+                    unshown.append(
+                        f"no {name.replace('_', ' ')}" if value is None else _FIELD_WORDS[name].format(value)
+                    )
+            if unshown:
+                text += ", with " + " and ".join(unshown)
+        texts.append(text)
+    return texts
 
 
 def boundary(
@@ -138,8 +198,8 @@ def ranks_text(ranks: list) -> str:
 def sides_text(entries: list) -> str:
     """One line per distinct side, ranks with the same text grouped: ``"  rank 0 is about to ..."``."""
     groups: dict = {}
-    for entry in entries:
-        groups.setdefault(entry["text"], []).append(entry["rank"])
+    for entry, text in zip(entries, side_texts(entries)):
+        groups.setdefault(text, []).append(entry["rank"])
     return "\n".join(
         f"  {ranks_text(ranks)} {_plural(text) if len(ranks) > 1 else text}" for text, ranks in groups.items()
     )
@@ -154,7 +214,7 @@ def consequence(entries: list, pg_timeout_s: float) -> str:
     hazard registry (``ddpprobe.hazards.guard_fix_lines``: the proven fix with its fact test where its
     preconditions hold, else a line saying that no proven fix applies)."""
     text = _consequence(entries, f"the process-group timeout ({pg_timeout_s:g} s)")
-    return "\n".join([text, *guard_fix_lines(entries)])
+    return "\n".join([text, *guard_fix_lines(entries, differing(entries))])
 
 
 def _consequence(entries: list, waiting: str) -> str:

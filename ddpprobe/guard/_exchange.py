@@ -210,7 +210,7 @@ class Exchange:
         return f"CollectiveGuard, check #{n} of trainer.{self.stage}"
 
     def _differ(self, n: int, entries: list) -> None:
-        sides = {e["rank"]: e["text"] for e in entries}
+        sides = {e["rank"]: text for e, text in zip(entries, _entries.side_texts(entries))}
         failed = {e["rank"]: e["error"] for e in entries if e["kind"] == "raised"}
         text = _entries.sides_text(entries)
         if failed:

@@ -14,6 +14,8 @@ Pure Python, importing nothing of ddpprobe, torch or Lightning, so a guarded tra
 
 from __future__ import annotations
 
+from typing import Optional
+
 from ddpprobe.hazards._entries import HAZARDS, REMOVED_HOOKS, Hazard
 from ddpprobe.hazards._guard import alone, guard_hazard, reads_metrics
 
@@ -73,14 +75,21 @@ def cause(name: str, **numbers) -> str:
     return HAZARDS[name].cause(**numbers)
 
 
-def guard_fix_lines(entries: list) -> list:
+def guard_fix_lines(entries: list, differing: Optional[dict] = None) -> list:
     """The fix lines for the guard's entries at a failing check (ddpprobe/guard/_entries.py: ``kind``,
     ``rank``, ``fields``): the fix of the entry :func:`guard_hazard` names where its preconditions hold, else
-    one line saying no proven fix applies, with what the ranks were doing. Never raises."""
+    one line saying no proven fix applies, with the compared fields that differ (``differing``: ``{field:
+    [value per rank]}``, the guard's ``_entries.differing``) as evidence, or without them what the ranks were
+    doing. Never raises."""
     try:
         found = guard_hazard(entries)
     except Exception:  # noqa: BLE001 - a fix line must never turn a guard error into another error
         found = None
+    if found is None and differing:
+        return [
+            f"{NO_FIX}; evidence: "
+            + evidence_text({f"{k.replace('_', ' ')} per rank": v for k, v in differing.items()})
+        ]
     if found is None:
         sides = "; ".join(f"rank {e.get('rank')} {e.get('text', '')}".strip() for e in entries)
         return [f"{NO_FIX}: no fact proves a fix for this difference ({sides})"]
