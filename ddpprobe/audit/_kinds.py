@@ -31,9 +31,17 @@ TRAINED_APART = "synced; not compared with single-process (the weights trained a
 #: in its hook on any rank: nothing synced it, so its equal values are each rank's own.
 TRAINED_APART_LOCAL = "rank-local: the ranks' values agree here by chance (not synced; the weights trained apart)"
 
+#: A key nothing synced (no ``sync_dist=True``, not a Metric, no collective of the module's own in its hook on
+#: any rank) whose ranks agree: never called "synced". The same constant in every batch, on every rank and at
+#: W=1: ``RANK_LOCAL_SAME``; otherwise equal to W=1 (``RANK_LOCAL_AGREE``) or not (``RANK_LOCAL_DIFFERS``).
+RANK_LOCAL_SAME = "rank-local; the same value on every rank"
+RANK_LOCAL_AGREE = "rank-local (not synced): the ranks' values agree here by chance, and equal single-process"
+RANK_LOCAL_DIFFERS = "rank-local (not synced): the ranks' values agree here by chance, and differ from single-process"
+
 #: Verdicts that make the audit fail when the key is epoch-level.
 PROBLEMS = (
     SYNCED_DIFFERS,
+    RANK_LOCAL_DIFFERS,
     RANK_DIVERGENT,
     SOME_RANKS_ONLY,
     STEP_RANK_LOCAL,

@@ -15,6 +15,9 @@ from ddpprobe.audit._kinds import (
     NOT_AT_SINGLE,
     NOT_IN_WORLD,
     PROBLEMS,
+    RANK_LOCAL_AGREE,
+    RANK_LOCAL_DIFFERS,
+    RANK_LOCAL_SAME,
     STEP_RANK_LOCAL,
     STEP_SYNCED,
     SYNCED_DIFFERS,
@@ -94,9 +97,38 @@ def _epoch_verdict(ins: _Inputs, key: _Key, reference: Optional[dict], ref_logs:
     if not all(ins.close(v, key.per_rank[0]) for v in key.per_rank):
         return _rank_divergent(ins, key)
     verdict, cause, fixes, evidence = _agreeing(ins, key, reference, ref_logs)
+    if verdict in (SYNCED_EQUAL, SYNCED_DIFFERS) and _unsynced(ins, key):
+        return _rank_local_agreeing(ins, key, ref_logs, (verdict, cause, fixes, evidence))
     if verdict in (SYNCED_EQUAL, SYNCED_DIFFERS) and not (key.sync_dist or key.metric_object) and len(ins.world) > 1:
         cause = _synced_by(ins, key) + ("; " + cause if cause else "")
     return verdict, cause, fixes, evidence
+
+
+def _constant(ins: _Inputs, key: _Key, ref_logs: Optional[list]) -> Optional[float]:
+    """The one value every log event of the key held, on every rank and at W=1, or None where the events'
+    values differ or are unknown."""
+    values = [e.get("value") for logs in [*ins.world_logs, ref_logs or []] for e in logs if e["key"] == key.name]
+    if not values or any(v is None for v in values) or not all(ins.close(v, values[0]) for v in values):
+        return None
+    return values[0]
+
+
+def _rank_local_agreeing(ins: _Inputs, key: _Key, ref_logs: Optional[list], found: tuple) -> tuple:
+    """The verdict of a key nothing synced whose ranks agree (``found``: ``_agreeing``'s): the same constant
+    in every batch (``RANK_LOCAL_SAME``, and equal to W=1's: no chance in it), else agreeing by chance, equal
+    to single-process or not (with the cause of the difference)."""
+    verdict, cause, fixes, evidence = found
+    constant = _constant(ins, key, ref_logs)
+    if verdict == SYNCED_EQUAL and constant is not None:
+        return (
+            RANK_LOCAL_SAME,
+            f"not synced (no sync_dist=True, not a Metric, no collective in its hook), but every rank and the "
+            f"single process logged {constant:.6g} in every batch",
+            [],
+            {},
+        )
+    cause = _synced_by(ins, key) + ("; " + cause if cause else "")
+    return (RANK_LOCAL_AGREE if verdict == SYNCED_EQUAL else RANK_LOCAL_DIFFERS), cause, fixes, evidence
 
 
 def _with_unmoved(ins: _Inputs, key: _Key, found: tuple) -> tuple:
