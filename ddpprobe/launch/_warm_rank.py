@@ -25,6 +25,11 @@ What is reset before each scenario, and why (the state a fresh rank takes from t
 - ``logging``: every logger's level, handlers, filters and ``propagate`` as the rank started with them;
 - torch's global flags a ``Trainer`` or a scenario sets: deterministic algorithms, default dtype, grad
   mode, threads, float32 matmul precision, cuDNN flags; signal handlers, ``sys.path`` and ``sys.argv``;
+- the settings in the table ``STATE`` of ddpprobe/launch/_warm_state.py: ``torch.distributed``'s functions
+  a scenario replaced, torch's default device, print options, warn-always, TF32 and autocast flags, sharing
+  strategy and ``torch._dynamo.config``; NumPy's print options and error handling; the umask, recursion
+  limit, decimal context, default socket timeout and whether ``gc`` is enabled; and file descriptors a
+  scenario left open are closed;
 - the project's own modules the scenario imported (not preloaded by the forkserver) are forgotten, so the
   next scenario imports them afresh, with fresh module state.
 
@@ -44,6 +49,7 @@ import sysconfig
 import threading
 import time
 
+from ddpprobe.launch import _warm_state
 from ddpprobe.launch._message import run_scenario
 from ddpprobe.launch._rank import (
     FAILED_RANK_LINGER_S,
@@ -92,7 +98,7 @@ def warm_rank_main(rank: int, conn, lifeline) -> None:
             reset = Reset()  # the state of a freshly forked rank, taken before its first scenario
             gc.freeze()
         else:
-            reset.restore()
+            reset.restore(keep_fds=frozenset({stack_file.fileno()}))
         _align_process_state(rank, rank % spec.devices)
         message = run_scenario(
             spec.scenario_ref, spec.rank_info(rank, files["dir"]), spec.params, os.getpid(), catch=BaseException
@@ -151,9 +157,12 @@ class Reset:
         self.caches_seen = set()
         self.caches = []
         self._find_warning_caches()
+        self.settings = _warm_state.snapshot()  # the table of ddpprobe/launch/_warm_state.py
 
-    def restore(self) -> None:
-        """Put the rank back as it was before its first scenario (the list in the module docstring)."""
+    def restore(self, keep_fds: frozenset = frozenset()) -> None:
+        """Put the rank back as it was before its first scenario (the list in the module docstring);
+        ``keep_fds``: descriptors the rank opened for this scenario (its stack file), left open."""
+        _warm_state.restore(self.settings, keep_fds)
         warnings = warnings_module()
         warnings.filters[:] = self.filters
         warnings.showwarning = self.showwarning

@@ -14,7 +14,9 @@ from the launcher, but modules a rank imported while running one keep what they 
 
 A warm world that fails is never reused: if any rank raises, dies, or does not finish within the world
 timeout, the world is ended and :meth:`WarmPool.run` returns None; the fixture then runs the call in a
-fresh world (``ddpprobe.run_world``), whose result or error is what the test sees. Calls that fail by design
+fresh world (``ddpprobe.run_world``), whose result or error is what the test sees; when that fresh run
+succeeds, the fixture warns ``WarmWorldLeakSuspect`` naming the scenario (a failure that only a warm world
+shows points at state a scenario leaked). Calls that fail by design
 go to a fresh world at once (the fixture decides: ``fresh_world``, a test that waits for a timeout or
 expects a ``WorldError``, a call with its own ``timeout=`` or ``pg_timeout=``), and so does anything
 ``ddpprobe.launch.warm_call`` refuses (nccl, an external world, torch's Flight Recorder on).
@@ -29,6 +31,7 @@ import atexit
 import collections
 import os
 import sys
+import warnings
 from typing import Callable, Optional
 
 from ddpprobe.launch import WarmWorld, WorldResult, warm_call
@@ -108,6 +111,25 @@ class WarmPool:
         while len(self.worlds) > 1 and sum(w.world_size for w in self.worlds.values()) > self.max_ranks:
             _, world = self.worlds.popitem(last=False)
             world.close()
+
+
+class WarmWorldLeakSuspect(UserWarning):
+    """A call failed on a warm world and passed in a fresh one: a scenario run before it on those ranks
+    probably changed process state that the warm reset does not put back (docs/worlds.md, "Warm worlds")."""
+
+
+def warn_leak_suspect(ref: str, world_size) -> None:
+    """Warn (shown in pytest's summary) that scenario ``ref`` failed warm and passed fresh; the test keeps
+    the fresh outcome."""
+    warnings.warn(
+        WarmWorldLeakSuspect(
+            f"{ref} at world size {world_size} failed on a warm world and passed in a fresh one: a scenario "
+            "run before it on the same warm ranks probably left process state the warm reset does not put "
+            "back (a changed library class or module attribute?); run it with --fresh-worlds, then find the "
+            "earlier scenario (docs/worlds.md, 'Warm worlds')"
+        ),
+        stacklevel=3,
+    )
 
 
 def _sorted(mapping, ignored=()) -> tuple:

@@ -30,12 +30,13 @@ gets a copy of its result (ddpprobe/plugin/_shared_worlds.py); a world that rais
 needs worlds of its own (it compares two worlds, or counts processes) says so with
 ``@pytest.mark.fresh_world("reason")``.
 
-Warm worlds (the default; ``--fresh-worlds`` or ``DDPPROBE_WARM_WORLDS=0`` turn them off): a world that is started runs on the ranks of a warm world of its kind when
-one answers for it (ddpprobe/plugin/_warm.py), else fresh; a failed warm world is ended and the call runs
-again in a fresh world. A test that fails a world by design gets fresh worlds at once: marked
-``fresh_world`` or ``waits_for_timeout``, or whose code passes ``pg_timeout=``, names a ``WorldError``
-(``RankFailed``, ``RankDied``, ``WorldTimeout``) or reads the ranks' processes (``pid``, ``exitcode``);
-so does a call given its own ``timeout=`` or ``pg_timeout=``.
+Warm worlds (the default; ``--fresh-worlds`` or ``DDPPROBE_WARM_WORLDS=0`` turn them off): a world that is
+started runs on the ranks of a warm world of its kind when one answers for it (ddpprobe/plugin/_warm.py),
+else fresh; a failed warm world is ended and the call runs again in a fresh world (when that one succeeds,
+a ``WarmWorldLeakSuspect`` warning names the scenario in pytest's summary). A test that fails a world by
+design gets fresh worlds at once: marked ``fresh_world`` or ``waits_for_timeout``, or whose code passes
+``pg_timeout=``, names a ``WorldError`` (``RankFailed``, ``RankDied``, ``WorldTimeout``) or reads the ranks'
+processes (``pid``, ``exitcode``); so does a call given its own ``timeout=`` or ``pg_timeout=``.
 
 Under pytest-xdist: the controller starts one preloaded forkserver that every worker on this host forks
 its ranks from (``pytest_configure_node``), and the tests that wait for a timeout by design (marked
@@ -462,9 +463,19 @@ def run_world(request, backend, _shared_worlds_store, _warm_pool):
         warm = pool if pool is not None and not {"timeout", "pg_timeout"} & set(kwargs) else None
 
         def start():
+            failed_before = warm.fell_back if warm is not None else 0
             result = warm.run(scenario, world_size, merged) if warm is not None else None
-            outcome["warm"], outcome["fell_back"] = result is not None, warm is not None and result is None
-            return result if result is not None else _run_world(scenario, world_size, **merged)
+            # fell back: a warm world ran the call and failed (not one the pool refused, e.g. nccl)
+            outcome["warm"], outcome["fell_back"] = (
+                result is not None,
+                warm is not None and warm.fell_back > failed_before,
+            )
+            if result is not None:
+                return result
+            result = _run_world(scenario, world_size, **merged)
+            if outcome["fell_back"]:
+                _warm.warn_leak_suspect(ref, world_size)
+            return result
 
         try:
             result, outcome["reused"] = _shared_worlds_store.run(key, start, reuse=reuse)
