@@ -206,15 +206,17 @@ class Reset:
 
     def _find_warning_caches(self) -> None:
         """Lightning's once-per-process warning caches: module-level ``WarningCache`` sets, in every module
-        loaded since the last look."""
-        for name in list(sys.modules):
-            if name in self.caches_seen:
-                continue
-            self.caches_seen.add(name)
-            module = sys.modules.get(name)
-            for value in list(getattr(module, "__dict__", {}).values()):
-                if isinstance(value, set) and type(value).__name__ == "WarningCache":
-                    self.caches.append(value)
+        loaded since the last look (quietly: ``isinstance`` on a deprecated global such as
+        ``torch.distributed.reduce_op`` warns, into the scenario's stderr)."""
+        with _warm_state.quiet():
+            for name in list(sys.modules):
+                if name in self.caches_seen:
+                    continue
+                self.caches_seen.add(name)
+                module = sys.modules.get(name)
+                for value in list(getattr(module, "__dict__", {}).values()):
+                    if isinstance(value, set) and type(value).__name__ == "WarningCache":
+                        self.caches.append(value)
 
 
 def warnings_module():

@@ -10,12 +10,14 @@ added to ``LightningModule``; a fact must not change one (docs/worlds.md, "Warm 
 
 from __future__ import annotations
 
+import contextlib
 import decimal
 import gc
 import os
 import socket
 import sys
 import types
+import warnings
 
 #: Autocast is a flag per device type; these are the ones a CPU or CUDA scenario turns on.
 _AUTOCAST_DEVICES = ("cpu", "cuda")
@@ -202,14 +204,25 @@ STATE = [
 
 def snapshot() -> dict:
     """Every entry of ``STATE`` taken now: ``{name: value}``."""
-    return {name: take() for name, take, _ in STATE}
+    with quiet():
+        return {name: take() for name, take, _ in STATE}
 
 
 def restore(saved: dict, keep_fds: frozenset = frozenset()) -> None:
     """Put back every entry of ``saved`` (from :func:`snapshot`); ``keep_fds``: descriptors opened since the
     snapshot that belong to the rank (its stack file), left open."""
-    for name, _, put in STATE:
-        if name == "open file descriptors":
-            put(saved[name], keep_fds)
-        else:
-            put(saved[name])
+    with quiet():
+        for name, _, put in STATE:
+            if name == "open file descriptors":
+                put(saved[name], keep_fds)
+            else:
+                put(saved[name])
+
+
+@contextlib.contextmanager
+def quiet():
+    """No warning from reading or setting these (deprecated ``torch._dynamo.config`` names, the deprecated
+    ``torch.distributed.reduce_op``): it would land in the next scenario's stderr, where a fresh rank has none."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
