@@ -134,7 +134,7 @@ def side_texts(entries: list) -> list:
                 if others and any(_words(s) == _words(mine) for s in swapped):
                     value = mine[name]
                     unshown.append(
-                        f"no {name.replace('_', ' ')}" if value is None else _FIELD_WORDS[name].format(value)
+                        f"no {name.replace('_', ' ')}" if value in (None, "") else _FIELD_WORDS[name].format(value)
                     )
             if unshown:
                 text += ", with " + " and ".join(unshown)

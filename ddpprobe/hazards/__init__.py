@@ -49,13 +49,29 @@ def fix_line(name: str) -> str:
 
 def evidence_text(evidence: dict) -> str:
     """``"name value, name value"`` of the recorded quantities in ``evidence`` (floats to 6 digits, ``None`` and
-    empty values left out)."""
+    empty values left out; in a per-rank list a rank with no value reads ``none``, a 0-d tensor's shape ``scalar``)."""
     parts = []
     for name, value in evidence.items():
         if value is None or value == [] or value == {} or value == "":
             continue
-        parts.append(f"{name} {format(value, '.6g') if isinstance(value, float) else value}")
+        if isinstance(value, float):
+            shown = format(value, ".6g")
+        elif isinstance(value, (list, tuple)):
+            shown = "[" + ", ".join(_per_rank(name, v) for v in value) + "]"
+        else:
+            shown = value
+        parts.append(f"{name} {shown}")
     return ", ".join(parts)
+
+
+def _per_rank(name: str, value) -> str:
+    """One rank's value in a per-rank list of :func:`evidence_text`: ``none`` where it has none, ``scalar`` for
+    the shape ``[]`` of a 0-d tensor."""
+    if value is None or value == "":
+        return "none"
+    if value == [] and "shape" in name:
+        return "scalar"
+    return repr(value)
 
 
 def advice(name: str, evidence: dict) -> list:
