@@ -14,6 +14,8 @@ like a plain script (no rank variables), so Lightning starts two ranks on a loop
 starts fresh interpreters inside a launched world, to read the rank ``rank_zero_only`` takes at import.
 """
 
+import re
+
 import pytest
 
 from ddpprobe.plugin.runif import run_if
@@ -53,11 +55,15 @@ def test_after_ddp_spawn_fit_the_caller_gets_rank_0s_callback_metrics_and_traine
     semantics.number("rank_value in the caller", rec["callback_metrics"]["rank_value"], vs=("rank 1's", 2.0))
 
 
-def test_predict_with_return_predictions_under_ddp_spawn_fails_in_the_spawned_rank_0(run_world, semantics):
-    """``trainer.predict(..., return_predictions=True)`` under ``ddp_spawn`` starts the ranks, and rank 0
-    raises ``MisconfigurationException: `return_predictions` should be set to `False` when using the
-    strategies that spawn or fork``; the caller gets torch's ``ProcessRaisedException`` carrying that
-    text, not the ``MisconfigurationException`` itself. Lightning's
+def test_predict_with_return_predictions_under_ddp_spawn_reaches_the_caller_as_process_raised_exception(
+    run_world, semantics
+):
+    """``trainer.predict(..., return_predictions=True)`` under ``ddp_spawn`` starts the ranks, and each
+    spawned rank raises ``MisconfigurationException: `return_predictions` should be set to `False` when
+    using the strategies that spawn or fork``; the caller gets torch's ``ProcessRaisedException`` carrying
+    that text, not the ``MisconfigurationException`` itself. Which rank's error it carries is the first to
+    fail (``ProcessContext.join`` reports the first process that ended with an error), so the fact asserts a
+    spawned rank, not which one. Lightning's
     tests_pytorch/trainer/test_trainer.py::test_spawn_predict_return_predictions expects the
     ``MisconfigurationException`` in the caller. Source: pytorch_lightning/loops/prediction_loop.py
     ``_PredictionLoop.return_predictions`` (set in ``Trainer._predict_impl``, which runs inside the
@@ -66,7 +72,7 @@ def test_predict_with_return_predictions_under_ddp_spawn_fails_in_the_spawned_ra
 
     rec = world.records[0]
     assert rec["raised"] == "ProcessRaisedException", rec
-    assert "-- Process 0 terminated with the following error" in rec["message"], rec["message"]
+    assert re.search(r"-- Process [01] terminated with the following error", rec["message"]), rec["message"]
     assert "MisconfigurationException: `return_predictions` should be set to `False`" in rec["message"]
     semantics.number(
         "exception in the caller", rec["raised"], vs=("Lightning's test expects", "MisconfigurationException")
