@@ -5,7 +5,6 @@ As in test_guard_protocol.py, each "rank" is a thread holding its own ``Exchange
 ``torch.distributed.HashStore``; here a proxy around each rank's store counts the requests it makes.
 """
 
-import threading
 import time
 
 import pytest
@@ -13,11 +12,10 @@ import torch.distributed as dist
 
 from ddpprobe.guard import CollectiveMismatch, GuardTimeout, PeerFailed, _entries
 from ddpprobe.guard._exchange import Exchange
+from tests.support.guard_exchange import JOIN_S, exchanges, in_threads, log_sync
 
 pytestmark = pytest.mark.not_a_fact("tests the guard's store protocol, not a fact about DDP")
 
-#: Seconds a thread may take before the test calls it stuck.
-JOIN_S = 20
 #: The store requests one rank makes at an agreeing check (compare_set, add, set, wait, get), at most.
 REQUESTS_PER_CHECK = 5
 
@@ -41,39 +39,14 @@ class Counting:
 
 
 def _world(world_size: int, timeout_s: float = 60.0) -> list:
-    store = dist.HashStore()
-    world = [Exchange(store, 0, r, world_size, timeout_s, 2 * timeout_s, "validate") for r in range(world_size)]
+    world = exchanges(world_size, timeout_s)
     for ex in world:
         ex.store = Counting(ex.store)
     return world
 
 
-def _in_threads(exchanges: list, entry_of, delay_s: dict = None) -> dict:
-    """``exchange.check(entry_of(exchange))`` on every exchange at once (rank ``r`` after ``delay_s[r]``
-    seconds); ``{rank: raised or None}``."""
-    outcome = {}
-
-    def run(ex):
-        time.sleep((delay_s or {}).get(ex.rank, 0))
-        try:
-            ex.check(entry_of(ex))
-            outcome[ex.rank] = None
-        except Exception as exc:  # noqa: BLE001 - the outcome is what the test looks at
-            outcome[ex.rank] = exc
-
-    threads = [threading.Thread(target=run, args=(ex,)) for ex in exchanges]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(JOIN_S)
-    assert not any(t.is_alive() for t in threads), f"a check did not return within {JOIN_S} s: {outcome}"
-    return outcome
-
-
 def _log_sync(ex, key: str, line: int = 12) -> dict:
-    fields = {"op": "all_reduce", "reduce_op": "SUM", "dtype": "float32", "shape": [], "group_size": ex.world_size}
-    fields.update(source="self.log", key=key, hook="validation_step", call_site=f"model.py:{line} in validation_step")
-    return _entries.collective(ex.n, ex.rank, fields)
+    return log_sync(ex, key, line, group_size=ex.world_size)
 
 
 @pytest.mark.parametrize("world_size", [2, 3, 8])
@@ -86,7 +59,7 @@ def test_an_agreeing_check_costs_each_rank_at_most_five_store_requests_and_no_en
     holds ``W`` keys afterwards (``W - 1`` position records and the last verdict), as after two checks."""
     world = _world(world_size)
     for _ in range(20):
-        assert _in_threads(world, lambda ex: _log_sync(ex, "loss")) == dict.fromkeys(range(world_size))
+        assert in_threads(world, lambda ex: _log_sync(ex, "loss")) == dict.fromkeys(range(world_size))
 
     calls = [ex.store.calls for ex in world]
     closes = [c.count("delete_key") for c in calls]
@@ -100,7 +73,7 @@ def test_an_agreeing_check_costs_each_rank_at_most_five_store_requests_and_no_en
 def test_one_rank_of_eight_with_another_key_makes_every_rank_raise_the_same_mismatch_naming_it():
     """At W = 8 rank 5 syncs ``'b'`` where the seven others sync ``'a'``: the digests differ, every rank
     writes its full entry, and all eight raise the same ``CollectiveMismatch``, the seven named as one side."""
-    outcome = _in_threads(_world(8), lambda ex: _log_sync(ex, "b" if ex.rank == 5 else "a"))
+    outcome = in_threads(_world(8), lambda ex: _log_sync(ex, "b" if ex.rank == 5 else "a"))
 
     assert all(isinstance(e, CollectiveMismatch) for e in outcome.values()), outcome
     assert len({str(e) for e in outcome.values()}) == 1, outcome
@@ -115,7 +88,7 @@ def test_a_peer_that_raised_wakes_every_waiting_rank_of_four_with_its_error():
     world = _world(4)
     world[2].post_raised("ValueError: bad batch", "training_step")
     started = time.monotonic()
-    outcome = _in_threads([world[0], world[1], world[3]], lambda ex: _log_sync(ex, "loss"))
+    outcome = in_threads([world[0], world[1], world[3]], lambda ex: _log_sync(ex, "loss"))
 
     assert time.monotonic() - started < JOIN_S
     assert all(isinstance(e, PeerFailed) and e.failed == {2: "ValueError: bad batch"} for e in outcome.values())
@@ -128,9 +101,9 @@ def test_two_missing_ranks_of_four_are_named_with_their_own_last_check_even_the_
     ``GuardTimeout`` naming both, each with its own last check: its call site (line 12 + rank) differs
     from the others' (call sites are named, not compared), so a position taken from another rank would show."""
     world = _world(4, timeout_s=0.5)
-    passed = _in_threads(world, lambda ex: _log_sync(ex, "loss", 12 + ex.rank), delay_s={3: 0.3})
+    passed = in_threads(world, lambda ex: _log_sync(ex, "loss", 12 + ex.rank), delay_s={3: 0.3})
     assert passed == dict.fromkeys(range(4))
-    outcome = _in_threads(world[:2], lambda ex: _entries.boundary(ex.n, ex.rank, "on_validation_batch_end", 0, 0))
+    outcome = in_threads(world[:2], lambda ex: _entries.boundary(ex.n, ex.rank, "on_validation_batch_end", 0, 0))
 
     for rank, error in outcome.items():
         assert isinstance(error, GuardTimeout), error
@@ -161,11 +134,11 @@ def test_a_peer_writing_a_checkpoint_is_waited_for_up_to_the_process_group_timeo
     rank 1 and the step it was in, and how long it waited."""
     store = dist.HashStore()
     world = [Exchange(store, 0, r, 2, 0.2, 0.6, "fit") for r in range(2)]
-    passed = _in_threads(world, lambda ex: _entries.boundary(ex.n, ex.rank, "on_train_epoch_end", 0))
+    passed = in_threads(world, lambda ex: _entries.boundary(ex.n, ex.rank, "on_train_epoch_end", 0))
     assert passed == {0: None, 1: None}
     world[1].busy("writing a checkpoint (Trainer.save_checkpoint)")
     started = time.monotonic()
-    outcome = _in_threads(world[:1], lambda ex: _log_sync(ex, "loss"))
+    outcome = in_threads(world[:1], lambda ex: _log_sync(ex, "loss"))
     waited = time.monotonic() - started
 
     error = outcome[0]

@@ -6,53 +6,22 @@ every rank's entry of a check, wake at once on a peer's ``raised`` entry, name a
 last check, keep about two entries per rank in the store) are checked in milliseconds.
 """
 
-import threading
 import types
 
 import pytest
-import torch.distributed as dist
 
 from ddpprobe.guard import CollectiveGuard, CollectiveMismatch, GuardTimeout, PeerFailed, _entries
-from ddpprobe.guard._exchange import Exchange
 from ddpprobe.trace import describe_collective
+from tests.support.guard_exchange import exchanges, in_threads, log_sync
 
 pytestmark = pytest.mark.not_a_fact("tests the guard's store protocol, not a fact about DDP")
 
-#: Seconds a thread may take before the test calls it stuck: far above a check's cost, far below TIMEOUT_S.
-JOIN_S = 20
 #: The guard timeout of checks that are expected to be answered at once.
 TIMEOUT_S = 60
 
 
 def _world(world_size: int, timeout_s: float = TIMEOUT_S) -> list:
-    store = dist.HashStore()
-    return [Exchange(store, 0, r, world_size, timeout_s, 2 * timeout_s, "validate") for r in range(world_size)]
-
-
-def _in_threads(exchanges: list, entry_of) -> dict:
-    """Run ``exchange.check(entry_of(exchange))`` on every exchange at once; ``{rank: raised or None}``."""
-    outcome = {}
-
-    def run(ex):
-        try:
-            ex.check(entry_of(ex))
-            outcome[ex.rank] = None
-        except Exception as exc:  # noqa: BLE001 - the outcome is what the test looks at
-            outcome[ex.rank] = exc
-
-    threads = [threading.Thread(target=run, args=(ex,)) for ex in exchanges]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(JOIN_S)
-    assert not any(t.is_alive() for t in threads), f"a check did not return within {JOIN_S} s: {outcome}"
-    return outcome
-
-
-def _log_sync(ex, key: str) -> dict:
-    fields = {"op": "all_reduce", "reduce_op": "SUM", "dtype": "float32", "shape": [], "group_size": 2}
-    fields.update(source="self.log", key=key, hook="validation_step", call_site="model.py:12 in validation_step")
-    return _entries.collective(ex.n, ex.rank, fields)
+    return exchanges(world_size, timeout_s)
 
 
 def test_matching_checks_pass_and_the_store_keeps_one_entry_per_rank():
@@ -60,7 +29,7 @@ def test_matching_checks_pass_and_the_store_keeps_one_entry_per_rank():
     check but the last: the store holds ``W`` keys, however long the run."""
     world = _world(2)
     for _ in range(10):
-        assert _in_threads(world, lambda ex: _log_sync(ex, "loss")) == {0: None, 1: None}
+        assert in_threads(world, lambda ex: log_sync(ex, "loss")) == {0: None, 1: None}
     assert world[0].store.num_keys() == 2
 
 
@@ -68,7 +37,7 @@ def test_different_keys_raise_the_same_collective_mismatch_on_both_ranks_naming_
     """Rank 0 syncs ``'a'``, rank 1 ``'b'`` at the same check: both raise ``CollectiveMismatch`` with the
     same text, naming each rank's key and call site in ``describe_collective``'s words, the function the
     audit's divergence report uses."""
-    outcome = _in_threads(_world(2), lambda ex: _log_sync(ex, "ab"[ex.rank]))
+    outcome = in_threads(_world(2), lambda ex: log_sync(ex, "ab"[ex.rank]))
 
     assert all(isinstance(e, CollectiveMismatch) for e in outcome.values()), outcome
     assert str(outcome[0]) == str(outcome[1])
@@ -86,7 +55,7 @@ def test_a_guard_error_the_caller_swallowed_is_raised_again_at_the_next_check():
     """Lightning calls some collectives inside ``try: ... except Exception`` (its SIGTERM broadcast):
     after a mismatch, the rank's next check raises the same error again instead of going on."""
     world = _world(2)
-    first = _in_threads(world, lambda ex: _log_sync(ex, "ab"[ex.rank]))
+    first = in_threads(world, lambda ex: log_sync(ex, "ab"[ex.rank]))
     with pytest.raises(CollectiveMismatch) as again:
         world[0].check(_entries.boundary(world[0].n, 0, "on_validation_batch_end", 0, 0))
     assert again.value is first[0]
@@ -97,7 +66,7 @@ def test_a_peer_that_raised_wakes_the_waiting_rank_at_once_with_its_error():
     rank 1 never makes, raises ``PeerFailed`` naming rank 1's error, without waiting for its timeout."""
     world = _world(2)
     world[1].post_raised("MisconfigurationException: could not find the monitored key", "on_validation_end")
-    outcome = _in_threads(world[:1], lambda ex: _log_sync(ex, "loss"))
+    outcome = in_threads(world[:1], lambda ex: log_sync(ex, "loss"))
 
     error = outcome[0]
     assert isinstance(error, PeerFailed), error
@@ -114,8 +83,8 @@ def test_a_missing_rank_is_named_with_its_last_check_and_a_late_arrival_learns_o
     comm hook checks, or gone). When rank 1
     arrives at check 1 later it raises ``PeerFailed`` quoting rank 0's timeout instead of going on alone."""
     world = _world(2, timeout_s=0.5)
-    _in_threads(world, lambda ex: _entries.boundary(ex.n, ex.rank, "on_validation_batch_start", 0, 0))
-    waited = _in_threads(world[:1], lambda ex: _entries.boundary(ex.n, 0, "on_validation_batch_end", 0, 0))
+    in_threads(world, lambda ex: _entries.boundary(ex.n, ex.rank, "on_validation_batch_start", 0, 0))
+    waited = in_threads(world[:1], lambda ex: _entries.boundary(ex.n, 0, "on_validation_batch_end", 0, 0))
 
     error = waited[0]
     assert isinstance(error, GuardTimeout), error
@@ -126,7 +95,7 @@ def test_a_missing_rank_is_named_with_its_last_check_and_a_late_arrival_learns_o
     assert "in a collective the guard does not check (e.g. DistributedDataParallel's buffer broadcast" in str(error)
     assert "only DDP's gradient all-reduces are checked, bucket by bucket" in str(error), error
     assert "gradient all_reduce in backward" not in str(error), error
-    late = _in_threads(world[1:], lambda ex: _entries.boundary(ex.n, 1, "on_validation_batch_end", 0, 0))
+    late = in_threads(world[1:], lambda ex: _entries.boundary(ex.n, 1, "on_validation_batch_end", 0, 0))
     assert isinstance(late[1], PeerFailed) and "rank 1 did not reach check #1" in str(late[1]), late
 
 
