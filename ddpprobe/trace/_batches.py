@@ -7,8 +7,6 @@ from typing import Optional
 
 import torch
 
-from ddpprobe._lightning import pl
-
 #: Batch fields taken as a sample's identity.
 ID_FIELDS = ("id", "ids", "idx", "index", "indices", "sample_id")
 
@@ -46,41 +44,59 @@ def describe_batch(batch) -> dict:
     return {"size": size, "ids": None, "hashes": hashes}
 
 
-class _BatchRecorder(pl.Callback):
-    """Writes a ``batch`` event to ``trace`` (a ``CollectiveTrace``) at the start of every batch of every loop."""
+def batch_recorder(trace):
+    """A Lightning ``Callback`` that writes a ``batch`` event to ``trace`` (a ``CollectiveTrace``) at the start
+    of every batch of every loop.
 
-    def __init__(self, trace):
-        self.trace = trace
-        self.samplers: set = set()
+    The class derives from the chosen package's ``Callback`` (``ddpprobe._lightning.pl``), so it is built at
+    the first call, not when this module loads: loading the trace imports no Lightning, and the audit can
+    still choose ``lightning.pytorch`` from the user's module afterwards."""
+    global _recorder_class
+    if _recorder_class is None:
+        from ddpprobe._lightning import pl
 
-    def _record(self, trainer, stage: str, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
-        fields = {
-            "stage": stage,
-            "sanity": bool(getattr(trainer, "sanity_checking", False)),
-            "epoch": int(getattr(trainer, "current_epoch", 0)),
-            "batch_idx": batch_idx,
-            "dataloader_idx": dataloader_idx,
-            **describe_batch(batch),
-        }
-        if (stage, dataloader_idx) not in self.samplers:
-            self.samplers.add((stage, dataloader_idx))
-            fields["sampler"] = _sampler_name(trainer, stage, dataloader_idx)
-        self.trace.write("batch", **fields)
+        class _BatchRecorder(pl.Callback):
+            """Writes a ``batch`` event at the start of every batch of every loop."""
 
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        from ddpprobe.trace import _gradients
+            def __init__(self, trace):
+                self.trace = trace
+                self.samplers: set = set()
 
-        _gradients.install(trainer.strategy.model)  # before the batch's backward: its buckets are reported
-        self._record(trainer, "train", batch, batch_idx)
+            def _record(self, trainer, stage: str, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
+                fields = {
+                    "stage": stage,
+                    "sanity": bool(getattr(trainer, "sanity_checking", False)),
+                    "epoch": int(getattr(trainer, "current_epoch", 0)),
+                    "batch_idx": batch_idx,
+                    "dataloader_idx": dataloader_idx,
+                    **describe_batch(batch),
+                }
+                if (stage, dataloader_idx) not in self.samplers:
+                    self.samplers.add((stage, dataloader_idx))
+                    fields["sampler"] = _sampler_name(trainer, stage, dataloader_idx)
+                self.trace.write("batch", **fields)
 
-    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
-        self._record(trainer, "val", batch, batch_idx, dataloader_idx)
+            def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+                from ddpprobe.trace import _gradients
 
-    def on_test_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
-        self._record(trainer, "test", batch, batch_idx, dataloader_idx)
+                _gradients.install(trainer.strategy.model)  # before the batch's backward: its buckets are reported
+                self._record(trainer, "train", batch, batch_idx)
 
-    def on_predict_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
-        self._record(trainer, "predict", batch, batch_idx, dataloader_idx)
+            def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+                self._record(trainer, "val", batch, batch_idx, dataloader_idx)
+
+            def on_test_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+                self._record(trainer, "test", batch, batch_idx, dataloader_idx)
+
+            def on_predict_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+                self._record(trainer, "predict", batch, batch_idx, dataloader_idx)
+
+        _recorder_class = _BatchRecorder
+
+    return _recorder_class(trace)
+
+
+_recorder_class = None
 
 
 def _sampler_name(trainer, stage: str, dataloader_idx: int) -> Optional[str]:

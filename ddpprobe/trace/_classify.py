@@ -11,7 +11,7 @@ from typing import Optional
 
 import torch
 
-from ddpprobe._lightning import fabric, pl
+from ddpprobe import _lightning
 
 #: Names that read the rank (attributes or functions): a ``self.log`` call whose function uses one of them
 #: may log a value that depends on the rank (``log`` events' ``reads_rank``).
@@ -22,7 +22,10 @@ def _library_dirs() -> tuple:
     import lightning_utilities
     import torchmetrics
 
-    dirs = {os.path.dirname(m.__file__) for m in (torch, torchmetrics, lightning_utilities, pl, fabric)}
+    dirs = {
+        os.path.dirname(m.__file__)
+        for m in (torch, torchmetrics, lightning_utilities, _lightning.pl, _lightning.fabric)
+    }
     dirs.add(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # ddpprobe itself
     for name in ("stdlib", "platstdlib"):
         dirs.add(sysconfig.get_paths()[name])
@@ -50,9 +53,9 @@ class CallClassifier:
     def __init__(self, model):
         self.model = model
         self.library = _library_dirs()
-        loops = pl.loops.loop
+        loops = _lightning.pl.loops.loop
         self._loop_types = tuple(
-            t for t in (pl.Trainer, getattr(loops, "_Loop", None), getattr(loops, "Loop", None)) if t
+            t for t in (_lightning.pl.Trainer, getattr(loops, "_Loop", None), getattr(loops, "Loop", None)) if t
         )
         self._own = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # ddpprobe's wrappers
         #: ``(key, hook) -> call_site`` of the latest ``self.log`` call of each key (:meth:`note_log`).
@@ -154,12 +157,12 @@ class CallClassifier:
         user = next((i for i, f in enumerate(frames) if self._is_user(f)), None)
         inner = frames if user is None else frames[:user]
         steps = [i for i, f in enumerate(inner) if isinstance(f.f_locals.get("self"), self._loop_types)]
-        loops = [i for i in steps if not isinstance(inner[i].f_locals.get("self"), pl.Trainer)]
+        loops = [i for i in steps if not isinstance(inner[i].f_locals.get("self"), _lightning.pl.Trainer)]
         calls = [f for f in inner if not f.f_code.co_filename.startswith(self._own)]
         entry = calls[-1] if calls else None
         stage_entry = (
             entry is not None
-            and isinstance(entry.f_locals.get("self"), pl.Trainer)
+            and isinstance(entry.f_locals.get("self"), _lightning.pl.Trainer)
             and entry.f_code.co_name in _STAGE_ENTRIES
         )
         if user is None or loops or stage_entry:
@@ -180,7 +183,7 @@ class CallClassifier:
         else:
             call, kind = public_name(entry, self._is_library)
         owner = frames[user].f_locals.get("self")
-        callback = _qualified(frames[user]) if isinstance(owner, pl.Callback) else None
+        callback = _qualified(frames[user]) if isinstance(owner, _lightning.pl.Callback) else None
         return {
             "call": call,
             "call_kind": kind,
@@ -200,7 +203,8 @@ class CallClassifier:
         hooks = [
             i
             for i, f in enumerate(walk)
-            if isinstance(f.f_locals.get("self"), pl.Callback) and not f.f_code.co_filename.startswith(self._own)
+            if isinstance(f.f_locals.get("self"), _lightning.pl.Callback)
+            and not f.f_code.co_filename.startswith(self._own)
         ]
         if not hooks:
             return None, None, None

@@ -14,9 +14,9 @@ from typing import Optional
 import torch
 import torch.distributed
 
-from ddpprobe._lightning import pl
+from ddpprobe import _lightning
 from ddpprobe.trace import _gradients, _patch
-from ddpprobe.trace._batches import _BatchRecorder
+from ddpprobe.trace._batches import batch_recorder
 from ddpprobe.trace._classify import RANK_NAMES, CallClassifier, call_site_of
 from ddpprobe.trace._patch import pg_seq
 
@@ -157,7 +157,7 @@ class CollectiveTrace:
 
     def batch_recorder(self):
         """A Lightning ``Callback`` that writes a ``batch`` event for every batch of every loop."""
-        return _BatchRecorder(self)
+        return batch_recorder(self)
 
 
 class _TraceListener(_patch.Listener):
@@ -280,7 +280,9 @@ def _levels(fx, options) -> tuple:
     import importlib
 
     try:
-        validator = importlib.import_module(f"{pl.__name__}.trainer.connectors.logger_connector.fx_validator")
+        validator = importlib.import_module(
+            f"{_lightning.pl.__name__}.trainer.connectors.logger_connector.fx_validator"
+        )
         return validator._FxValidator.check_logging_and_get_default_levels(
             fx, on_step=options.get("on_step"), on_epoch=options.get("on_epoch")
         )

@@ -83,3 +83,25 @@ def test_a_module_mixing_both_packages_is_refused_with_exit_code_2():
     code, out, err = _cli_json("examples.mixed_packages_module", "--world-size", "2")
     assert code == 2 and out == "", err
     assert "both pytorch_lightning and lightning.pytorch" in err and "one package" in err, err
+
+
+#: Loads what ``ddpprobe audit`` loads before it reads the user's module (the audit's runner and the trace),
+#: then prints which Lightning trainer packages are imported.
+_LOADED_BEFORE_CHOICE = (
+    "import json, sys, ddpprobe.audit, ddpprobe.audit._run, ddpprobe.trace; "
+    "print(json.dumps(sorted(m for m in ('pytorch_lightning', 'lightning.pytorch') if m in sys.modules)))"
+)
+
+
+@pytest.mark.integration
+def test_loading_the_audit_and_the_trace_imports_no_lightning_package_so_the_users_module_can_choose():
+    """The audit chooses ``lightning`` or ``pytorch_lightning`` from the user's module *after* loading its own
+    runner and the trace; had loading them imported ``pytorch_lightning`` (a module-level
+    ``from ddpprobe._lightning import pl``), a ``lightning.pytorch`` module would be refused with "ddpprobe
+    already runs 'pytorch_lightning' in this process" in a fresh process. A fresh interpreter that loads
+    ``ddpprobe.audit``, its runner and ``ddpprobe.trace`` has imported neither trainer package."""
+    env = {k: v for k, v in os.environ.items() if k != "DDPPROBE_LIGHTNING"}
+    out = subprocess.run(
+        [sys.executable, "-c", _LOADED_BEFORE_CHOICE], capture_output=True, text=True, timeout=120, env=env, check=True
+    )
+    assert json.loads(out.stdout.splitlines()[-1]) == [], out.stdout
