@@ -5,6 +5,7 @@ problem is a finding of its own. Pure Python, on an :class:`~ddpprobe.audit.Audi
 
 from __future__ import annotations
 
+from ddpprobe.audit._contract import contract_findings
 from ddpprobe.audit._kinds import NO_VALUE, NO_VALUE_ON_SOME, NOT_IN_WORLD, SOME_RANKS_ONLY
 
 #: Verdicts a key gets because the stage did not complete on some ranks, not because of how it was logged.
@@ -132,6 +133,7 @@ def findings(result) -> list:
             under.append(text)
         else:
             raised_findings.append(text)
+    out = contract_findings(getattr(result, "contract", None) or {}) + out
     if root and own is not None:
         above = [root] if root != "(the stage's error)" else []
         return [{"problem": own, "consequences": [*above, *under]}, *out, *_plain(raised_findings)]

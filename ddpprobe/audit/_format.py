@@ -267,6 +267,18 @@ def _callbacks_section(result) -> list:
     return lines
 
 
+def _contract_section(result) -> list:
+    from ddpprobe.audit._contract import contract_lines
+
+    lines = contract_lines(result.contract or {})
+    if not lines:
+        return []
+    out = ["", "DDP contract (state that must be equal on every rank, and the first step against one process):"]
+    for indent, text in lines:
+        out += _wrap(text, "  " + indent)
+    return out
+
+
 def _stdout_section(result) -> list:
     single = result.stdout_lines["single"][0]
     per_rank = ", ".join(f"rank {r}: {n}" for r, n in enumerate(result.stdout_lines["world"]))
@@ -387,6 +399,7 @@ SECTIONS = (
     _key_table,
     _notes,
     _trace_section,
+    _contract_section,
     _callbacks_section,
     _stdout_section,
     _experiment_section,

@@ -53,6 +53,10 @@ class AuditResult:
             (``ddpprobe.audit._callbacks.callback_rows``: ``{"callback", "monitor", "fields", "differs"}``).
         unmoved: the ``self.all_gather`` calls that returned non-tensor leaves unchanged
             (``ddpprobe.audit._evidence.unmoved_leaves``: ``{"hook", "call_site", "leaves", "ranks"}``).
+        contract: the DDP contract's evidence (ddpprobe/audit/_contract.py ``contract_evidence``):
+            ``{"recorded", "breaks", "first_step"}``: the must-be-equal state fields that differ between the
+            W=N ranks, each where first (``ddpprobe.contract.Break.to_dict``), and after a ``fit`` the first
+            optimizer step against one process on the same samples (``ddpprobe.contract.FirstStep.to_dict``).
 
     The ``trace`` schema (version 1): ``level`` is ``"flight_recorder"`` when every rank left torch's
     Flight Recorder entries (the backend's own sequence, DDP's gradient all_reduces included) or
@@ -88,6 +92,7 @@ class AuditResult:
     weights: Optional[dict] = None
     callbacks: list = dataclasses.field(default_factory=list)
     unmoved: list = dataclasses.field(default_factory=list)
+    contract: dict = dataclasses.field(default_factory=dict)
 
     @property
     def findings(self) -> list:

@@ -16,6 +16,7 @@ from typing import Callable, Optional
 
 from ddpprobe.audit import _evidence
 from ddpprobe.audit._callbacks import callback_rows
+from ddpprobe.audit._contract import contract_evidence
 from ddpprobe.audit._experiment import experiment_rows
 from ddpprobe.audit._inputs import AuditInputError
 from ddpprobe.audit._result import AuditResult
@@ -65,7 +66,7 @@ def run_one(params: dict, size: int, root: str, settings, progress: Optional[Cal
         for record in records:
             if record.get("input_error"):
                 raise AuditInputError(record["input_error"])
-        return World(records, traces, stdout, {"type": type(exc).__name__, "message": str(exc)})
+        return World(records, traces, stdout, {"type": type(exc).__name__, "message": str(exc)}, folder=folder)
     for rank in run:
         if rank.record.get("input_error"):
             raise AuditInputError(rank.record["input_error"])
@@ -75,6 +76,7 @@ def run_one(params: dict, size: int, root: str, settings, progress: Optional[Cal
         [split_trace(read_trace(trace_path(folder, r))) for r in range(size)],
         [r.stdout for r in run],
         weights=weights if os.path.exists(weights) else None,
+        folder=folder,
     )
 
 
@@ -96,9 +98,30 @@ def run_worlds(params: dict, world_size: int, settings, progress: Optional[Calla
                 progress,
                 " validating the weights the W=N fit trained",
             )
-        return Worlds(single, world, same, params["stage"], params["limit_batches"])
+        first_step = _first_step(params, world, root, settings, progress) if params["stage"] == "fit" else None
+        return Worlds(single, world, same, params["stage"], params["limit_batches"], first_step=first_step)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _first_step(params: dict, world: World, root: str, settings, progress) -> Optional[World]:
+    """W=1 stepping once on the W=N ranks' first batches from their initial weights (ddpprobe/audit/_reference.py),
+    or None where the W=N run saved no batches (it made no training step, or a batch torch cannot save)."""
+    from ddpprobe.audit._reference import FIRST_BATCH, INITIAL_WEIGHTS
+    from ddpprobe.launch import WorldError
+
+    folder = world.folder
+    size = len(world.records)
+    saved = [os.path.join(folder, FIRST_BATCH.format(rank=r)) for r in range(size)] if folder else []
+    if not saved or not all(os.path.exists(p) for p in saved + [os.path.join(folder, INITIAL_WEIGHTS)]):
+        return None
+    try:
+        step = run_one(
+            {**params, "reference": folder}, 1, root, settings, progress, " stepping once on every rank's first batch"
+        )
+    except WorldError:
+        return None
+    return step if step.records[0].get("reference") is None else None
 
 
 def _validates(world: World) -> bool:
@@ -174,6 +197,7 @@ def assemble(worlds: Worlds, inputs: dict, rtol: float, atol: float) -> AuditRes
         weights=_weights(worlds) if worlds.stage == "fit" else None,
         callbacks=callback_rows(world.records),
         unmoved=worlds.unmoved,
+        contract=contract_evidence(worlds),
     )
     # A key the ranks' divergence took down is its consequence: the divergence's note carries the fix.
     consequences = set(result.consequence_keys)

@@ -18,10 +18,12 @@ import torch
 from torch.utils.data import DataLoader
 
 from ddpprobe._lightning import pl
+from ddpprobe.audit import _reference
 from ddpprobe.audit._errors import AuditInputError
 from ddpprobe.audit._inputs import resolve_ref
 from ddpprobe.audit._loaders import as_loaders, describe
 from ddpprobe.audit._stages import TRAINER_LOADERS
+from ddpprobe.contract import state_recorder
 from ddpprobe.hazards import REMOVED_HOOKS
 from ddpprobe.launch import RankInfo
 from ddpprobe.probes.common import ddp_trainer, recorded_warnings, seed_everything
@@ -214,6 +216,7 @@ def audit_rank(
     sys_path: list = (),
     trace_dir: str = "",
     weights: str = "",
+    reference: str = "",
 ) -> dict:
     """Scenario: build ``model_ref()`` and ``data_ref()``, run ``stage`` under DDP, record what happened.
 
@@ -235,6 +238,10 @@ def audit_rank(
         weights: a ``state_dict`` file (``weights.pt`` of a ``fit``) loaded into the model before ``stage``
             runs, so a single process can validate the weights a distributed ``fit`` trained; the data
             factory's validation loader is used (stage ``"validate"`` only).
+        reference: the trace folder of a distributed ``fit`` (ddpprobe/audit/_reference.py): this single process
+            loads its initial weights and makes one optimizer step on its ranks' first batches put together
+            (stage ``"fit"``, ``world_size`` of that run in ``limit_batches``' place is not needed: the folder holds
+            one batch file per rank).
 
     Record keys: ``input_error`` (a message, and nothing else, when a factory returned the wrong
     type), ``model_class``, ``log_calls`` (one entry per distinct call site: name, hook, on_step,
@@ -249,17 +256,26 @@ def audit_rank(
     """
     sys.path[:0] = [p for p in sys_path if p not in sys.path]
     try:
-        model, loaders = _build(model_ref, data_ref, stage, seed, weights)
+        model, loaders = _build(model_ref, data_ref, stage, seed, weights or _initial(reference), info.rank)
     except AuditInputError as exc:
         return {"input_error": str(exc) if str(exc).startswith("the model") else f"{data_ref}: {exc}"}
+    limits = _limits(stage, limit_batches)
+    if reference:
+        loaders = _reference.reference_loaders(reference, len(_batch_files(reference)))
+        if loaders is None:
+            return {"input_error": None, "reference": "the ranks' first batches cannot be put together"}
+        limits = _reference.REFERENCE_TRAINER
     logger = RecordingLogger(info.rank_dir)
     logger.model_ref[0] = model
+    folder = trace_dir or info.rank_dir
     with (
         recorded_warnings() as warnings,
-        CollectiveTrace(trace_path(trace_dir or info.rank_dir, info.rank), model) as trace,
+        CollectiveTrace(trace_path(folder, info.rank), model) as trace,
     ):
-        limits = _limits(stage, limit_batches)
-        trainer = ddp_trainer(info, logger=logger, max_epochs=max_epochs, callbacks=[trace.batch_recorder()], **limits)
+        callbacks = [trace.batch_recorder(), state_recorder(lambda record: trace.write("state", **record))]
+        if stage == "fit" and info.world_size > 1:
+            callbacks.append(_reference.FirstBatchSaver(folder, info.rank))
+        trainer = ddp_trainer(info, logger=logger, max_epochs=max_epochs, callbacks=callbacks, **limits)
         trace.stage_started(stage, info.rank, info.world_size)
         raised, predictions = _run_stage(trainer, model, stage, loaders, trace)
     _stdout_flush()
@@ -299,9 +315,32 @@ def _metric_settings(model) -> list:
     ]
 
 
-def _build(model_ref: str, data_ref: Optional[str], stage: str, seed: int, weights: str) -> tuple:
-    """``(model, Trainer keyword arguments)`` from the factories, after ``seed_everything(seed)``; with
-    ``weights``, the model holds them and the arguments are the data's validation loaders.
+def _initial(reference: str) -> str:
+    return os.path.join(reference, _reference.INITIAL_WEIGHTS) if reference else ""
+
+
+def _batch_files(folder: str) -> list:
+    return [f for f in os.listdir(folder) if f.startswith("first_batch_rank")]
+
+
+def _draw_as_a_process(seed: int, rank: int) -> None:
+    """Seed this rank's generators (torch, NumPy, ``random``) with ``seed + rank``: as in a real launch, where
+    each process starts from its own state, ranks draw apart unless the user's code seeds (then that seed's
+    draws), and rank 0 and the single process draw alike, so every run is reproducible. ``PL_GLOBAL_SEED``
+    (which ``DistributedSampler``'s shuffle and the dataloader workers read) stays ``seed`` on every rank."""
+    import random
+
+    import numpy
+
+    random.seed(seed + rank)
+    numpy.random.seed((seed + rank) % 2**32)
+    torch.manual_seed(seed + rank)
+
+
+def _build(model_ref: str, data_ref: Optional[str], stage: str, seed: int, weights: str, rank: int = 0) -> tuple:
+    """``(model, Trainer keyword arguments)`` from the factories, after ``seed_everything(seed)`` and
+    :func:`_draw_as_a_process`; with ``weights``, the model holds them and the arguments are the data's
+    validation loaders (for a ``fit`` reference run, the caller replaces the loaders).
 
     Raises:
         AuditInputError: the model is not a LightningModule of this package, or the data is not usable.
@@ -309,12 +348,14 @@ def _build(model_ref: str, data_ref: Optional[str], stage: str, seed: int, weigh
     model_factory = resolve_ref(model_ref)
     data_factory = resolve_ref(data_ref) if data_ref else lambda: None
     seed_everything(seed, workers=True)
+    _draw_as_a_process(seed, rank)
     model = model_factory()
     check_model(model, model_ref)
     loaders = as_loaders(data_factory(), "fit" if weights else stage)
     if weights:
         model.load_state_dict(torch.load(weights, weights_only=True))
-        loaders = _validation_of(loaders)
+        if stage != "fit":
+            loaders = _validation_of(loaders)
     return model, loaders
 
 

@@ -42,6 +42,7 @@ class World:
         stdout: what each rank printed.
         error: ``{"type", "message"}`` when the world failed, else None.
         weights: the weights file rank 0 saved after ``fit``, while the audit's folder exists, else None.
+        folder: the world's trace folder, while the audit's folder exists (None for hand-built worlds).
     """
 
     records: list
@@ -49,6 +50,7 @@ class World:
     stdout: list
     error: Optional[dict] = None
     weights: Optional[str] = None
+    folder: Optional[str] = None
 
     @property
     def digest(self) -> Optional[str]:
@@ -65,6 +67,8 @@ class Worlds:
         stage: the audited stage; ``limit_batches``: the Trainer's ``limit_*_batches`` (None: all).
         compared_with: the :class:`Reference` to compare keys with, where given (hand-built worlds of the
             tests); by default built from the worlds (:attr:`reference`).
+        first_step: after a ``fit``, W=1 making one optimizer step on the W=N ranks' first batches put
+            together, from the W=N initial weights (ddpprobe/audit/_reference.py), else None.
     """
 
     single: World
@@ -73,6 +77,7 @@ class Worlds:
     stage: str = "validate"
     limit_batches: Optional[int] = None
     compared_with: Optional[Reference] = None
+    first_step: Optional[World] = None
 
     @classmethod
     def of_records(cls, single: dict, world: list, stage: str = "validate", **fields) -> "Worlds":
@@ -88,6 +93,14 @@ class Worlds:
             compared_with=reference,
             **fields,
         )
+
+    @property
+    def first_step_samples(self) -> Optional[int]:
+        """How many samples the one-process first step ran (the W=N ranks' first batches together), or None."""
+        if self.first_step is None:
+            return None
+        batches = [b for b in self.first_step.traces[0].get("batches") or [] if b.get("stage") == "train"]
+        return batches[0].get("size") if batches else None
 
     @property
     def world_size(self) -> int:

@@ -17,6 +17,7 @@ PROBE_MODULES = (
     "callbacks",
     "collectives",
     "common",
+    "contract",
     "data",
     "dataloaders",
     "f1",

@@ -60,6 +60,11 @@ event and reads them back (:func:`read_trace`, :func:`split_trace`); the other r
     ``leaves`` (up to 20 ``{"path", "type", "unchanged"}``: e.g. ``"['names'][0]"``, ``"str"``, and whether the
     very object came back: Lightning gathers tensors only, pytorch_lightning/core/module.py ``all_gather``,
     ``apply_to_collection(data, Tensor, ...)`` after converting numbers), ``unchanged`` (how many came back).
+``state``
+    a state record of the DDP contract (ddpprobe/contract/, written by its ``state_recorder`` callback):
+    ``boundary`` (``"setup"``, ``"start"``, ``"train_batch_end"`` ..., or ``"first_step"`` for the gradients
+    before the first optimizer step), ``hook``, ``step``, ``epoch``, ``fields`` (``{path: value}``, the schema of
+    ddpprobe/contract/_state.py), and for ``first_step`` ``not_comparable`` (why one process cannot match it).
 ``stage`` and ``metrics`` (:meth:`CollectiveTrace.stage_started`, ``stage_raised``, ``stage_ended``)
     ``stage``: ``status`` ``"start"`` (with ``stage``, ``rank``, ``world_size``), ``"end"`` or ``"raised"``
     (with ``error``); ``metrics``: ``values``, the rank's ``trainer.callback_metrics`` after a stage that

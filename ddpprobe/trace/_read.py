@@ -50,6 +50,7 @@ class _Reader:
             "all_gathers": [],
             "gradients": [],
             "gradient_collectives": [],
+            "states": [],
         }
 
     def on_collective(self, event: dict) -> None:
@@ -90,6 +91,9 @@ class _Reader:
     def on_metrics(self, event: dict) -> None:
         self.out["callback_metrics"] = event.get("values") or {}
 
+    def on_state(self, event: dict) -> None:
+        self.out["states"].append({k: v for k, v in event.items() if k not in ("event", "t")})
+
     def on_all_gather(self, event: dict) -> None:
         self.out["all_gathers"].append(event)
 
@@ -113,7 +117,7 @@ def split_trace(events: list) -> dict:
     Python-level ``collectives``: ``gradient_collectives`` (the ``collective`` events of ``source``
     ``"gradient"``, each with ``status`` and ``batch``: ``[epoch, batch_idx]`` of the training batch it ran
     in) and ``gradients``, the same counted per bucket per training batch, ``[{"epoch", "batch_idx",
-    "bucket", "count"}]`` in order."""
+    "bucket", "count"}]`` in order; ``states``: the ``state`` records (ddpprobe/contract/), in order."""
     reader = _Reader()
     for event in events:
         handler = getattr(reader, f"on_{event.get('event')}", None)

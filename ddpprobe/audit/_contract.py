@@ -1,0 +1,171 @@
+"""The audit's reading of the DDP contract (ddpprobe/contract/): the state fields that must be equal on every rank
+and are not (the first is a problem of its own, later ones follow it), and the first optimizer step against one
+process on the same samples. Pure Python on the worlds' ``state`` records; the report's section is
+:func:`contract_section`."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from ddpprobe import hazards
+from ddpprobe.contract import SINGLE_PROCESS_STEP, breaks, compare_first_step
+
+
+def _first_step_record(states: list) -> Optional[dict]:
+    return next((s for s in states if s.get("boundary") == "first_step"), None)
+
+
+def contract_evidence(worlds) -> dict:
+    """``{"recorded", "records", "hooks", "breaks", "first_step"}`` of an audit's worlds: whether every W=N rank
+    recorded its state, how many records rank 0 took and after which hooks the first and the last,
+    the :func:`~ddpprobe.contract.breaks` of the W=N ranks (as dicts), and for a ``fit`` the first step's
+    comparison with the one-process reference (:class:`~ddpprobe.contract.FirstStep` as a dict; None when no
+    reference ran)."""
+    states = [
+        [s for s in trace.get("states") or [] if s.get("boundary") != "first_step"] for trace in worlds.world.traces
+    ]
+    recorded = bool(states) and all(states)
+    first_step = None
+    if worlds.first_step is not None:
+        world_first = _first_step_record(worlds.world.traces[0].get("states") or [])
+        single_first = _first_step_record(worlds.first_step.traces[0].get("states") or [])
+        first_step = compare_first_step(world_first, single_first, worlds.world_size).to_dict()
+        first_step["reference_samples"] = worlds.first_step_samples
+    return {
+        "recorded": recorded,
+        "records": len(states[0]) if states else 0,
+        "hooks": [states[0][0].get("hook"), states[0][-1].get("hook")] if recorded else [],
+        "breaks": [b.to_dict() for b in breaks(states)] if recorded else [],
+        "first_step": first_step,
+    }
+
+
+def show(value) -> str:
+    """A recorded value as the report writes it: a number to 6 digits, a tensor by its values (small) or its norm
+    and digest, a container by its type, length and digest."""
+    if isinstance(value, float):
+        return format(value, ".6g")
+    if isinstance(value, dict):
+        if "unreadable" in value:
+            return "unreadable"
+        if "values" in value:
+            return "[" + ", ".join(show(v) for v in value["values"]) + "]"
+        if "norm" in value:
+            return f"norm {show(value['norm'])} (#{value['digest'][:6]})"
+        if "digest" in value:
+            size = f" of {value['len']}" if value.get("len") is not None else ""
+            return f"{value.get('type', 'tensor')}{size} #{value['digest'][:6]}"
+        if "type" in value:
+            return f"a {value['type']}"
+    if isinstance(value, list):
+        return "[" + ", ".join(show(v) for v in value[:6]) + (", ..." if len(value) > 6 else "") + "]"
+    return "none" if value is None else str(value)
+
+
+def _per_rank(values: list) -> str:
+    return ", ".join(f"rank {r} {show(v)}" for r, v in enumerate(values))
+
+
+def _where(item: dict) -> str:
+    step = f", step {item['step']}" if item.get("step") is not None else ""
+    return f"{item['hook']} (epoch {item.get('epoch')}{step})"
+
+
+def break_text(item: dict) -> str:
+    """``"<field> differs between the ranks from <hook> (epoch e, step s): rank 0 .., rank 1 .."``."""
+    return f"{item['field']} differs between the ranks from {_where(item)}: {_per_rank(item['per_rank'])}"
+
+
+def first_step_text(first: dict) -> Optional[str]:
+    """The problem sentence of a first step that is not one process's, else None."""
+    w = first["world_size"]
+    if first["status"] == "scaled":
+        relation = (
+            f" (1/W = {1 / w:.6g}: what a loss summed over the batch instead of averaged gives)"
+            if abs(first["ratio"] * w - 1) < 1e-3
+            else ""
+        )
+        return (
+            f"the first optimizer step's gradient is {first['ratio']:.6g} times that of one process on the same "
+            f"{first.get('reference_samples') or 'W*b'} samples, on every parameter{relation}"
+        )
+    if first["status"] == "differs":
+        names = ", ".join(first["parameters"][:6]) + (" ..." if len(first["parameters"]) > 6 else "")
+        return (
+            f"the first optimizer step's gradient differs from one process's on the same "
+            f"{first.get('reference_samples') or 'W*b'} samples for {names}"
+        )
+    return None
+
+
+def contract_findings(contract: dict) -> list:
+    """``[{"problem", "consequences"}]``: the first break(s) with the later breaks under them, then the first
+    step when it is not one process's."""
+    items = contract.get("breaks") or []
+    roots = [b for b in items if not b.get("root")]
+    later = [b for b in items if b.get("root")]
+    out = []
+    for i, root in enumerate(roots):
+        under = [f"then {break_text(b)}" for b in later] if i == 0 else []
+        out.append({"problem": break_text(root), "consequences": under})
+    text = first_step_text(contract.get("first_step") or {}) if contract.get("first_step") else None
+    if text and out and _before_first_step(roots[0]):
+        out[0]["consequences"].append(f"then {text}")
+    elif text:
+        out.append({"problem": text, "consequences": []})
+    return out
+
+
+def _before_first_step(item: dict) -> bool:
+    """The break was recorded before the first optimizer step (its step is 0), so the first step ran on state the
+    contract already did not hold: its difference from one process may follow from it."""
+    return item.get("step") in (0, None)
+
+
+def _row_lines(item: dict) -> list:
+    facts = "; ".join(item["facts"])
+    return [
+        f"The contract ({item['row']}): {item['rule']} at this boundary; {item['keeps_it']} (shown by {facts})",
+        f"{hazards.NO_FIX}: no registry entry's evidence holds for this field",
+    ]
+
+
+def contract_lines(contract: dict) -> list:
+    """The report's lines on the contract (each a sentence; the caller wraps and indents them)."""
+    lines = []
+    items = contract.get("breaks") or []
+    for item in items:
+        if item.get("root"):
+            lines.append(("", f"then {break_text(item)}; it came after {item['root']} differed"))
+        else:
+            lines.append(("", break_text(item)))
+            lines += [("  ", text) for text in _row_lines(item)]
+    if contract.get("recorded") and not items:
+        lines.append(("", f"every field the contract says must be equal was equal on every rank ({_span(contract)})"))
+    first = contract.get("first_step")
+    roots = [b for b in items if not b.get("root")]
+    if first:
+        text = first_step_text(first)
+        if text and roots and _before_first_step(roots[0]):
+            lines.append(("", f"then {text}; it came after {roots[0]['field']} differed"))
+        elif text:
+            lines.append(("", text))
+            lines.append(
+                (
+                    "  ",
+                    f"The contract ({SINGLE_PROCESS_STEP.name}): {SINGLE_PROCESS_STEP.keeps_it} (shown by "
+                    f"{'; '.join(SINGLE_PROCESS_STEP.facts)})",
+                )
+            )
+        elif first["status"] == "equal":
+            lines.append(("", "the first optimizer step's gradient equals one process's on the same samples"))
+        else:
+            lines.append(("", f"the first optimizer step is {first['status']} with one process: {first['reason']}"))
+    return lines
+
+
+def _span(contract: dict) -> str:
+    hooks = contract.get("hooks") or []
+    if not hooks:
+        return "no record"
+    return f"{contract.get('records')} records, from {hooks[0]} to {hooks[-1]}"

@@ -1,0 +1,119 @@
+"""Where the ranks' state records break the contract: one function of the records, shared by the audit (after
+the run, from the trace's ``state`` events) and the guard (during the run, from the fields the ranks exchange).
+
+A record is ``{"boundary", "hook", "step", "epoch", "fields": {path: value}}`` (ddpprobe/contract/_state.py).
+The ranks' records are aligned by boundary and occurrence (the third ``train_batch_end`` of rank 0 with the third
+of rank 1), so ranks that ran different numbers of batches are compared where both have a record.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+from ddpprobe.contract._table import ContractRow, row_for
+
+
+@dataclasses.dataclass(frozen=True)
+class Break:
+    """A field the contract says must be equal on every rank, first seen differing at one boundary.
+
+    Attributes:
+        field: the field's path (``"optimizer[0].group[0].lr"``).
+        row: its :class:`~ddpprobe.contract.ContractRow`.
+        boundary: the boundary of the first record where it differed (``"start"``, ``"train_batch_end"`` ...).
+        hook: the Lightning hook that record was taken after (``"on_fit_start"``).
+        step, epoch: ``trainer.global_step`` and ``trainer.current_epoch`` at that record (rank 0's).
+        position: the record's index in rank 0's sequence (earlier breaks have smaller positions).
+        per_rank: the field's value on each rank there (None where a rank has no such field).
+        root: the field of the first break when this one came later (it may be its consequence), else None.
+    """
+
+    field: str
+    row: ContractRow
+    boundary: str
+    hook: Optional[str]
+    step: Optional[int]
+    epoch: Optional[int]
+    position: int
+    per_rank: list
+    root: Optional[str] = None
+
+    def to_dict(self) -> dict:
+        return {
+            "field": self.field,
+            "row": self.row.name,
+            "rule": self.row.rule,
+            "keeps_it": self.row.keeps_it,
+            "facts": list(self.row.facts),
+            "boundary": self.boundary,
+            "hook": self.hook,
+            "step": self.step,
+            "epoch": self.epoch,
+            "per_rank": self.per_rank,
+            "root": self.root,
+        }
+
+
+def aligned(records: list) -> list:
+    """``[(position, [record of rank 0, record of rank 1, ...])]``: the records every rank has, matched by
+    boundary and occurrence, in rank 0's order."""
+    keyed = []
+    for rank_records in records:
+        seen: dict = {}
+        table = {}
+        for record in rank_records:
+            n = seen.get(record["boundary"], 0)
+            seen[record["boundary"]] = n + 1
+            table[(record["boundary"], n)] = record
+        keyed.append(table)
+    out = []
+    seen = {}
+    for position, record in enumerate(records[0] if records else []):
+        n = seen.get(record["boundary"], 0)
+        seen[record["boundary"]] = n + 1
+        key = (record["boundary"], n)
+        if all(key in table for table in keyed[1:]):
+            out.append((position, [table[key] for table in keyed]))
+    return out
+
+
+def _comparable(value) -> bool:
+    return not (isinstance(value, dict) and "unreadable" in value)
+
+
+def differs(values: list) -> bool:
+    """The values are not all equal (a missing or unreadable value on a rank is not a difference)."""
+    present = [v for v in values if v is not None and _comparable(v)]
+    return any(v != present[0] for v in present[1:])
+
+
+def breaks(records: list) -> list:
+    """The :class:`Break` of every must-be-equal field that differs between the ranks, at the first boundary where
+    it differs, in the order the run met them; a break after the first one names the first as its ``root``.
+
+    Args:
+        records: per rank, the list of its records in the order taken (one list per rank, rank 0 first).
+    """
+    found: dict = {}
+    for position, per_rank in aligned(records):
+        boundary = per_rank[0]["boundary"]
+        paths = set().union(*(r["fields"] for r in per_rank))
+        for path in sorted(paths):
+            if path in found:
+                continue
+            row = row_for(path)
+            if row is None or not row.must_be_equal(boundary):
+                continue
+            values = [r["fields"].get(path) for r in per_rank]
+            if differs(values):
+                first = per_rank[0]
+                found[path] = Break(
+                    path, row, boundary, first.get("hook"), first.get("step"), first.get("epoch"), position, values
+                )
+    ordered = sorted(found.values(), key=lambda b: (b.position, b.field))
+    if not ordered:
+        return []
+    first_position = ordered[0].position
+    root = ordered[0].field
+    return [b if b.position == first_position else dataclasses.replace(b, root=root) for b in ordered]

@@ -1,0 +1,130 @@
+"""The Lightning callback that takes a rank's state records (:func:`~ddpprobe.contract.snapshot`) at every
+boundary of ``BOUNDARIES`` and hands each to a writer (the audit's trace writes it as a ``state`` event).
+
+The callback's class derives from the chosen package's ``Callback`` and is built at the first call of
+:func:`state_recorder`, so loading this module imports no Lightning.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+from ddpprobe.contract._single import not_comparable_reason
+from ddpprobe.contract._state import snapshot, tensor_value
+
+#: Elements of each gradient kept value by value in the ``first_step`` record (the ratio of two runs' gradients
+#: is read from them; the digest, sum and norm cover the whole tensor).
+GRAD_VALUES = 64
+
+
+def gradient_fields(module) -> dict:
+    """``{"grad.<name>": value}`` of every parameter's ``.grad`` (None where it has none): :func:`tensor_value`
+    plus ``"head"``, its first :data:`GRAD_VALUES` elements."""
+    out = {}
+    for name, param in module.named_parameters():
+        if param.grad is None:
+            out[f"grad.{name}"] = None
+            continue
+        value = tensor_value(param.grad)
+        value["head"] = [float(v) for v in param.grad.detach().flatten()[:GRAD_VALUES].double().cpu().tolist()]
+        out[f"grad.{name}"] = value
+    return out
+
+
+_recorder_class = None
+
+
+def state_recorder(write: Callable[[dict], None], fields: Optional[tuple] = None):
+    """A Lightning ``Callback`` that calls ``write(record)`` at each boundary, where ``record`` is
+    ``{"boundary", "hook", "step", "epoch", "fields"}`` (``fields``: :func:`snapshot`, narrowed to the given
+    prefixes), and once, before the first optimizer step, a ``first_step`` record of the gradients
+    (:func:`gradient_fields`). Reads only: it changes nothing in the run and makes no collective."""
+    global _recorder_class
+    if _recorder_class is None:
+        _recorder_class = _build_class()
+    return _recorder_class(write, fields)
+
+
+def _build_class():
+    from ddpprobe import _lightning
+
+    pl = _lightning.pl
+
+    class _StateRecorder(pl.Callback):
+        def __init__(self, write, fields):
+            self.write = write
+            self.fields = fields
+            self.first_step_taken = False
+
+        def _take(self, trainer, pl_module, boundary: str, hook: str) -> None:
+            self.write(
+                {
+                    "boundary": boundary,
+                    "hook": hook,
+                    "step": int(trainer.global_step),
+                    "epoch": int(trainer.current_epoch),
+                    "fields": snapshot(trainer, pl_module, self.fields),
+                }
+            )
+
+        def _outside_fit(self, trainer) -> bool:
+            return trainer.state.fn != "fit"
+
+        def setup(self, trainer, pl_module, stage):
+            self._take(trainer, pl_module, "setup", "setup")
+
+        def on_fit_start(self, trainer, pl_module):
+            self._take(trainer, pl_module, "start", "on_fit_start")
+
+        def on_validation_start(self, trainer, pl_module):
+            if self._outside_fit(trainer):
+                self._take(trainer, pl_module, "start", "on_validation_start")
+
+        def on_test_start(self, trainer, pl_module):
+            self._take(trainer, pl_module, "start", "on_test_start")
+
+        def on_predict_start(self, trainer, pl_module):
+            self._take(trainer, pl_module, "start", "on_predict_start")
+
+        def on_before_optimizer_step(self, trainer, pl_module, optimizer, *args):
+            if self.first_step_taken:
+                return
+            self.first_step_taken = True
+            self.write(
+                {
+                    "boundary": "first_step",
+                    "hook": "on_before_optimizer_step",
+                    "step": int(trainer.global_step),
+                    "epoch": int(trainer.current_epoch),
+                    "fields": gradient_fields(pl_module),
+                    "not_comparable": not_comparable_reason(pl_module),
+                }
+            )
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, *args):
+            self._take(trainer, pl_module, "train_batch_end", "on_train_batch_end")
+
+        def on_train_epoch_end(self, trainer, pl_module):
+            self._take(trainer, pl_module, "train_epoch_end", "on_train_epoch_end")
+
+        def on_validation_epoch_end(self, trainer, pl_module):
+            if not trainer.sanity_checking:
+                self._take(trainer, pl_module, "val_epoch_end", "on_validation_epoch_end")
+
+        def on_test_epoch_end(self, trainer, pl_module):
+            self._take(trainer, pl_module, "test_epoch_end", "on_test_epoch_end")
+
+        def on_fit_end(self, trainer, pl_module):
+            self._take(trainer, pl_module, "end", "on_fit_end")
+
+        def on_validation_end(self, trainer, pl_module):
+            if self._outside_fit(trainer):
+                self._take(trainer, pl_module, "end", "on_validation_end")
+
+        def on_test_end(self, trainer, pl_module):
+            self._take(trainer, pl_module, "end", "on_test_end")
+
+        def on_predict_end(self, trainer, pl_module):
+            self._take(trainer, pl_module, "end", "on_predict_end")
+
+    return _StateRecorder

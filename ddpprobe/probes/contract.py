@@ -1,0 +1,160 @@
+"""Probes for what DDP keeps equal across ranks and what it leaves to the user's code (the DDP contract,
+ddpprobe/contract/): an optimizer or scheduler setting computed from a rank-local value, a plain tensor attribute
+beside a registered buffer, a dataset each rank builds apart, and the first step against one process.
+
+``ContractProbe`` is a ``Linear(3, 1, bias=False)`` with fixed initial weights ``INITIAL_WEIGHT`` on every rank, fit
+by SGD on ``LineDataset``: sample ``i`` is ``x = [i, 1, i % 2]``, ``y = i % 3`` (and its ``id``), a loss of squared
+errors averaged (``loss="mean"``) or summed (``loss="sum"``) over the batch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ddpprobe._lightning import pl
+from ddpprobe.launch import RankInfo
+from ddpprobe.probes.common import ddp_trainer
+
+#: The weights every rank builds (the test computes the expected steps from them).
+INITIAL_WEIGHT = (0.5, -0.25, 1.0)
+#: The learning rate of rank 0; ``lr_from_rank`` gives rank ``r`` ``BASE_LR * (1 + r)``.
+BASE_LR = 0.01
+
+
+def line_sample(i: int) -> tuple:
+    """``(x, y)`` of sample ``i``: ``([i, 1, i % 2], i % 3)`` as floats."""
+    return [float(i), 1.0, float(i % 2)], float(i % 3)
+
+
+class LineDataset(torch.utils.data.Dataset):
+    """``n`` samples; item ``i`` is ``{"id": i, "x": (3,) float32, "y": (1,) float32}`` (:func:`line_sample`)."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict:
+        x, y = line_sample(i)
+        return {"id": i, "x": torch.tensor(x), "y": torch.tensor([y])}
+
+
+class ContractProbe(pl.LightningModule):
+    """Records per rank: the ids of each training batch, the gradient before the first optimizer step (after
+    DDP's all-reduce), the weights after each step, the learning rate at each step, and ``rank_attr`` /
+    ``rank_buffer`` (a plain tensor attribute and a registered buffer, both ``[global_rank]`` from ``__init__``
+    when ``attr_from_rank``) at ``on_fit_start`` and at the end.
+
+    Args:
+        loss: ``"mean"`` or ``"sum"`` of the batch's squared errors.
+        lr_from_rank: rank ``r``'s SGD learning rate is ``BASE_LR * (1 + r)`` (else ``BASE_LR`` on every rank).
+        gamma_from_rank: a ``StepLR(step_size=1)`` whose ``gamma`` is ``0.5 / (1 + r)`` on rank ``r`` (else none).
+        rank: the rank building the module (the attribute and the buffer are built from it).
+    """
+
+    def __init__(self, loss: str = "mean", lr_from_rank: bool = False, gamma_from_rank: bool = False, rank: int = 0):
+        super().__init__()
+        self.layer = torch.nn.Linear(3, 1, bias=False)
+        with torch.no_grad():
+            self.layer.weight.copy_(torch.tensor([INITIAL_WEIGHT]))
+        self.loss, self.lr_from_rank, self.gamma_from_rank = loss, lr_from_rank, gamma_from_rank
+        self.rank_attr = torch.tensor([float(rank)])
+        self.register_buffer("rank_buffer", torch.tensor([float(rank)]))
+        self.ids, self.first_grad, self.weights, self.lrs, self.attrs = [], None, [], [], {}
+
+    def on_fit_start(self):
+        self.attrs["fit_start"] = {"attr": self.rank_attr.tolist(), "buffer": self.rank_buffer.tolist()}
+
+    def training_step(self, batch, batch_idx):
+        self.ids.append([int(i) for i in batch["id"]])
+        self.lrs.append(self.trainer.optimizers[0].param_groups[0]["lr"])
+        errors = (self.layer(batch["x"]) - batch["y"]) ** 2
+        return errors.mean() if self.loss == "mean" else errors.sum()
+
+    def on_before_optimizer_step(self, optimizer):
+        if self.first_grad is None:
+            self.first_grad = self.layer.weight.grad.flatten().tolist()
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        self.weights.append(self.layer.weight.detach().flatten().tolist())
+
+    def on_fit_end(self):
+        self.attrs["fit_end"] = {"attr": self.rank_attr.tolist(), "buffer": self.rank_buffer.tolist()}
+
+    def configure_optimizers(self):
+        lr = BASE_LR * (1 + self.global_rank) if self.lr_from_rank else BASE_LR
+        optimizer = torch.optim.SGD(self.parameters(), lr=lr)
+        if not self.gamma_from_rank:
+            return optimizer
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5 / (1 + self.global_rank))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def contract_fit(
+    info: RankInfo,
+    n: int = 8,
+    batch_size: int = 2,
+    steps: int = 2,
+    loss: str = "mean",
+    lr_from_rank: bool = False,
+    gamma_from_rank: bool = False,
+) -> dict:
+    """Scenario: fit ``ContractProbe`` for ``steps`` optimizer steps on ``LineDataset(n)``, batches of
+    ``batch_size``.
+
+    Record keys: ``ids`` (per step), ``first_grad`` (3 floats), ``weights`` (per step, 3 floats), ``lrs`` (per step,
+    the learning rate the step used), ``attrs`` (``{"fit_start"|"fit_end": {"attr", "buffer"}}``).
+    """
+    model = ContractProbe(loss, lr_from_rank, gamma_from_rank, rank=info.rank)
+    loader = torch.utils.data.DataLoader(LineDataset(n), batch_size=batch_size)
+    trainer = ddp_trainer(info, max_steps=steps, limit_val_batches=0)
+    trainer.fit(model, train_dataloaders=loader)
+    return {
+        "ids": model.ids,
+        "first_grad": model.first_grad,
+        "weights": model.weights,
+        "lrs": model.lrs,
+        "attrs": model.attrs,
+    }
+
+
+class SplitDataModule(pl.LightningDataModule):
+    """``setup`` splits ``LineDataset(n)`` with ``torch.utils.data.random_split`` into a validation part of ``val``
+    samples and the rest, with the rank's own random state (no generator given): what a user's
+    ``random_split`` does in a process that was not seeded alike."""
+
+    def __init__(self, n: int, val: int, batch_size: int):
+        super().__init__()
+        self.n, self.val, self.batch_size = n, val, batch_size
+
+    def setup(self, stage):
+        _, self.val_set = torch.utils.data.random_split(LineDataset(self.n), [self.n - self.val, self.val])
+
+    def val_dataloader(self):
+        return torch.utils.data.DataLoader(self.val_set, batch_size=self.batch_size)
+
+
+class _IdRecorder(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(3, 1)
+        self.ids = []
+
+    def validation_step(self, batch, batch_idx):
+        self.ids += [int(i) for i in batch["id"]]
+
+
+def split_apart(info: RankInfo, n: int = 12, val: int = 6, batch_size: int = 3, draw_seed: int = 100) -> dict:
+    """Scenario: ``torch.manual_seed(draw_seed + rank)`` (each rank's own random state, as fresh processes have),
+    then validate with ``SplitDataModule(n, val, batch_size)``.
+
+    Record keys: ``ids`` (the sample ids this rank validated, in order), ``val_set`` (the ids of this rank's
+    validation subset, in its order).
+    """
+    torch.manual_seed(draw_seed + info.rank)
+    data = SplitDataModule(n, val, batch_size)
+    model = _IdRecorder()
+    trainer = ddp_trainer(info)
+    trainer.validate(model, datamodule=data, verbose=False)
+    return {"ids": model.ids, "val_set": [int(i) for i in data.val_set.indices]}

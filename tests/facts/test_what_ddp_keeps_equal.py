@@ -1,0 +1,152 @@
+"""What does DDP keep equal across ranks, and what is left to your code?
+
+DDP keeps two things equal: it broadcasts rank 0's parameters and buffers when it wraps the module (and the
+buffers again before every training forward), and it averages the gradients at every backward
+(torch/nn/parallel/distributed.py ``_sync_module_states``, the reducer's all-reduce divided by the world size).
+Everything else a rank holds is that rank's own: the optimizer's and the scheduler's settings (Lightning's
+``configure_optimizers`` runs on every rank, pytorch_lightning/core/optimizer.py ``_init_optimizers_and_lr_schedulers``,
+and nothing syncs what it returns), plain attributes of the module (a tensor attribute is not a buffer), and the
+dataset a rank builds in ``setup`` (``DistributedSampler`` shards the dataset the rank holds). And the first step
+of W ranks of batch b is one process's on the W*b samples only when the loss is averaged over the batch.
+
+These are the facts behind the DDP contract's table (ddpprobe/contract/_table.py), which the audit and the guard
+explain with. The probe: ddpprobe/probes/contract.py (a ``Linear(3, 1)`` from fixed weights, SGD, squared errors).
+Expected values are computed here from the samples each rank ran (``x = [i, 1, i % 2]``, ``y = i % 3``), in
+plain Python.
+"""
+
+import pytest
+
+from ddpprobe.probes import contract
+from tests.support import oracle
+
+
+def _gradient(weight: list, ids: list, loss: str) -> list:
+    """d/dw of ``sum_i (w.x_i - y_i)^2`` over ``ids`` (``loss="sum"``) or of its mean (``"mean"``)."""
+    grad = [0.0, 0.0, 0.0]
+    for i in ids:
+        x, y = contract.line_sample(i)
+        error = sum(w * xi for w, xi in zip(weight, x)) - y
+        grad = [g + 2 * error * xi for g, xi in zip(grad, x)]
+    return [g / len(ids) for g in grad] if loss == "mean" else grad
+
+
+def _average(vectors: list) -> list:
+    return [sum(parts) / len(vectors) for parts in zip(*vectors)]
+
+
+def _step(weight: list, lr: float, grad: list) -> list:
+    return [w - lr * g for w, g in zip(weight, grad)]
+
+
+def _close(a: list, b: list, tol: float = 1e-5) -> bool:
+    return len(a) == len(b) and all(abs(x - y) <= tol * max(1.0, abs(y)) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_an_optimizer_setting_computed_from_a_rank_local_value_stays_rank_local_and_sets_the_weights_apart(
+    run_world, semantics, world_size
+):
+    """``configure_optimizers`` runs on every rank and nothing syncs what it returns: a learning rate computed from
+    the rank (``BASE_LR * (1 + global_rank)``) stays each rank's own. DDP still averages the gradients, so after the
+    first step rank r holds ``w0 - lr_r * mean_r(grad_r)``: the ranks' weights differ from the first step on, and
+    nothing brings them back together."""
+    world = run_world(contract.contract_fit, world_size, n=4 * world_size, steps=1, lr_from_rank=True)
+
+    w0 = list(contract.INITIAL_WEIGHT)
+    lrs = [rec["lrs"][0] for rec in world.records]
+    grad = _average([_gradient(w0, rec["ids"][0], "mean") for rec in world.records])
+    expected = [_step(w0, contract.BASE_LR * (1 + r), grad) for r in range(world_size)]
+    synced_lr = _step(w0, contract.BASE_LR, grad)
+    oracle.assert_distinct(own_lr=expected[1][0], rank_0s_lr=synced_lr[0])
+    after = [rec["weights"][0] for rec in world.records]
+    semantics.number(
+        "rank 1's first weight after step 1", after[1][0], vs=("with rank 0's learning rate", synced_lr[0])
+    )
+    assert lrs == [contract.BASE_LR * (1 + r) for r in range(world_size)], oracle.side_by_side("lr", lrs)
+    assert all(_close(a, e) for a, e in zip(after, expected)), (
+        oracle.side_by_side("weights", after) + f" expected {expected}"
+    )
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_an_lr_scheduler_setting_computed_from_a_rank_local_value_stays_rank_local(run_world, semantics, world_size):
+    """A ``StepLR`` whose ``gamma`` comes from the rank (``0.5 / (1 + global_rank)``): Lightning steps every rank's
+    scheduler after each optimizer step (``interval="step"``) and syncs none of its settings, so the second step
+    runs with ``BASE_LR * gamma_r`` on rank r, and the weights differ after it (they were equal after the first,
+    which ran with the same ``BASE_LR`` everywhere)."""
+    world = run_world(contract.contract_fit, world_size, n=4 * world_size, steps=2, gamma_from_rank=True)
+
+    w0 = list(contract.INITIAL_WEIGHT)
+    w1 = _step(w0, contract.BASE_LR, _average([_gradient(w0, rec["ids"][0], "mean") for rec in world.records]))
+    grad2 = _average([_gradient(w1, rec["ids"][1], "mean") for rec in world.records])
+    lr2 = [contract.BASE_LR * 0.5 / (1 + r) for r in range(world_size)]
+    expected = [_step(w1, lr, grad2) for lr in lr2]
+    oracle.assert_distinct(own_gamma=expected[1][0], rank_0s_gamma=_step(w1, lr2[0], grad2)[0])
+    got_lr = [rec["lrs"] for rec in world.records]
+    semantics.number("rank 1's second learning rate", got_lr[1][1], vs=("rank 0's", got_lr[0][1]))
+    assert all(_close(got, [contract.BASE_LR, lr], 1e-12) for got, lr in zip(got_lr, lr2)), oracle.side_by_side(
+        "lr per step", got_lr
+    )
+    first = [rec["weights"][0] for rec in world.records]
+    assert all(_close(f, w1) for f in first), oracle.side_by_side("weights after step 1", first)
+    second = [rec["weights"][1] for rec in world.records]
+    assert all(_close(a, e) for a, e in zip(second, expected)), oracle.side_by_side("weights after step 2", second)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_an_attribute_set_from_the_rank_before_training_stays_that_ranks_own(run_world, semantics, world_size):
+    """The module's ``__init__`` stores ``[global_rank]`` twice: as a plain tensor attribute and as a registered
+    buffer. DDP broadcasts rank 0's buffers when it wraps the module (and before every training forward), so the
+    buffer is ``[0]`` on every rank from ``on_fit_start`` on; the plain attribute is nobody's business but the
+    rank's: ``[r]`` on rank r at the start and at the end of ``fit``."""
+    world = run_world(contract.contract_fit, world_size, n=4 * world_size, steps=1)
+
+    for moment in ("fit_start", "fit_end"):
+        attr = [rec["attrs"][moment]["attr"] for rec in world.records]
+        buffer = [rec["attrs"][moment]["buffer"] for rec in world.records]
+        assert attr == [[float(r)] for r in range(world_size)], oracle.side_by_side(f"attribute at {moment}", attr)
+        assert buffer == [[0.0]] * world_size, oracle.side_by_side(f"buffer at {moment}", buffer)
+    semantics.number(
+        "rank 1's attribute at the end", world.records[1]["attrs"]["fit_end"]["attr"][0], vs=("its buffer", 0.0)
+    )
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_ranks_that_build_their_dataset_apart_shard_different_datasets(run_world, semantics, world_size):
+    """A datamodule's ``setup`` runs on every rank; a ``random_split`` there without a generator draws from each
+    rank's own random state (seeded apart here, as fresh processes are), so each rank holds another validation
+    subset. ``DistributedSampler`` gives rank r the positions ``r, r + W, ...`` of the subset *it* holds: the
+    ranks validate samples of different subsets, some twice and some never, instead of partitioning one set."""
+    n, val = 12, 6
+    world = run_world(contract.split_apart, world_size, n=n, val=val, batch_size=3)
+
+    subsets = [rec["val_set"] for rec in world.records]
+    expected = [[subsets[r][p] for p in oracle.shard(val, world_size, r)] for r in range(world_size)]
+    outside = len([i for ids in expected for i in ids if i not in subsets[0]])
+    oracle.assert_distinct(apart=outside, one_dataset=0)
+    ran = [rec["ids"] for rec in world.records]
+    semantics.number("samples validated outside rank 0's subset", outside, vs=("one subset partitioned", 0))
+    assert any(s != subsets[0] for s in subsets[1:]), oracle.side_by_side("validation subsets", subsets)
+    assert ran == expected, oracle.side_by_side("validated ids", ran) + f"  expected {expected}"
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("loss", ["mean", "sum"])
+def test_the_first_step_of_w_ranks_equals_one_process_on_all_their_samples_only_for_a_loss_averaged_over_the_batch(
+    run_world, semantics, world_size, loss
+):
+    """DDP averages the ranks' gradients. With a loss averaged over each rank's batch of b, the average is the
+    gradient of one process on the W*b samples; with a loss summed over the batch, it is 1/W of that process's
+    (summed) gradient, so the W-rank step is W times smaller than one process's on the same samples."""
+    world = run_world(contract.contract_fit, world_size, n=4 * world_size, steps=1, loss=loss)
+
+    w0 = list(contract.INITIAL_WEIGHT)
+    all_ids = [i for rec in world.records for i in rec["ids"][0]]
+    one_process = _gradient(w0, all_ids, loss)
+    expected = one_process if loss == "mean" else [g / world_size for g in one_process]
+    summed = [g * world_size for g in expected]
+    oracle.assert_distinct(averaged_over_ranks=expected[0], summed_over_ranks=summed[0])
+    got = [rec["first_grad"] for rec in world.records]
+    semantics.number("first gradient, first weight", got[0][0], vs=("one process on all samples", one_process[0]))
+    assert all(_close(g, expected) for g in got), oracle.side_by_side("first gradient", got) + f"  expected {expected}"

@@ -1,0 +1,109 @@
+"""Modules written for the audit's reading of the DDP contract (tests/tooling/audit/test_audit_contract.py): each
+breaks one part of the contract in its own way, and ``make_correct`` breaks none. Factories take no arguments
+(``python -m ddpprobe audit tests.support.contract_modules:make_x --data tests.support.contract_modules:make_data``).
+
+Data: ``make_data`` gives 16 samples ``x`` (4 features), ``y = x.sum()``; batches of 4, so 2 batches a rank at W=2.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from ddpprobe._lightning import pl
+
+
+def _data(n: int = 16) -> TensorDataset:
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(n, 4, generator=g)
+    return TensorDataset(x, x.sum(1, keepdim=True))
+
+
+def make_data() -> DataLoader:
+    return DataLoader(_data(), batch_size=4)
+
+
+class _Regression(pl.LightningModule):
+    """A linear regression by SGD; subclasses change one thing."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+
+    def loss(self, batch):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.layer(x), y)
+
+    def training_step(self, batch, batch_idx):
+        loss = self.loss(batch)
+        self.log("train_loss", loss, sync_dist=True)
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
+class Correct(_Regression):
+    """Breaks nothing: the audit finds every must-be-equal field equal and the first step equal to one process's."""
+
+
+class RandomLr(_Regression):
+    """Draws its learning rate at random when built (a hyperparameter search's sample), with no seed of its own:
+    each rank draws from its own random state, as processes of a real launch do."""
+
+    def __init__(self):
+        super().__init__()
+        self.lr = float(10 ** torch.empty(1).uniform_(-3, -1))
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+
+class SummedLoss(_Regression):
+    """Sums the squared errors over the batch instead of averaging them."""
+
+    def loss(self, batch):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.layer(x), y, reduction="sum")
+
+
+class RankAttribute(_Regression):
+    """Stores a loss weight from ``self.global_rank`` in ``setup`` and uses it in every step."""
+
+    def setup(self, stage):
+        self.loss_weight = 1.0 + self.global_rank
+
+    def loss(self, batch):
+        return self.loss_weight * super().loss(batch)
+
+
+class WithDropout(_Regression):
+    """Correct, but with a dropout before the layer: the first step cannot be compared with one process's."""
+
+    def __init__(self):
+        super().__init__()
+        self.drop = torch.nn.Dropout(0.25)
+
+    def loss(self, batch):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.layer(self.drop(x)), y)
+
+
+def make_correct():
+    return Correct()
+
+
+def make_random_lr():
+    return RandomLr()
+
+
+def make_summed_loss():
+    return SummedLoss()
+
+
+def make_rank_attribute():
+    return RankAttribute()
+
+
+def make_with_dropout():
+    return WithDropout()
