@@ -210,18 +210,38 @@ def _rank_divergent_unexplained(key: _Key, cause: str, unweighted: float, weight
 
 
 def _synced_by(ins: _Inputs, key: _Key) -> str:
-    """Why ranks agree on a key neither logged with sync_dist=True nor a Metric object."""
+    """Why the ranks agree on a key neither logged with sync_dist=True nor a Metric object, from what the trace
+    shows: equal by construction where the module's own collectives in the key's hook made them equal (naming
+    them); equal by chance only where the evidence shows the value could have differed (the ranks ran different
+    samples and the value changes from batch to batch); else equal, not synced, cause not shown."""
     own = [[c for c in rank if c.get("hook") in key.hooks and c.get("source") == "user"] for rank in ins.collectives]
     if own and all(own):
         ops = ", ".join(dict.fromkeys(f"{c['op']} at {c['call_site']}" for c in own[0]))
-        return f"synced by the module's own collectives in {key.hooks[0]} on every rank ({ops})"
+        return f"equal by construction: the module's own collectives in {key.hooks[0]} on every rank ({ops})"
     if any(own):
         made = [r for r, found in enumerate(own) if found]
         return (
             f"the ranks agree although it is neither logged with sync_dist=True nor a torchmetrics object; in "
             f"{key.hooks[0]} only rank(s) {made} ran a collective of the module's own"
         )
+    nothing = "nothing synced it (no sync_dist=True, not a torchmetrics object, no collective in its hook)"
+    chance = _could_have_differed(ins, key)
+    if chance:
+        return f"equal by chance: {nothing}, yet {chance}"
+    return f"equal, not synced, cause not shown: {nothing}"
+
+
+def _could_have_differed(ins: _Inputs, key: _Key) -> str:
+    """The evidence that the ranks' values could have differed, in words, or "": the ranks ran different samples
+    (their loop's shards, recorded) and the key's value changed from batch to batch on a rank."""
+    c = key.counts
+    if c is None or not c.identified or c.unsharded or len(c.samples) < 2:
+        return ""
+    values = [e.get("value") for e in (ins.world_logs[0] if ins.world_logs else []) if e["key"] == key.name]
+    distinct = {round(v, 9) for v in values if v is not None}
+    if len(distinct) < 2:
+        return ""
     return (
-        "the ranks agree although it is neither logged with sync_dist=True nor a torchmetrics object, and no "
-        "rank ran a collective in its hook (equal by chance)"
+        f"the ranks ran different samples ({', '.join(str(n) for n in c.samples)}) and rank 0 logged "
+        f"{len(distinct)} different values in its batches"
     )

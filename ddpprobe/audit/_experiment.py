@@ -13,7 +13,7 @@ from ddpprobe.audit._values import close
 EXPERIMENT_DIVERGENT = "rank-divergent: each rank wrote its own value, the logger got rank 0's"
 EXPERIMENT_DIFFERS = "equal on every rank, differs from single-process"
 EXPERIMENT_EQUAL = "equals single-process"
-EXPERIMENT_LOCAL = "rank-local: the ranks' values agree here by chance"
+EXPERIMENT_LOCAL = "equal on every rank, not synced: each rank wrote its own value"
 
 
 def _experiment_values(calls: list) -> dict:

@@ -347,7 +347,33 @@ def _findings(result) -> list:
                 lines += _wrap(line, "  ")
     if result.sync_dist_warnings:
         lines.append(f"Lightning warned (rank 0): {len(result.sync_dist_warnings)} 'use sync_dist=True' warning(s)")
+        for key, why in warning_needs(result):
+            lines += _wrap(f"for {key!r}: {why}", "  ")
     return lines
+
+
+def warning_needs(result) -> list:
+    """``[(key, sentence)]``: for each key a 'use sync_dist=True' warning names, whether it calls for action, from
+    the key's row: not where the ranks hold the key equal by construction (a collective of the module's own made
+    them equal) or synced; yes where its ranks differ or it differs from single-process."""
+    import re
+
+    out = []
+    for message in result.sync_dist_warnings:
+        found = re.search(r"self\.log\(['\"]([^'\"]+)['\"]", message)
+        if not found:
+            continue
+        rows = [r for r in result.rows if r.key == found.group(1) and r.level != "step"]
+        if not rows:
+            continue
+        row = rows[0]
+        if "equal by construction" in (row.cause or ""):
+            out.append((row.key, "calls for no action: " + row.cause.split(";")[0]))
+        elif row.problem:
+            out.append((row.key, f"calls for action: {row.verdict}"))
+        else:
+            out.append((row.key, f"calls for no action here: {row.verdict}"))
+    return list(dict.fromkeys(out))
 
 
 def _outcome(result) -> list:

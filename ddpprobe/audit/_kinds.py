@@ -13,6 +13,8 @@ SOME_RANKS_ONLY = "logged on some ranks only (collective-mismatch hazard)"
 STEP_LEVEL = "step-level, not compared with single-process"
 STEP_SYNCED = "step values synced (equal on every rank)"
 STEP_RANK_LOCAL = "step values rank-local (the logger gets rank 0's)"
+#: Step values equal on every rank that no collective in the trace synced (the cause says why they are equal).
+STEP_EQUAL_UNSYNCED = "step values equal on every rank, not synced"
 NOT_AT_SINGLE = "not logged in the single-process run"
 NOT_IN_WORLD = "not logged in the distributed run"
 NO_VALUE = "no value on any rank (the stage did not complete)"
@@ -28,15 +30,16 @@ FLOORED_COUNT_ISSUE = "https://github.com/Lightning-AI/pytorch-lightning/issues/
 #: same weights, so it is judged from the ranks alone.
 TRAINED_APART = "synced; not compared with single-process (the weights trained apart)"
 #: The same for a key neither logged with ``sync_dist=True`` nor a Metric, with no collective of the module's own
-#: in its hook on any rank: nothing synced it, so its equal values are each rank's own.
-TRAINED_APART_LOCAL = "rank-local: the ranks' values agree here by chance (not synced; the weights trained apart)"
+#: in its hook on any rank: nothing synced it, so its equal values are each rank's own (the cause says whether
+#: the evidence shows they could have differed: "equal by chance", else "cause not shown").
+TRAINED_APART_LOCAL = "equal on every rank, not synced (the weights trained apart)"
 
 #: A key nothing synced (no ``sync_dist=True``, not a Metric, no collective of the module's own in its hook on
 #: any rank) whose ranks agree: never called "synced". The same constant in every batch, on every rank and at
 #: W=1: ``RANK_LOCAL_SAME``; otherwise equal to W=1 (``RANK_LOCAL_AGREE``) or not (``RANK_LOCAL_DIFFERS``).
 RANK_LOCAL_SAME = "rank-local; the same value on every rank"
-RANK_LOCAL_AGREE = "rank-local (not synced): the ranks' values agree here by chance, and equal single-process"
-RANK_LOCAL_DIFFERS = "rank-local (not synced): the ranks' values agree here by chance, and differ from single-process"
+RANK_LOCAL_AGREE = "equal on every rank, not synced, and equals single-process"
+RANK_LOCAL_DIFFERS = "equal on every rank, not synced, and differs from single-process"
 
 #: Verdicts that make the audit fail when the key is epoch-level.
 PROBLEMS = (

@@ -18,6 +18,7 @@ from ddpprobe.audit._kinds import (
     RANK_LOCAL_AGREE,
     RANK_LOCAL_DIFFERS,
     RANK_LOCAL_SAME,
+    STEP_EQUAL_UNSYNCED,
     STEP_RANK_LOCAL,
     STEP_SYNCED,
     SYNCED_DIFFERS,
@@ -46,6 +47,40 @@ def _unsynced(ins: _Inputs, key: _Key) -> bool:
     return not any(c.get("hook") in key.hooks and c.get("source") == "user" for rank in ins.collectives for c in rank)
 
 
+def synced_in_trace(ins: _Inputs, key: _Key, sync: Optional[str] = None) -> bool:
+    """Some rank's trace holds the collective that synced the key: ``self.log``'s sync of that key (of the step
+    value or the epoch value when ``sync`` says which) or a torchmetrics state sync logged under it."""
+    for rank in ins.collectives:
+        for c in rank:
+            if c.get("source") == "self.log" and c.get("key") == key.name and sync in (None, c.get("sync")):
+                return True
+            if c.get("source") == "torchmetrics" and (c.get("key") == key.name or c.get("hook") in key.hooks):
+                return True
+    return False
+
+
+def _unshown_sync(ins: _Inputs, key: _Key) -> str:
+    """For a key whose flags promise a sync (``sync_dist=True`` or a Metric) that no rank's trace shows: the
+    sentence giving the ``self.log`` call's recorded arguments, else ""."""
+    if len(ins.world) < 2 or not (key.sync_dist or key.metric_object) or synced_in_trace(ins, key):
+        return ""
+    call = key.calls[0]
+    args = ", ".join(
+        f"{k}={call.get(k)!r}" for k in ("sync_dist", "reduce_fx", "on_step", "on_epoch", "rank_zero_only")
+    )
+    return f"no rank's trace shows a collective that synced it, although its self.log call asks for it ({args})"
+
+
+def _padding_coincidence(key: _Key) -> str:
+    c = key.counts
+    if c is None or not c.identified or not c.duplicates or c.unsharded:
+        return ""
+    return (
+        f"equals single-process although the ranks ran {c.duplicates} repeated sample(s) (DistributedSampler's "
+        "padding): the repeats happen not to change this value"
+    )
+
+
 def _agreeing(ins: _Inputs, key: _Key, reference: dict, ref_logs: list) -> tuple:
     """The ranks agree: equal to single-process, differing from it (with the cause), or not compared."""
     if reference is None:
@@ -55,7 +90,7 @@ def _agreeing(ins: _Inputs, key: _Key, reference: dict, ref_logs: list) -> tuple
     if not key.ref_calls:
         return NOT_AT_SINGLE, "", [], {}
     if ins.close(key.per_rank[0], key.single):
-        return SYNCED_EQUAL, "", [], {}
+        return SYNCED_EQUAL, _padding_coincidence(key), [], {}
     cause, fixes, evidence = differs_cause(
         key.name,
         key.calls,
@@ -101,6 +136,9 @@ def _epoch_verdict(ins: _Inputs, key: _Key, reference: Optional[dict], ref_logs:
         return _rank_local_agreeing(ins, key, ref_logs, (verdict, cause, fixes, evidence))
     if verdict in (SYNCED_EQUAL, SYNCED_DIFFERS) and not (key.sync_dist or key.metric_object) and len(ins.world) > 1:
         cause = _synced_by(ins, key) + ("; " + cause if cause else "")
+    unshown = _unshown_sync(ins, key) if verdict in (SYNCED_EQUAL, SYNCED_DIFFERS) else ""
+    if unshown:
+        cause = unshown + ("; " + cause if cause else "")
     return verdict, cause, fixes, evidence
 
 
@@ -155,8 +193,10 @@ def _step_row(ins: _Inputs, key: _Key, ref_logs: Optional[list]) -> Optional[Key
     lengths = [len(s) for s in steps]
     cause, names = "", []
     if all(all(ins.close(a, b) for a, b in zip(s[:n], steps[0][:n])) for s in steps):
-        verdict = STEP_SYNCED
-        if len(set(lengths)) > 1:
+        verdict = STEP_SYNCED if synced_in_trace(ins, key, "step") or len(ins.world) < 2 else STEP_EQUAL_UNSYNCED
+        if verdict == STEP_EQUAL_UNSYNCED:
+            cause = _synced_by(ins, key)
+        elif len(set(lengths)) > 1:
             cause = (
                 f"the ranks logged {lengths} steps: the {n} steps every rank ran are synced; the extra steps' "
                 "syncs had no partner step on the other ranks (see the collective trace)"

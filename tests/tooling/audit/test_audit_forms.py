@@ -95,18 +95,20 @@ def test_samples_no_rank_ran_are_the_cause_when_the_recomputed_sync_is_the_measu
     assert f"{missing} sample(s) of W=1 ran on no rank" in _text(result)
 
 
-def test_a_key_computed_from_the_tensor_leaves_all_gather_moved_is_synced_by_it_not_equal_by_chance():
+def test_a_key_computed_from_the_tensor_leaves_all_gather_moved_is_equal_by_its_construction_not_by_chance():
     """``self.all_gather({"names": [...], "count": tensor})``: the strings come back unchanged, the count is
     gathered. ``val_count`` (the gathered counts' sum, 2 + 3) is equal on the ranks and to single-process
-    because of that all_gather, which the report names; it never says no rank ran a collective there."""
+    because of that all_gather, which the report names ("equal by construction"); it never says no rank ran a
+    collective there."""
     result = _audit(f"{FORMS}:make_gathered_count_model", f"{MODULES}:make_ids_8")
 
     kept = [sum(1 for v in oracle.values(oracle.shard(8, 2, r)) if v >= audit_modules.BIG) for r in range(2)]
     row = result.row("val_count")
     assert row.per_rank == [sum(kept)] * 2 and row.verdict == ddp_audit.SYNCED_EQUAL, row
     line = _line_of(audit_forms.GatheredCountModule, "on_validation_epoch_end", "self.all_gather")
-    assert f"synced by the module's own collectives in on_validation_epoch_end on every rank (all_gather at {line}" in (
-        " ".join(row.cause.split())
+    assert (
+        "equal by construction: the module's own collectives in on_validation_epoch_end on every rank "
+        f"(all_gather at {line}" in (" ".join(row.cause.split()))
     ), row.cause
     assert "equal by chance" not in row.cause and "no rank ran a collective" not in row.cause, row.cause
 
