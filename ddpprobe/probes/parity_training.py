@@ -210,10 +210,15 @@ def find_lr(info: RankInfo, num_training: int, batch_size: int = 2) -> dict:
     }
 
 
+#: The one rank whose ``"a"`` stops improving (not rank 0, so "rank 0 decides" and "any rank decides" differ).
+STOPPING_RANK = 1
+
+
 def two_monitor_values(rank: int, epoch: int) -> dict:
-    """What rank ``rank`` logs (unsynced) at epoch ``epoch`` in ``TwoMonitorProbe``: ``"a"`` rises on rank 0
-    from epoch 1 on and falls elsewhere; ``"b"`` falls until epoch 2 and then stays on every rank."""
-    a = 5.0 + epoch if rank == 0 else 5.0 - epoch
+    """What rank ``rank`` logs (unsynced) at epoch ``epoch`` in ``TwoMonitorProbe``: ``"a"`` rises on rank
+    ``STOPPING_RANK`` from epoch 1 on and falls on every other rank; ``"b"`` falls until epoch 2 and then
+    stays on every rank."""
+    a = 5.0 + epoch if rank == STOPPING_RANK else 5.0 - epoch
     return {"a": a, "b": 5.0 - min(epoch, 2)}
 
 

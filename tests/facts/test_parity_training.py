@@ -223,14 +223,14 @@ def _first_stop(values: list) -> int:
 def test_with_two_early_stopping_callbacks_the_first_stop_any_rank_wants_stops_every_rank(
     run_world, semantics, check_on_train_epoch_end
 ):
-    """Two ``EarlyStopping(patience=0)`` callbacks on unsynced values: ``"a"`` rises on rank 0 from epoch 1
-    (rank 0 wants to stop there) and falls on rank 1; ``"b"`` stops improving at epoch 3 on every rank.
+    """Two ``EarlyStopping(patience=0)`` callbacks on unsynced values: ``"a"`` rises on rank 1 from epoch 1
+    (rank 1 wants to stop there) and falls on rank 0; ``"b"`` stops improving at epoch 3 on every rank.
     Every rank trains epochs 0 and 1 and stops, the ``"a"`` callback records ``stopped_epoch`` 1 on both
-    ranks (rank 1's own values never asked for it) and the ``"b"`` callback never stops; on its own, rank 1
-    would have trained until epoch 3. The same whether the check runs at the training epoch's end or after
-    validation. Mirrors Lightning's tests_pytorch/callbacks/test_early_stopping.py::
-    test_multiple_early_stopping_callbacks[ddp_spawn] (2 CPU ranks). Source:
-    pytorch_lightning/callbacks/early_stopping.py ``_run_early_stopping_check``
+    ranks (rank 0's own values never asked for it) and the ``"b"`` callback never stops; had rank 0
+    decided for the world (its decision broadcast), every rank would have trained until epoch 3. The same
+    whether the check runs at the training epoch's end or after validation. Mirrors Lightning's
+    tests_pytorch/callbacks/test_early_stopping.py::test_multiple_early_stopping_callbacks[ddp_spawn] (2 CPU
+    ranks). Source: pytorch_lightning/callbacks/early_stopping.py ``_run_early_stopping_check``
     (``reduce_boolean_decision(should_stop, all=False)``; ``stopped_epoch`` set where the reduced decision
     stops)."""
     world_size, max_epochs = 2, 6
@@ -249,9 +249,10 @@ def test_with_two_early_stopping_callbacks_the_first_stop_any_rank_wants_stops_e
         for r in range(world_size)
     ]
     stop = min(per_rank_stop)
-    oracle.assert_distinct(any_rank=stop, rank1_alone=per_rank_stop[1])
+    assert parity_training.STOPPING_RANK != 0 and per_rank_stop[parity_training.STOPPING_RANK] == stop
+    oracle.assert_distinct(any_rank=stop, rank0_decides=per_rank_stop[0])
     got = [(rec["epochs"], rec["stopped_epoch"]) for rec in world.records]
     assert got == [(list(range(stop + 1)), {"a": stop, "b": 0})] * world_size, oracle.side_by_side(
         "epochs trained, stopped_epoch", got
     )
-    semantics.number("epochs trained on rank 1", len(got[1][0]), vs=("by its own values", per_rank_stop[1] + 1))
+    semantics.number("epochs trained on rank 0", len(got[0][0]), vs=("by its own values", per_rank_stop[0] + 1))
