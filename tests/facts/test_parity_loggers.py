@@ -135,17 +135,43 @@ def test_the_progress_bar_runs_on_global_rank_0_only_and_counts_one_ranks_batche
     semantics.number("training batches on the bar", totals[0][0], vs=("the dataset's", whole[0]))
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
-def test_the_profiler_writes_one_file_per_rank_named_by_its_local_rank(run_world, semantics, world_size):
-    """``Trainer(profiler=SimpleProfiler(dirpath=".", filename="perf"))``: every rank writes its own
-    report, ``fit-perf-{local_rank}.txt``, in its own working directory, and nothing else there. Mirrors
-    Lightning's tests_pytorch/profilers/test_profiler.py::test_pytorch_profiler_trainer_ddp (2 GPUs,
-    ``PyTorchProfiler``: the file name comes from the same base class). Source:
-    pytorch_lightning/profilers/profiler.py ``Profiler._prepare_filename`` (stage, filename, local rank)."""
-    world = run_world(parity_loggers.fit_with_profiler, world_size, n=4 * world_size, batch_size=2)
+def profiler_files(run_world, world_size: int, num_nodes: int, backend=None) -> list:
+    """Run ``fit_with_profiler`` on ``world_size`` ranks over ``num_nodes`` nodes; assert every rank wrote one
+    report named by its local rank, and nothing else. Returns ``[(global, local rank, [files])]``."""
+    world = run_world(
+        parity_loggers.fit_with_profiler,
+        world_size,
+        num_nodes=num_nodes,
+        backend=backend,
+        n=4 * world_size,
+        batch_size=2,
+    )
 
-    files = [sorted(rank.files) for rank in world]
-    assert files == [[f"fit-perf-{r}.txt"] for r in range(world_size)], oracle.side_by_side("files", files)
-    assert [rec["local_rank"] for rec in world.records] == list(range(world_size))
-    assert all("Action" in rank.files[f"fit-perf-{rank.rank}.txt"] for rank in world), "a report without its table"
-    semantics.number("profiler files at this world size", sum(len(f) for f in files), vs=("world size", world_size))
+    per_node = world_size // num_nodes
+    local = [g % per_node for g in range(world_size)]
+    got = [(rec["global_rank"], rec["local_rank"], sorted(rank.files)) for rec, rank in zip(world.records, world)]
+    want = [(g, local[g], [f"fit-perf-{local[g]}.txt"]) for g in range(world_size)]
+    assert got == want, oracle.side_by_side("global rank, local rank, files", got)
+    assert all("Action" in rank.files[f"fit-perf-{local[rank.rank]}.txt"] for rank in world), (
+        "a report without its table"
+    )
+    return got
+
+
+def test_the_profiler_writes_one_file_per_rank_named_by_its_local_rank(run_world, semantics):
+    """``Trainer(profiler=SimpleProfiler(dirpath=".", filename="perf"))`` on 2 nodes of 2 ranks (forked
+    "nodes" on this host, ``num_nodes=2``): every rank writes its own report in its own working directory,
+    named by its *local* rank: global ranks 0 and 2 write ``fit-perf-0.txt``, 1 and 3 ``fit-perf-1.txt``
+    (not ``fit-perf-2.txt``, ``fit-perf-3.txt``, as a global rank would name them), and nothing else there.
+    So on a shared file system two nodes write the same names. Mirrors Lightning's
+    tests_pytorch/profilers/test_profiler.py::test_pytorch_profiler_trainer_ddp (2 GPUs, one node,
+    ``PyTorchProfiler``: the file name comes from the same base class). Source:
+    pytorch_lightning/profilers/profiler.py ``Profiler._prepare_filename`` (stage, filename, local rank);
+    pytorch_lightning/trainer/trainer.py (``profiler.setup(..., local_rank=...)``)."""
+    world_size, num_nodes = 4, 2
+    global_named = [f"fit-perf-{g}.txt" for g in range(world_size)]
+    got = profiler_files(run_world, world_size, num_nodes, backend="gloo")  # forked nodes share this host: gloo
+
+    assert [files for _, _, files in got] != [[name] for name in global_named], "local and global rank must differ"
+    names = {f for _, _, files in got for f in files}
+    semantics.number("profiler file names on 2 nodes of 2", len(names), vs=("ranks", world_size))
