@@ -138,6 +138,51 @@ def test_manual_backward_averages_gradients_over_ranks_before_the_optimizer_step
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
+def test_with_static_graph_true_automatic_optimization_averages_every_steps_gradients_over_ranks(
+    run_world, semantics, world_size
+):
+    """``DDPStrategy(static_graph=True)`` with automatic optimization: the wrapper Lightning builds holds
+    ``static_graph=True``, and the gradient every rank holds before ``optimizer.step()`` (read in
+    ``on_before_optimizer_step``) is, from the first step on, the mean over ranks of each rank's own
+    gradient on its shuffled shard, computed here from the data; not the rank's own gradient, nor the
+    sum; so the ranks' parameters stay equal. (Under manual optimization the same option lost the
+    averaging before 2.6.0: tests/facts/test_manual_optimization_static_graph.py.) Mirrors Lightning's
+    tests_pytorch/strategies/test_ddp_integration.py::test_ddp_gradients_synced (2 GPUs; automatic
+    optimization with ``static_graph`` on and off). Source: pytorch_lightning/strategies/ddp.py
+    ``DDPStrategy._setup_model`` (the strategy's kwargs passed to ``DistributedDataParallel``);
+    torch/nn/parallel/distributed.py (``static_graph``: the first iteration's all_reduce delayed to the end
+    of the backward)."""
+    n, batch_size, steps, lr = 18, 2, 3, 0.1
+    world = run_world(
+        parity_gradients.fit_automatic,
+        world_size,
+        static_graph=True,
+        n=n,
+        batch_size=batch_size,
+        max_steps=steps,
+        lr=lr,
+    )
+
+    init = world.records[0]["init"]
+    expected_grads, expected_params = _manual_steps(n, world_size, batch_size, steps, lr, init, "mean")
+    summed, _ = _manual_steps(n, world_size, batch_size, steps, lr, init, "sum")
+    local, _ = _manual_steps(n, world_size, batch_size, steps, lr, init, "local")
+    oracle.assert_distinct(mean=expected_grads[0][0], sum=summed[0][0], rank0_local=local[0][0])
+    assert [rec["static_graph"] for rec in world.records] == [True] * world_size
+    grads = [rec["grads"] for rec in world.records]
+    for got in grads:
+        assert [g for step in got for g in step] == pytest.approx(
+            [g for step in expected_grads for g in step], rel=1e-5, abs=1e-6
+        ), oracle.side_by_side("gradient before optimizer.step()", grads) + f"  expected (mean) {expected_grads}"
+    params = [rec["params"] for rec in world.records]
+    assert all(p == params[0] for p in params), oracle.side_by_side("params after each step", params)
+    assert [v for step in params[0] for v in step] == pytest.approx(
+        [v for step in expected_params for v in step], rel=1e-5, abs=1e-6
+    )
+    semantics.number("dw0 at step 1, static_graph=True", grads[0][0][0], vs=("rank 0's own gradient", local[0][0]))
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
 def test_all_gather_with_sync_grads_gives_each_rank_the_sum_over_ranks_of_the_gradients_of_its_slice(
     run_world, semantics, world_size
 ):
