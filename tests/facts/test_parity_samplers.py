@@ -32,6 +32,17 @@ WEIGHTS = [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 4.0, 8.0]
 SEED = 3
 
 
+#: Lightning's warning for a shuffling evaluation loader, a ``PossibleUserWarning`` on rank 0
+#: (pytorch_lightning/trainer/connectors/data_connector.py ``_process_dataloader``).
+SHUFFLING_WARNING = (
+    "Your `val_dataloader`'s sampler has shuffling enabled, it is strongly recommended that you turn shuffling off"
+    " for val/test dataloaders."
+)
+#: Lightning's warning when every rank's loader is empty, a ``UserWarning`` (``rank_zero_warn``'s default) on
+#: rank 0 (pytorch_lightning/utilities/data.py ``has_len_all_ranks``).
+ZERO_LENGTH_WARNING = "Total length of `DataLoader` across ranks is zero. Please make sure this was your intention."
+
+
 def _draws(seed: int, n: int = len(WEIGHTS)) -> list:
     """The ``n`` ids one listing of ``WeightedRandomSampler(WEIGHTS, n)`` gives from a generator seeded ``seed``."""
     return [int(i) for i in WeightedRandomSampler(WEIGHTS, n, generator=torch.Generator().manual_seed(seed))]
@@ -273,7 +284,8 @@ def test_a_shuffling_validation_loader_keeps_shuffling_under_ddp_with_a_new_orde
     assert seen == expected, oracle.side_by_side("validation ids per epoch", seen) + f"  expected {expected}"
     flags = [(rec["val"]["sampler"], rec["val"]["shuffle"]) for rec in world.records]
     assert flags == [("DistributedSampler", True)] * world_size, oracle.side_by_side("validation sampler", flags)
-    warned = [sum("sampler has shuffling enabled" in w["message"] for w in rec["warnings"]) for rec in world.records]
+    warning = {"category": "PossibleUserWarning", "message": SHUFFLING_WARNING}
+    warned = [sum(w == warning for w in rec["warnings"]) for rec in world.records]
     assert warned == [1] + [0] * (world_size - 1), oracle.side_by_side("shuffling warnings", warned)
     semantics.number("rank 0's validation ids, epoch 1", str(seen[0][1]), vs=("epoch 0", str(seen[0][0])))
 
@@ -362,10 +374,8 @@ def test_loader_lengths_are_summed_over_ranks_an_all_empty_world_warns_once_and_
     empty = run_world(parity_samplers.validate_lengths, world_size, lengths=[0, 0])
     one_empty = run_world(parity_samplers.validate_lengths, world_size, lengths=[4, 0])
 
-    warned = [
-        sum("Total length of `DataLoader` across ranks is zero" in w["message"] for w in rec["warnings"])
-        for rec in empty.records
-    ]
+    warning = {"category": "UserWarning", "message": ZERO_LENGTH_WARNING}
+    warned = [sum(w == warning for w in rec["warnings"]) for rec in empty.records]
     assert warned == [1, 0], oracle.side_by_side("zero-length warnings", warned)
     assert [(rec["seen"], rec["raised"]) for rec in empty.records] == [([], None)] * world_size
     outcome = [(rec["seen"], rec["raised"]) for rec in one_empty.records]
