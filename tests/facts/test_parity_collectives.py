@@ -21,6 +21,9 @@ from torch.utils.data import WeightedRandomSampler
 from ddpprobe.probes import parity_collectives
 from tests.support import oracle
 
+#: The start of Fabric's ``TypeError`` for a custom sampler without ``__len__`` (``_DatasetSamplerWrapper``).
+UNSIZED_MESSAGE = "You seem to have configured a sampler in your DataLoader which does not provide `__len__` method."
+
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_strategy_broadcast_returns_rank_0s_object_everywhere_and_leaves_each_ranks_input_as_it_was(
@@ -125,12 +128,15 @@ def test_fabric_setup_dataloaders_keeps_shuffle_false_sets_the_epoch_itself_and_
     ``DistributedSampler(shuffle=False)``, rank 0 reading 0, 2, 4, 6 (the Trainer's training loader would
     shuffle); a ``shuffle=True`` loader reads torch's ``DistributedSampler(shuffle=True, seed=0)`` shard,
     a new permutation on the second pass because Fabric calls ``set_epoch`` at each ``iter``; a seeded
-    ``WeightedRandomSampler`` is wrapped in ``DistributedSamplerWrapper(shuffle=False)``, each rank taking
-    every second draw. Mirrors Lightning's tests_fabric/test_fabric.py::
-    test_setup_dataloaders_distributed_sampler_shuffle and ::test_setup_dataloaders_distributed_sampler_parity;
-    ::test_setup_dataloaders_replace_custom_sampler expects a ``TypeError`` for the custom sampler, which
-    this release does not raise. Source: lightning_fabric/fabric.py ``Fabric._get_distributed_sampler``;
-    lightning_fabric/wrappers.py ``_FabricDataLoader.__iter__`` (``_set_sampler_epoch``)."""
+    ``WeightedRandomSampler`` (it has a length) is wrapped in ``DistributedSamplerWrapper(shuffle=False)``,
+    each rank taking every second draw; a custom sampler without ``__len__`` raises ``TypeError`` "You seem
+    to have configured a sampler in your DataLoader which does not provide `__len__` method" on every rank.
+    Mirrors Lightning's tests_fabric/test_fabric.py::test_setup_dataloaders_distributed_sampler_shuffle,
+    ::test_setup_dataloaders_distributed_sampler_parity and ::test_setup_dataloaders_replace_custom_sampler
+    (its ``TypeError`` is the one for a sampler without ``__len__``, a ``Mock(spec=Sampler)``). Source:
+    lightning_fabric/fabric.py ``Fabric._get_distributed_sampler``; lightning_fabric/utilities/distributed.py
+    ``_DatasetSamplerWrapper`` (the ``Sized`` check); lightning_fabric/wrappers.py ``_FabricDataLoader.__iter__``
+    (``_set_sampler_epoch``)."""
     world_size, n, seed = 2, 8, 3
     world = run_world(parity_collectives.fabric_parity, world_size, n=n, seed=seed)
 
@@ -144,11 +150,15 @@ def test_fabric_setup_dataloaders_keeps_shuffle_false_sets_the_epoch_itself_and_
             "custom": [draws[p] for p in oracle.shard(n, world_size, r)],
             "custom_sampler": "DistributedSamplerWrapper",
             "custom_shuffle": False,
+            "unsized": ["TypeError", UNSIZED_MESSAGE],
         }
         for r in range(world_size)
     ]
     assert expected[0]["shuffled"][0] != expected[0]["shuffled"][1], "data do not discriminate: epochs coincide"
     assert expected[0]["plain"] != expected[0]["shuffled"][0], "data do not discriminate: shuffled = unshuffled"
     got = [rec["dataloaders"] for rec in world.records]
+    for rank in got:  # Lightning's message goes on with what to do; its first sentence says what is wrong
+        if rank["unsized"] is not None:
+            rank["unsized"][1] = rank["unsized"][1][: len(UNSIZED_MESSAGE)]
     assert got == expected, oracle.side_by_side("loaders", got) + f"  expected {expected}"
     semantics.number("rank 0's ids with shuffle=False", str(got[0]["plain"]))

@@ -193,7 +193,8 @@ def test_predict_wraps_a_custom_sampler_without_forwarding_set_epoch(run_world, 
     deals draws r, r+W, ... without padding but does not forward ``set_epoch``: the user's sampler is
     never called with it and draws from its initial seed. Lightning's tests_pytorch/loops/test_prediction_loop.py::
     test_prediction_loop_batch_sampler_set_epoch_called checks that the sampler *in the loader* gets
-    ``set_epoch``, which holds; it runs one rank, where no wrapper is put in. Source:
+    ``set_epoch``, which holds: that sampler is the wrapper (put in at one rank too), and the test does not
+    look inside it at the user's sampler. Source:
     pytorch_lightning/overrides/distributed.py ``UnrepeatedDistributedSamplerWrapper`` (subclasses
     ``UnrepeatedDistributedSampler``, not ``DistributedSamplerWrapper``); data_connector.py
     ``_process_dataloader`` (``_set_sampler_epoch`` outside fit)."""

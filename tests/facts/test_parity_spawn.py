@@ -63,11 +63,12 @@ def test_predict_with_return_predictions_under_ddp_spawn_reaches_the_caller_as_p
     using the strategies that spawn or fork``; the caller gets torch's ``ProcessRaisedException`` carrying
     that text, not the ``MisconfigurationException`` itself. Which rank's error it carries is the first to
     fail (``ProcessContext.join`` reports the first process that ended with an error), so the fact asserts a
-    spawned rank, not which one. Lightning's
-    tests_pytorch/trainer/test_trainer.py::test_spawn_predict_return_predictions expects the
-    ``MisconfigurationException`` in the caller. Source: pytorch_lightning/loops/prediction_loop.py
-    ``_PredictionLoop.return_predictions`` (set in ``Trainer._predict_impl``, which runs inside the
-    launcher); torch/multiprocessing/spawn.py ``ProcessContext.join``."""
+    spawned rank, not which one. Mirrors Lightning's
+    tests_pytorch/trainer/test_trainer.py::test_spawn_predict_return_predictions, which expects the same
+    ``ProcessRaisedException`` matching "`return_predictions` should be set to `False`". Source:
+    pytorch_lightning/loops/prediction_loop.py ``_PredictionLoop.return_predictions`` (set in
+    ``Trainer._predict_impl``, which runs inside the launcher); torch/multiprocessing/spawn.py
+    ``ProcessContext.join``."""
     world = run_world(parity_spawn.spawn_predict, 1, devices=2, return_predictions=True, timeout=480)
 
     rec = world.records[0]
@@ -75,7 +76,7 @@ def test_predict_with_return_predictions_under_ddp_spawn_reaches_the_caller_as_p
     assert re.search(r"-- Process [01] terminated with the following error", rec["message"]), rec["message"]
     assert "MisconfigurationException: `return_predictions` should be set to `False`" in rec["message"]
     semantics.number(
-        "exception in the caller", rec["raised"], vs=("Lightning's test expects", "MisconfigurationException")
+        "exception in the caller", rec["raised"], vs=("what the spawned ranks raised", "MisconfigurationException")
     )
 
 
