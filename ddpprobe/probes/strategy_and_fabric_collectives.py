@@ -1,9 +1,9 @@
-"""The collective probes of the parity facts: ``strategy.broadcast`` of a Python object, Lightning's
-``_gather_all_tensors`` on shapes that differ between ranks, and Fabric's collectives, ``rank_zero_first``,
-``no_backward_sync`` and ``setup_dataloaders``.
+"""The collective probes of tests/facts/test_strategy_and_fabric_collectives.py: ``strategy.broadcast`` of a
+Python object, Lightning's ``_gather_all_tensors`` on shapes that differ between ranks, and Fabric's
+collectives, ``rank_zero_first``, ``no_backward_sync`` and ``setup_dataloaders``.
 
 ``evaluate_collectives`` runs them from ``on_validation_start`` of a ``trainer.validate``;
-``fabric_parity`` from a ``Fabric`` that joins the launched world (``fabric.launch()``; the processes
+``fabric_collectives_and_loaders`` from a ``Fabric`` that joins the launched world (``fabric.launch()``; the processes
 exist already, ``LOCAL_RANK`` is set).
 """
 
@@ -156,7 +156,7 @@ def _setup_dataloaders(runner, n: int, seed: int) -> dict:
     }
 
 
-def fabric_parity(info: RankInfo, n: int = 8, seed: int = 3) -> dict:
+def fabric_collectives_and_loaders(info: RankInfo, n: int = 8, seed: int = 3) -> dict:
     """Scenario: a launched ``Fabric`` (``DDPStrategy``, this world's backend) runs, in order:
 
     - ``rank_zero_first``: rank 0 holds the block ``ZERO_FIRST_HOLD_S`` seconds, then leaves a marker file

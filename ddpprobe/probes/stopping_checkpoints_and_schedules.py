@@ -1,8 +1,9 @@
-"""The training-loop probes of the parity facts: a ``training_step`` that returns None, the estimated
-number of optimizer steps, ``SpikeDetection`` and ``ModelCheckpoint`` with a step-level monitor or none.
+"""The training-loop probes of tests/facts/test_stopping_checkpoints_and_schedules.py: a ``training_step``
+that returns None, the estimated number of optimizer steps, ``SpikeDetection`` and ``ModelCheckpoint`` with a
+step-level monitor or none.
 
 Every module is ``PlainFitProbe`` (a ``Linear(2, 1)`` trained with SGD on ``RegressionDataset``,
-ddpprobe/probes/parity_loggers.py) with one change each:
+ddpprobe/probes/loggers_per_rank.py) with one change each:
 
 - ``NoneStepProbe`` returns None from ``training_step`` at one batch on the ranks it is told;
 - ``SteppingProbe`` reads ``trainer.estimated_stepping_batches`` in ``configure_optimizers``;
@@ -21,7 +22,7 @@ import torch
 from ddpprobe._lightning import pl
 from ddpprobe.launch import RankInfo
 from ddpprobe.probes.common import ddp_trainer
-from ddpprobe.probes.parity_loggers import PlainFitProbe
+from ddpprobe.probes.loggers_per_rank import PlainFitProbe
 from ddpprobe.probes.training import regression_loader
 
 

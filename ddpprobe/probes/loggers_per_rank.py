@@ -1,4 +1,4 @@
-"""The logger, log-line, progress-bar and profiler probes of the parity facts: what each rank's loggers,
+"""The logger, log-line, progress-bar and profiler probes: what each rank's loggers,
 ``EarlyStopping`` messages, progress bar and profiler do under DDP.
 
 - ``AllRankLogger`` is a user's ``Logger`` with no ``rank_zero_only`` anywhere: it keeps every

@@ -1,4 +1,4 @@
-"""The parameter and gradient probes of the parity facts: rank 0's parameters outside ``fit``, gradients
+"""The parameter and gradient probes: rank 0's parameters outside ``fit``, gradients
 after ``manual_backward``, gradients through ``all_gather(..., sync_grads=True)``, parameters unused by
 the loss.
 
