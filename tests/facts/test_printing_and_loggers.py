@@ -7,7 +7,7 @@ The built-in loggers are rank-zero-only too: on other ranks their ``self.logger.
 ``_DummyExperiment`` whose every method does nothing (lightning_fabric/loggers/logger.py
 ``rank_zero_experiment``), so the seed's ``self.logger.experiment.add_scalar(...)`` from rank 1 leaves no
 trace. The Trainer itself calls every logger on every rank: a custom ``Logger`` without
-``rank_zero_only`` writes once per rank (tests/facts/test_parity_loggers.py).
+``rank_zero_only`` writes once per rank (tests/facts/test_loggers_progress_bar_profiler_per_rank.py).
 """
 
 import csv

@@ -2,7 +2,7 @@
 
 Under ``strategy="ddp"`` Lightning replaces the sampler of a ``shuffle=False`` (default) validation
 dataloader with a ``DistributedSampler(shuffle=False)``; a ``shuffle=True`` loader keeps shuffling
-(tests/facts/test_parity_samplers.py) (pytorch_lightning/trainer/connectors/data_connector.py,
+(tests/facts/test_samplers_per_loader.py) (pytorch_lightning/trainer/connectors/data_connector.py,
 ``_process_dataloader`` -> lightning_fabric/utilities/data.py ``_get_distributed_sampler``). That sampler
 deals the dataset out round-robin, and when the dataset size ``N`` does not divide by the world size
 ``W`` it pads the dataset by repeating its first samples, so every rank gets ``ceil(N / W)`` samples and

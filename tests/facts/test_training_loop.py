@@ -9,7 +9,7 @@
   ``True``), then every rank updates them with its own batch. ``Trainer(sync_batchnorm=True)`` swaps in
   ``SyncBatchNorm``, which computes the statistics over the global batch — on GPUs only.
 - **The training sampler** is a shuffling ``DistributedSampler`` whatever the user's ``DataLoader``
-  says (unless ``Trainer(overfit_batches=...)``: tests/facts/test_parity_samplers.py), seeded with
+  says (unless ``Trainer(overfit_batches=...)``: tests/facts/test_samplers_per_loader.py), seeded with
   ``PL_GLOBAL_SEED`` (0 without ``seed_everything``) and reshuffled every epoch by ``set_epoch``;
   validation keeps the user's order.
 - **Epoch-level ``self.log(..., sync_dist=True)``** from ``training_step`` is already reduced over the
@@ -318,7 +318,7 @@ def test_the_training_sampler_shuffles_whatever_the_user_loader_says_and_reshuff
     """For the training dataloader Lightning asks for a shuffling ``DistributedSampler`` unless
     ``overfit_batches`` is set (``_process_dataloader`` passes ``shuffle=True`` for the training stage,
     ``_get_distributed_sampler`` makes it ``shuffle and not overfit_batches``: the overfit_batches fact of
-    test_parity_samplers.py; ``_is_dataloader_shuffled`` is consulted only for validation/test), so a
+    test_samplers_per_loader.py; ``_is_dataloader_shuffled`` is consulted only for validation/test), so a
     user's ``DataLoader(shuffle=False)`` is shuffled too, and a user's ``shuffle=True`` gives exactly the
     same order (its ``RandomSampler`` is replaced).
     The seed is ``PL_GLOBAL_SEED``, 0 without ``seed_everything``, and the fit loop calls

@@ -6,6 +6,11 @@ names none says ``Not stated: <reason>``. The facts named are collected the way 
 them (``--backend gloo``), with the ``integration`` marker let in, so a misspelt or removed fact fails here.
 Every named fact must run on this machine or skip for a GPU reason (``run_if`` CUDA devices or
 ``--backend nccl``) or, on another Lightning release, for its release range; never for another reason.
+
+A fact's provenance is its ``@pytest.mark.mirrors("tests_pytorch/...py::test_name", ...)`` marker, not its
+file: the page is checked against the markers of every fact under tests/facts. A fact that mirrors a
+Lightning test is named in a row whose "Lightning test" cell names each test it mirrors (a cell "same
+test" means the row above's), and every row naming a marked fact names one of that fact's tests.
 """
 
 from __future__ import annotations
@@ -75,6 +80,47 @@ def problems(text: str, collected: set) -> list:
     return found
 
 
+def lightning_cells(text: str) -> dict:
+    """``{row number: its "Lightning test" cell}``, a cell starting "same test" replaced by the row above's."""
+    cells, previous = {}, ""
+    for line in text.splitlines():
+        m = ROW.match(line)
+        if m:
+            cell = line.split(" | ")[2]
+            previous = previous if cell.startswith("same test") else cell
+            cells[int(m["number"])] = previous
+    return cells
+
+
+def _test_name(target: str) -> str:
+    """``test_y`` of ``tests_pytorch/.../test_x.py::test_y[params]``."""
+    return target.split("::", 1)[1].split("[", 1)[0]
+
+
+def provenance_problems(text: str, mirrors: dict) -> list:
+    """What disagrees between the page ``text`` and ``mirrors`` (``{(path, function): [Lightning tests]}``, every
+    fact with a ``mirrors`` marker): a marked fact the page does not name, a mirrored test no row naming the
+    fact lists, a row naming a marked fact without listing any test it mirrors. Empty when they agree."""
+    found = []
+    cells = lightning_cells(text)
+    rows_of: dict = {}
+    for number, cell in rows(text):
+        for m in NAMED.finditer(cell):
+            rows_of.setdefault((m["path"], m["name"]), set()).add(number)
+    for fact, targets in sorted(mirrors.items()):
+        named_in = sorted(rows_of.get(fact, ()))
+        if not named_in:
+            found.append(f"{fact[0]}::{fact[1]} mirrors {targets} but no row names it")
+            continue
+        for target in targets:
+            if not any(_test_name(target) in cells[n] for n in named_in):
+                found.append(f"{fact[0]}::{fact[1]} mirrors {target}, which rows {named_in} do not list")
+        for n in named_in:
+            if not any(_test_name(target) in cells[n] for target in targets):
+                found.append(f"row {n} names {fact[0]}::{fact[1]}, which mirrors none of its tests ({targets})")
+    return found
+
+
 class _Items:
     """A pytest plugin that keeps the items a collection selected."""
 
@@ -87,6 +133,19 @@ class _Items:
 
 def _function(item) -> tuple:
     return item.nodeid.split("::", 1)[0], getattr(item, "originalname", None) or item.name.split("[", 1)[0]
+
+
+#: One collection of every fact file per process, shared by the tests below: torch's extensions cannot be
+#: imported a second time, so a module collected twice in one process fails to import.
+_COLLECTED: dict = {}
+
+
+def _all_facts(pytester) -> dict:
+    """``_collect`` of every ``tests/facts/test_*.py``, once per process."""
+    if not _COLLECTED:
+        facts = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests" / "facts").glob("test_*.py"))
+        _COLLECTED.update(_collect(pytester, facts))
+    return _COLLECTED
 
 
 def _collect(pytester, paths) -> dict:
@@ -119,7 +178,7 @@ def test_every_row_names_facts_that_exist_or_the_reason_none_does(pytester):
     """Each row 1..65 is there once; each names at least one fact that a collection of its file finds, or
     says ``Not stated:`` and why; the count sentence is the table's."""
     text = PAGE.read_text(encoding="utf-8")
-    collected = _collect(pytester, {path for path, _ in named(text)})
+    collected = _all_facts(pytester)
 
     assert collected, "the collection of the named fact files found no tests"
     found = problems(text, set(collected))
@@ -132,7 +191,7 @@ def test_every_named_fact_runs_here_or_skips_for_a_gpu_reason_only(pytester):
     reason than those and a Lightning release range (``run_if(lightning=...)``, for the release matrix):
     the page names facts a laptop runs, and their NCCL twins."""
     text = PAGE.read_text(encoding="utf-8")
-    collected = _collect(pytester, {path for path, _ in named(text)})
+    collected = _all_facts(pytester)
     here = runif.RunEnvironment.here("gloo")
     here = runif.RunEnvironment(
         backend="gloo",
@@ -167,3 +226,42 @@ def test_a_misspelt_fact_a_missing_row_a_row_without_reason_and_a_wrong_count_ar
     assert any("missing [7]" in p for p in found), found
     assert any("names no fact and gives no reason" in p for p in found), found
     assert any(p.startswith("the count says") for p in found), found
+
+
+def _mirrors(collected: dict) -> dict:
+    """``{(path, function): [Lightning tests]}`` of the collected facts carrying a ``mirrors`` marker."""
+    found = {}
+    for key, items in collected.items():
+        marks = [m for item in items[:1] for m in item.iter_markers("mirrors")]
+        if marks:
+            found[key] = sorted({target for m in marks for target in m.args})
+    return found
+
+
+def test_every_fact_that_mirrors_a_lightning_test_is_named_in_the_row_of_that_test(pytester):
+    """Every fact under tests/facts with ``@pytest.mark.mirrors(...)`` is named on the page in a row whose
+    Lightning-test cell lists each test it mirrors, and no row names a marked fact for a test the fact does
+    not mirror: the page's fact column agrees with the facts' own provenance."""
+    text = PAGE.read_text(encoding="utf-8")
+    mirrors = _mirrors(_all_facts(pytester))
+
+    assert mirrors, "no fact carries a mirrors marker"
+    found = provenance_problems(text, mirrors)
+    assert not found, "docs/lightning-tests.md against the mirrors markers:\n  " + "\n  ".join(found)
+
+
+def test_a_fact_mirroring_an_unlisted_test_or_named_in_the_wrong_row_is_reported():
+    """The provenance check can fail: a marked fact given one more Lightning test that its row does not list,
+    and a marked fact moved into another row, are each reported."""
+    text = PAGE.read_text(encoding="utf-8")
+    (number, cell), *_ = [(n, c) for n, c in rows(text) if NAMED.search(c)]
+    first = NAMED.search(cell)
+    fact = (first["path"], first["name"])
+    listed = lightning_cells(text)[number]
+    target = "tests_pytorch/x/test_x.py::" + re.search(r"(test_\w+)", listed.split("::", 1)[1])[1]
+    assert not provenance_problems(text, {fact: [target]})
+
+    found = provenance_problems(text, {fact: [target, "tests_pytorch/x/test_x.py::test_nobody_lists"]})
+    assert any("test_nobody_lists" in p for p in found), found
+    found = provenance_problems(text, {fact: ["tests_pytorch/x/test_x.py::test_nobody_lists"]})
+    assert any(p.startswith(f"row {number} names") for p in found), found

@@ -60,12 +60,16 @@ CASES = [
     ("metric_wrappers", "collection", dict(compute_groups=True)),
     ("multilabel", "best_threshold_recipes", dict(n=12)),
     ("outside_log_reductions", "strategy_reduce", lambda w: dict(values={"int64": [[3, -4], [4, -3], [1, -1]][:w]})),
-    ("parity_collectives", "evaluate_collectives", dict()),
-    ("parity_gradients", "evaluate_rank_weights", dict(stage="validate")),
-    ("parity_metrics", "fit_metric_reset", dict(n=8, val_n=6, batch_size=2, epochs=2)),
-    ("parity_loggers", "validate_with_logger", dict(n=8, batch_size=2, logs=SYNCED)),
-    ("parity_training", "fit_stepping", dict(n=12, batch_size=2, max_epochs=2, accumulate_grad_batches=2)),
-    ("parity_samplers", "validate_with_batch_sampler", dict(n=9, batch_size=2, drop_last=False)),
+    ("strategy_and_fabric_collectives", "evaluate_collectives", dict()),
+    ("gradients_and_weights", "evaluate_rank_weights", dict(stage="validate")),
+    ("logged_metrics", "fit_metric_reset", dict(n=8, val_n=6, batch_size=2, epochs=2)),
+    ("loggers_per_rank", "validate_with_logger", dict(n=8, batch_size=2, logs=SYNCED)),
+    (
+        "stopping_checkpoints_and_schedules",
+        "fit_stepping",
+        dict(n=12, batch_size=2, max_epochs=2, accumulate_grad_batches=2),
+    ),
+    ("samplers_per_loader", "validate_with_batch_sampler", dict(n=9, batch_size=2, drop_last=False)),
     ("precision", "bfloat16", dict()),
     ("predict", "predict", dict(n=7, write_files=True)),
     ("rank_state", "seeded_randomness", dict(seed=1234)),
@@ -84,7 +88,8 @@ NO_CASE = {
     "nccl": "its scenarios need CUDA tensors and the nccl backend; warm worlds run gloo only",
     "multinode": "a world of several nodes has its own warm world (num_nodes is in the key); checked below",
     "preemption": "its scenarios end ranks with SIGTERM, a world that fails by design and so runs fresh",
-    "parity_spawn": "its facts give worlds their own timeout (a ddp_spawn Trainer inside a rank), so they run fresh",
+    "process_group_timeout": "its scenario leaves a collective to time out, breaking the process group: it runs fresh",
+    "ddp_spawn": "its facts give worlds their own timeout (a ddp_spawn Trainer inside a rank), so they run fresh",
 }
 
 #: Keys whose values are measurements of the rank's process, not of DDP: process ids, timings and memory

@@ -9,7 +9,7 @@ and ``_recover_results_in_main_process``). Each spawned rank sets ``OMP_NUM_THRE
 ``max(1, CPUs // ranks)`` when it is unset (lightning_fabric/utilities/distributed.py
 ``_set_num_threads_if_needed``).
 
-The ``ddp_spawn`` scenarios (ddpprobe/probes/parity_spawn.py) run in a world of one process that looks
+The ``ddp_spawn`` scenarios (ddpprobe/probes/ddp_spawn.py) run in a world of one process that looks
 like a plain script (no rank variables), so Lightning starts two ranks on a loopback port. The last fact
 starts fresh interpreters inside a launched world, to read the rank ``rank_zero_only`` takes at import.
 """
@@ -19,7 +19,7 @@ import re
 import pytest
 
 from ddpprobe.plugin.runif import run_if
-from ddpprobe.probes import parity_spawn
+from ddpprobe.probes import ddp_spawn
 from tests.support import oracle
 
 #: CPU facts (``ddp_spawn`` here starts gloo ranks on CPU whatever the run's backend) that start fresh
@@ -27,6 +27,11 @@ from tests.support import oracle
 pytestmark = [run_if(backend="gloo"), pytest.mark.integration]
 
 
+@pytest.mark.mirrors(
+    "tests_pytorch/strategies/test_ddp_integration.py::test_ddp_spawn_add_get_queue",
+    "tests_pytorch/strategies/launchers/test_multiprocessing.py::test_collect_rank_zero_results",
+    "tests_fabric/utilities/test_distributed.py::test_set_num_threads_if_needed",
+)
 def test_after_ddp_spawn_fit_the_caller_gets_rank_0s_callback_metrics_and_trained_weights_but_not_its_step_count(
     run_world, semantics
 ):
@@ -42,7 +47,7 @@ def test_after_ddp_spawn_fit_the_caller_gets_rank_0s_callback_metrics_and_traine
     multiprocessing.py ``_MultiProcessingLauncher`` (``_collect_rank_zero_results``, ``get_extra_results``,
     ``_recover_results_in_main_process``, ``_wrapping_function`` -> ``_set_num_threads_if_needed``)."""
     devices, n = 2, 8
-    world = run_world(parity_spawn.spawn_fit, 1, devices=devices, n=n, timeout=480)
+    world = run_world(ddp_spawn.spawn_fit, 1, devices=devices, n=n, timeout=480)
 
     rec = world.records[0]
     threads = max(1, rec["cpus"] // devices)
@@ -55,6 +60,7 @@ def test_after_ddp_spawn_fit_the_caller_gets_rank_0s_callback_metrics_and_traine
     semantics.number("rank_value in the caller", rec["callback_metrics"]["rank_value"], vs=("rank 1's", 2.0))
 
 
+@pytest.mark.mirrors("tests_pytorch/trainer/test_trainer.py::test_spawn_predict_return_predictions")
 def test_predict_with_return_predictions_under_ddp_spawn_reaches_the_caller_as_process_raised_exception(
     run_world, semantics
 ):
@@ -63,19 +69,20 @@ def test_predict_with_return_predictions_under_ddp_spawn_reaches_the_caller_as_p
     using the strategies that spawn or fork``; the caller gets torch's ``ProcessRaisedException`` carrying
     that text, not the ``MisconfigurationException`` itself. Which rank's error it carries is the first to
     fail (``ProcessContext.join`` reports the first process that ended with an error), so the fact asserts a
-    spawned rank, not which one. Lightning's
-    tests_pytorch/trainer/test_trainer.py::test_spawn_predict_return_predictions expects the
-    ``MisconfigurationException`` in the caller. Source: pytorch_lightning/loops/prediction_loop.py
-    ``_PredictionLoop.return_predictions`` (set in ``Trainer._predict_impl``, which runs inside the
-    launcher); torch/multiprocessing/spawn.py ``ProcessContext.join``."""
-    world = run_world(parity_spawn.spawn_predict, 1, devices=2, return_predictions=True, timeout=480)
+    spawned rank, not which one. Mirrors Lightning's
+    tests_pytorch/trainer/test_trainer.py::test_spawn_predict_return_predictions, which expects the same
+    ``ProcessRaisedException`` matching "`return_predictions` should be set to `False`". Source:
+    pytorch_lightning/loops/prediction_loop.py ``_PredictionLoop.return_predictions`` (set in
+    ``Trainer._predict_impl``, which runs inside the launcher); torch/multiprocessing/spawn.py
+    ``ProcessContext.join``."""
+    world = run_world(ddp_spawn.spawn_predict, 1, devices=2, return_predictions=True, timeout=480)
 
     rec = world.records[0]
     assert rec["raised"] == "ProcessRaisedException", rec
     assert re.search(r"-- Process [01] terminated with the following error", rec["message"]), rec["message"]
     assert "MisconfigurationException: `return_predictions` should be set to `False`" in rec["message"]
     semantics.number(
-        "exception in the caller", rec["raised"], vs=("Lightning's test expects", "MisconfigurationException")
+        "exception in the caller", rec["raised"], vs=("what the spawned ranks raised", "MisconfigurationException")
     )
 
 
@@ -88,6 +95,10 @@ RANK_VARIANTS = {
 }
 
 
+@pytest.mark.mirrors(
+    "tests_fabric/utilities/test_rank_zero.py::test_rank_zero_known_environment_variables",
+    "tests_fabric/utilities/test_rank_zero.py::test_rank_zero_priority",
+)
 def test_at_import_rank_zero_only_takes_rank_before_local_rank_slurm_procid_and_jsm_namespace_rank(
     run_world, semantics
 ):
@@ -101,7 +112,7 @@ def test_at_import_rank_zero_only_takes_rank_before_local_rank_slurm_procid_and_
     world_size, nodes, on_rank = 4, 2, 2
     variants = {name: env for name, (env, _) in RANK_VARIANTS.items()}
     world = run_world(
-        parity_spawn.rank_zero_at_import,
+        ddp_spawn.rank_zero_at_import,
         world_size,
         num_nodes=nodes,
         variants=variants,

@@ -1,9 +1,9 @@
-"""The collective probes of the parity facts: ``strategy.broadcast`` of a Python object, Lightning's
-``_gather_all_tensors`` on shapes that differ between ranks, and Fabric's collectives, ``rank_zero_first``,
-``no_backward_sync`` and ``setup_dataloaders``.
+"""The collective probes of tests/facts/test_strategy_and_fabric_collectives.py: ``strategy.broadcast`` of a
+Python object, Lightning's ``_gather_all_tensors`` on shapes that differ between ranks, and Fabric's
+collectives, ``rank_zero_first``, ``no_backward_sync`` and ``setup_dataloaders``.
 
 ``evaluate_collectives`` runs them from ``on_validation_start`` of a ``trainer.validate``;
-``fabric_parity`` from a ``Fabric`` that joins the launched world (``fabric.launch()``; the processes
+``fabric_collectives_and_loaders`` from a ``Fabric`` that joins the launched world (``fabric.launch()``; the processes
 exist already, ``LOCAL_RANK`` is set).
 """
 
@@ -123,6 +123,16 @@ def _collections(runner, rank: int) -> dict:
     }
 
 
+class _UnsizedSampler(torch.utils.data.Sampler):
+    """A custom sampler without ``__len__``: yields ``0 .. n-1`` in order."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def __iter__(self):
+        return iter(range(self.n))
+
+
 def _setup_dataloaders(runner, n: int, seed: int) -> dict:
     dataset = IdDataset(n)
     plain = runner.setup_dataloaders(DataLoader(dataset, batch_size=2, shuffle=False))
@@ -130,6 +140,11 @@ def _setup_dataloaders(runner, n: int, seed: int) -> dict:
     weights = [1.0] * (n - 1) + [float(n)]
     sampler = WeightedRandomSampler(weights, n, generator=torch.Generator().manual_seed(seed))
     custom = runner.setup_dataloaders(DataLoader(dataset, batch_size=2, sampler=sampler))
+    try:
+        runner.setup_dataloaders(DataLoader(dataset, batch_size=2, sampler=_UnsizedSampler(n)))
+        unsized = None
+    except Exception as exc:
+        unsized = [type(exc).__name__, str(exc)]
     return {
         "plain": [i for b in plain for i in batch_ids(b)],
         "plain_shuffle": plain.sampler.shuffle,
@@ -137,10 +152,11 @@ def _setup_dataloaders(runner, n: int, seed: int) -> dict:
         "custom": [i for b in custom for i in batch_ids(b)],
         "custom_sampler": type(custom.sampler).__name__,
         "custom_shuffle": custom.sampler.shuffle,
+        "unsized": unsized,
     }
 
 
-def fabric_parity(info: RankInfo, n: int = 8, seed: int = 3) -> dict:
+def fabric_collectives_and_loaders(info: RankInfo, n: int = 8, seed: int = 3) -> dict:
     """Scenario: a launched ``Fabric`` (``DDPStrategy``, this world's backend) runs, in order:
 
     - ``rank_zero_first``: rank 0 holds the block ``ZERO_FIRST_HOLD_S`` seconds, then leaves a marker file
@@ -149,7 +165,8 @@ def fabric_parity(info: RankInfo, n: int = 8, seed: int = 3) -> dict:
       loss ``(w x)^2``; the weight's gradient with ``enabled=True`` and then ``False``;
     - ``all_reduce`` / ``all_gather`` of dicts holding tensors, a list and a string;
     - ``setup_dataloaders`` of ``IdDataset(n)`` loaders: ``shuffle=False``, ``shuffle=True`` (iterated
-      twice) and a seeded ``WeightedRandomSampler``.
+      twice), a seeded ``WeightedRandomSampler`` and a custom sampler without ``__len__`` (``unsized``: the
+      ``[class name, message]`` of what it raised, or None).
 
     Record keys: ``rank_zero_first``, ``no_backward_sync``, ``collections``, ``dataloaders``.
     """

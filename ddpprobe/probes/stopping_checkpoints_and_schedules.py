@@ -1,8 +1,9 @@
-"""The training-loop probes of the parity facts: a ``training_step`` that returns None, the estimated
-number of optimizer steps, ``SpikeDetection`` and ``ModelCheckpoint`` with a step-level monitor or none.
+"""The training-loop probes of tests/facts/test_stopping_checkpoints_and_schedules.py: a ``training_step``
+that returns None, the estimated number of optimizer steps, ``SpikeDetection`` and ``ModelCheckpoint`` with a
+step-level monitor or none.
 
 Every module is ``PlainFitProbe`` (a ``Linear(2, 1)`` trained with SGD on ``RegressionDataset``,
-ddpprobe/probes/parity_loggers.py) with one change each:
+ddpprobe/probes/loggers_per_rank.py) with one change each:
 
 - ``NoneStepProbe`` returns None from ``training_step`` at one batch on the ranks it is told;
 - ``SteppingProbe`` reads ``trainer.estimated_stepping_batches`` in ``configure_optimizers``;
@@ -21,7 +22,7 @@ import torch
 from ddpprobe._lightning import pl
 from ddpprobe.launch import RankInfo
 from ddpprobe.probes.common import ddp_trainer
-from ddpprobe.probes.parity_loggers import PlainFitProbe
+from ddpprobe.probes.loggers_per_rank import PlainFitProbe
 from ddpprobe.probes.training import regression_loader
 
 
@@ -210,10 +211,15 @@ def find_lr(info: RankInfo, num_training: int, batch_size: int = 2) -> dict:
     }
 
 
+#: The one rank whose ``"a"`` stops improving (not rank 0, so "rank 0 decides" and "any rank decides" differ).
+STOPPING_RANK = 1
+
+
 def two_monitor_values(rank: int, epoch: int) -> dict:
-    """What rank ``rank`` logs (unsynced) at epoch ``epoch`` in ``TwoMonitorProbe``: ``"a"`` rises on rank 0
-    from epoch 1 on and falls elsewhere; ``"b"`` falls until epoch 2 and then stays on every rank."""
-    a = 5.0 + epoch if rank == 0 else 5.0 - epoch
+    """What rank ``rank`` logs (unsynced) at epoch ``epoch`` in ``TwoMonitorProbe``: ``"a"`` rises on rank
+    ``STOPPING_RANK`` from epoch 1 on and falls on every other rank; ``"b"`` falls until epoch 2 and then
+    stays on every rank."""
+    a = 5.0 + epoch if rank == STOPPING_RANK else 5.0 - epoch
     return {"a": a, "b": 5.0 - min(epoch, 2)}
 
 

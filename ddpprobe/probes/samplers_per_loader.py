@@ -1,5 +1,6 @@
-"""The sampler probes of the parity facts: what Lightning does to a sampler it does not know, to a
-custom batch sampler, to ``overfit_batches``' training sampler and to a shuffling validation loader.
+"""The sampler probes of tests/facts/test_samplers_per_loader.py: what Lightning does to a sampler it does not
+know, to a custom batch sampler, to ``overfit_batches``' training sampler and to a shuffling validation
+loader.
 
 ``SeenModule`` is a ``Linear(2, 1)`` trained with SGD on ``RegressionDataset`` (ddpprobe/probes/training.py)
 that records the sample ids of every batch each loop gives it: ``train_ids[epoch]``,

@@ -13,12 +13,12 @@ parameters in ``validate``/``test``/``predict``, gradients after ``manual_backwa
   (lightning_fabric/utilities/distributed.py ``_AllGatherGrad``).
 
 The module is ``Linear(2, 1)`` on ``RegressionDataset`` (``x = [id / 4, ±1]``, ``y = id % 3 - 1``;
-ddpprobe/probes/parity_gradients.py); expected numbers are computed here from the data in float64.
+ddpprobe/probes/gradients_and_weights.py); expected numbers are computed here from the data in float64.
 """
 
 import pytest
 
-from ddpprobe.probes import parity_gradients
+from ddpprobe.probes import gradients_and_weights
 from ddpprobe.probes.training import regression_x, regression_y
 from tests.support import oracle
 
@@ -33,7 +33,11 @@ def _flat_params(init: dict) -> list:
     return init["weight"][0] + init["bias"]
 
 
-@pytest.mark.parametrize("stage", parity_gradients.STAGES)
+@pytest.mark.mirrors(
+    "tests_pytorch/overrides/test_distributed.py::test_params_synced_during_nonfit",
+    "tests_pytorch/strategies/test_ddp.py::test_ddp_configure_ddp",
+)
+@pytest.mark.parametrize("stage", gradients_and_weights.STAGES)
 def test_validate_test_and_predict_broadcast_rank_0s_parameters_and_buffers_without_a_ddp_wrapper(
     run_world, semantics, stage
 ):
@@ -47,10 +51,10 @@ def test_validate_test_and_predict_broadcast_rank_0s_parameters_and_buffers_with
     test_ddp_configure_ddp. Source: pytorch_lightning/strategies/ddp.py ``DDPStrategy.setup`` (``if
     trainer_fn == TrainerFn.FITTING: configure_ddp() else: _sync_module_states(self.model)``)."""
     world_size, n = 2, 4
-    world = run_world(parity_gradients.evaluate_rank_weights, world_size, stage=stage, n=n, batch_size=2)
+    world = run_world(gradients_and_weights.evaluate_rank_weights, world_size, stage=stage, n=n, batch_size=2)
 
-    rank0 = parity_gradients.rank_weights(0)
-    rank1 = parity_gradients.rank_weights(1)
+    rank0 = gradients_and_weights.rank_weights(0)
+    rank1 = gradients_and_weights.rank_weights(1)
     ids1 = oracle.shard(n, world_size, 1)
     broadcast = [_prediction(_flat_params(rank0), i, rank0["offset"]) for i in ids1]
     local = [_prediction(_flat_params(rank1), i, rank1["offset"]) for i in ids1]
@@ -105,6 +109,10 @@ def _manual_steps(n, world_size, batch_size, steps, lr, init, combine) -> tuple:
     return grads, trajectory
 
 
+@pytest.mark.mirrors(
+    "tests_pytorch/strategies/test_ddp_integration.py::test_ddp_gradients_synced",
+    "tests_pytorch/trainer/optimization/test_manual_optimization.py::test_step_with_optimizer_closure_with_different_frequencies_ddp",
+)
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_manual_backward_averages_gradients_over_ranks_before_the_optimizer_step(run_world, semantics, world_size):
     """With ``automatic_optimization = False``, the gradient a rank reads right after
@@ -117,7 +125,7 @@ def test_manual_backward_averages_gradients_over_ranks_before_the_optimizer_step
     pytorch_lightning/core/module.py ``LightningModule.manual_backward``; torch/nn/parallel/distributed.py
     (the reducer's averaged all_reduce)."""
     n, batch_size, steps, lr = 12, 2, 2, 0.1
-    world = run_world(parity_gradients.fit_manual, world_size, n=n, batch_size=batch_size, max_steps=steps, lr=lr)
+    world = run_world(gradients_and_weights.fit_manual, world_size, n=n, batch_size=batch_size, max_steps=steps, lr=lr)
 
     init = world.records[0]["init"]
     expected_grads, expected_params = _manual_steps(n, world_size, batch_size, steps, lr, init, "mean")
@@ -137,6 +145,56 @@ def test_manual_backward_averages_gradients_over_ranks_before_the_optimizer_step
     semantics.number("dw0 after manual_backward, step 1", grads[0][0][0], vs=("rank 0's own gradient", local[0][0]))
 
 
+@pytest.mark.mirrors("tests_pytorch/strategies/test_ddp_integration.py::test_ddp_gradients_synced")
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_with_static_graph_true_automatic_optimization_averages_every_steps_gradients_over_ranks(
+    run_world, semantics, world_size
+):
+    """``DDPStrategy(static_graph=True)`` with automatic optimization: the wrapper Lightning builds holds
+    ``static_graph=True``, and the gradient every rank holds before ``optimizer.step()`` (read in
+    ``on_before_optimizer_step``) is, from the first step on, the mean over ranks of each rank's own
+    gradient on its shuffled shard, computed here from the data; not the rank's own gradient, nor the
+    sum; so the ranks' parameters stay equal. (Under manual optimization the same option lost the
+    averaging before 2.6.0: tests/facts/test_manual_optimization_static_graph.py.) Mirrors Lightning's
+    tests_pytorch/strategies/test_ddp_integration.py::test_ddp_gradients_synced (2 GPUs; automatic
+    optimization with ``static_graph`` on and off). Source: pytorch_lightning/strategies/ddp.py
+    ``DDPStrategy._setup_model`` (the strategy's kwargs passed to ``DistributedDataParallel``);
+    torch/nn/parallel/distributed.py (``static_graph``: the first iteration's all_reduce delayed to the end
+    of the backward)."""
+    n, batch_size, steps, lr = 18, 2, 3, 0.1
+    world = run_world(
+        gradients_and_weights.fit_automatic,
+        world_size,
+        static_graph=True,
+        n=n,
+        batch_size=batch_size,
+        max_steps=steps,
+        lr=lr,
+    )
+
+    init = world.records[0]["init"]
+    expected_grads, expected_params = _manual_steps(n, world_size, batch_size, steps, lr, init, "mean")
+    summed, _ = _manual_steps(n, world_size, batch_size, steps, lr, init, "sum")
+    local, _ = _manual_steps(n, world_size, batch_size, steps, lr, init, "local")
+    oracle.assert_distinct(mean=expected_grads[0][0], sum=summed[0][0], rank0_local=local[0][0])
+    assert [rec["static_graph"] for rec in world.records] == [True] * world_size
+    grads = [rec["grads"] for rec in world.records]
+    for got in grads:
+        assert [g for step in got for g in step] == pytest.approx(
+            [g for step in expected_grads for g in step], rel=1e-5, abs=1e-6
+        ), oracle.side_by_side("gradient before optimizer.step()", grads) + f"  expected (mean) {expected_grads}"
+    params = [rec["params"] for rec in world.records]
+    assert all(p == params[0] for p in params), oracle.side_by_side("params after each step", params)
+    assert [v for step in params[0] for v in step] == pytest.approx(
+        [v for step in expected_params for v in step], rel=1e-5, abs=1e-6
+    )
+    semantics.number("dw0 at step 1, static_graph=True", grads[0][0][0], vs=("rank 0's own gradient", local[0][0]))
+
+
+@pytest.mark.mirrors(
+    "tests_pytorch/utilities/test_all_gather_grad.py::test_all_gather_ddp_spawn",
+    "tests_pytorch/utilities/test_all_gather_grad.py::test_all_gather_sync_grads",
+)
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_all_gather_with_sync_grads_gives_each_rank_the_sum_over_ranks_of_the_gradients_of_its_slice(
     run_world, semantics, world_size
@@ -149,9 +207,9 @@ def test_all_gather_with_sync_grads_gives_each_rank_the_sum_over_ranks_of_the_gr
     test_all_gather_ddp_spawn (3 CPU ranks) and ::test_all_gather_sync_grads (GPU). Source:
     lightning_fabric/utilities/distributed.py ``_AllGatherGrad.backward`` (``all_reduce`` of the
     gradient, then the rank's slice)."""
-    world = run_world(parity_gradients.gather_with_grads, world_size, sync_grads=True)
+    world = run_world(gradients_and_weights.gather_with_grads, world_size, sync_grads=True)
 
-    inputs = [parity_gradients.gathered_input(r) for r in range(world_size)]
+    inputs = [gradients_and_weights.gathered_input(r) for r in range(world_size)]
     expected = [[(r + 1) * world_size * (world_size + 1) * v for v in inputs[r]] for r in range(world_size)]
     own = [[2 * (r + 1) ** 2 * v for v in inputs[r]] for r in range(world_size)]
     oracle.assert_distinct(summed=expected[0][0], own_loss_only=own[0][0], mean=expected[0][0] / world_size)
@@ -164,6 +222,7 @@ def test_all_gather_with_sync_grads_gives_each_rank_the_sum_over_ranks_of_the_gr
     semantics.number("rank 0's gradient", grads[0][0], vs=("from its own loss only", own[0][0]))
 
 
+@pytest.mark.mirrors("tests_pytorch/utilities/test_all_gather_grad.py::test_all_gather_ddp_spawn")
 def test_all_gather_without_sync_grads_returns_a_tensor_no_gradient_flows_through(run_world, semantics):
     """The same with ``sync_grads=False`` (the default): ``self.all_gather`` returns the gathered values
     detached from the graph, so differentiating the loss raises on every rank ("does not require grad").
@@ -171,9 +230,9 @@ def test_all_gather_without_sync_grads_returns_a_tensor_no_gradient_flows_throug
     Source: lightning_fabric/utilities/distributed.py ``_gather_all_tensors`` (``torch.distributed.all_gather``
     into fresh tensors)."""
     world_size = 2
-    world = run_world(parity_gradients.gather_with_grads, world_size, sync_grads=False)
+    world = run_world(gradients_and_weights.gather_with_grads, world_size, sync_grads=False)
 
-    inputs = [parity_gradients.gathered_input(r) for r in range(world_size)]
+    inputs = [gradients_and_weights.gathered_input(r) for r in range(world_size)]
     assert [rec["gathered"] for rec in world.records] == [inputs] * world_size
     errors = [rec["error"] for rec in world.records]
     assert [rec["grad"] for rec in world.records] == [None] * world_size, oracle.side_by_side("grad", errors)
@@ -181,6 +240,10 @@ def test_all_gather_without_sync_grads_returns_a_tensor_no_gradient_flows_throug
     semantics.number("ranks where autograd.grad raised", sum(bool(e) for e in errors), vs=("world size", world_size))
 
 
+@pytest.mark.mirrors(
+    "tests_pytorch/strategies/test_ddp_integration.py::test_find_unused_parameters_ddp_exception",
+    "tests_pytorch/strategies/test_ddp_integration.py::test_find_unused_parameters_ddp_spawn_raises",
+)
 def test_a_parameter_the_loss_does_not_use_fails_every_rank_at_the_second_step_with_lightnings_advice(
     run_world, semantics
 ):
@@ -193,7 +256,7 @@ def test_a_parameter_the_loss_does_not_use_fails_every_rank_at_the_second_step_w
     ``DDPStrategy.on_exception`` (``_augment_message``); torch/nn/parallel/distributed.py
     ``_pre_forward`` (``_check_previous_reduction``)."""
     world_size = 2
-    world = run_world(parity_gradients.fit_unused, world_size, find_unused_parameters=False)
+    world = run_world(gradients_and_weights.fit_unused, world_size, find_unused_parameters=False)
 
     outcome = [(rec["steps"], rec["raised"]) for rec in world.records]
     assert outcome == [(1, "RuntimeError")] * world_size, oracle.side_by_side("steps run, raised", outcome)
@@ -203,18 +266,20 @@ def test_a_parameter_the_loss_does_not_use_fails_every_rank_at_the_second_step_w
     semantics.number("training steps before the error", outcome[0][0], vs=("max_steps", 3))
 
 
+@pytest.mark.mirrors("tests_pytorch/strategies/test_ddp_integration.py::test_find_unused_parameters_ddp_exception")
 def test_with_find_unused_parameters_true_the_same_module_trains_every_step(run_world, semantics):
     """The fix Lightning's message names: ``DDPStrategy(find_unused_parameters=True)`` lets the same module
     run all three steps on every rank. Source: torch/nn/parallel/distributed.py
     (``find_unused_parameters`` marks the unused parameters ready after each backward)."""
     world_size = 2
-    world = run_world(parity_gradients.fit_unused, world_size, find_unused_parameters=True)
+    world = run_world(gradients_and_weights.fit_unused, world_size, find_unused_parameters=True)
 
     outcome = [(rec["steps"], rec["raised"]) for rec in world.records]
     assert outcome == [(3, None)] * world_size, oracle.side_by_side("steps run, raised", outcome)
     semantics.number("training steps", outcome[0][0], vs=("without find_unused_parameters", 1))
 
 
+@pytest.mark.mirrors("tests_pytorch/strategies/test_ddp.py::test_ddp_dont_configure_sync_batchnorm")
 def test_sync_batchnorm_true_is_not_applied_in_validate_test_or_predict(run_world, semantics):
     """``Trainer(sync_batchnorm=True)`` converts ``BatchNorm*d`` to ``SyncBatchNorm`` for ``fit`` only: in
     ``validate``, ``test`` and ``predict`` every rank's steps run the module's own ``BatchNorm1d``, and it
@@ -223,7 +288,7 @@ def test_sync_batchnorm_true_is_not_applied_in_validate_test_or_predict(run_worl
     (one rank). Source: pytorch_lightning/strategies/ddp.py ``DDPStrategy.setup`` (``if trainer_fn ==
     TrainerFn.FITTING and self._layer_sync``)."""
     world_size, stages = 2, ["validate", "test", "predict"]
-    world = run_world(parity_gradients.batchnorm_classes, world_size, stages=stages)
+    world = run_world(gradients_and_weights.batchnorm_classes, world_size, stages=stages)
 
     want = {"during": {s: ["BatchNorm1d"] for s in stages}, "after": {s: "BatchNorm1d" for s in stages}}
     got = world.records

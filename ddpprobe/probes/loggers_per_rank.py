@@ -1,4 +1,4 @@
-"""The logger, log-line, progress-bar and profiler probes of the parity facts: what each rank's loggers,
+"""The logger, log-line, progress-bar and profiler probes: what each rank's loggers,
 ``EarlyStopping`` messages, progress bar and profiler do under DDP.
 
 - ``AllRankLogger`` is a user's ``Logger`` with no ``rank_zero_only`` anywhere: it keeps every
@@ -166,9 +166,9 @@ def fit_with_profiler(info: RankInfo, n: int, batch_size: int) -> dict:
     """Scenario: one epoch of ``trainer.fit`` a ``PlainFitProbe`` with
     ``SimpleProfiler(dirpath=".", filename="perf")``: the profile lands in the rank's working directory.
 
-    Record keys: ``local_rank`` (the Trainer's).
+    Record keys: ``global_rank``, ``local_rank`` (the Trainer's).
     """
     profiler = pl.profilers.SimpleProfiler(dirpath=".", filename="perf")
     trainer = ddp_trainer(info, max_epochs=1, profiler=profiler, limit_val_batches=0)
     trainer.fit(PlainFitProbe(), train_dataloaders=regression_loader(n, batch_size))
-    return {"local_rank": trainer.local_rank}
+    return {"global_rank": trainer.global_rank, "local_rank": trainer.local_rank}

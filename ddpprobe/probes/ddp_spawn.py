@@ -1,4 +1,4 @@
-"""The fresh-interpreter probes of the parity facts: what the process that called ``trainer.fit`` gets back
+"""The fresh-interpreter probes of the ``ddp_spawn`` facts: what the process that called ``trainer.fit`` gets back
 when Lightning starts the ranks itself (``ddp_spawn``), what ``trainer.predict`` refuses there, and the rank
 ``rank_zero_only`` reads from the environment at import (``rank_zero_at_import``).
 
@@ -9,7 +9,7 @@ process look like a plain ``python script.py``: it removes the rank variables th
 fresh ranks through ``torch.multiprocessing.start_processes`` on a free loopback port
 (pytorch_lightning/strategies/launchers/multiprocessing.py ``_MultiProcessingLauncher``).
 
-``SpawnProbe`` trains ``PlainFitProbe`` (ddpprobe/probes/parity_loggers.py) and logs, unsynced,
+``SpawnProbe`` trains ``PlainFitProbe`` (ddpprobe/probes/loggers_per_rank.py) and logs, unsynced,
 ``"rank_value"`` = ``global_rank + 1`` and ``"omp_threads"`` = the ``OMP_NUM_THREADS`` its rank process
 sees (-1 when unset).
 """
@@ -23,7 +23,7 @@ import torch
 
 from ddpprobe._lightning import pl
 from ddpprobe.launch import RankInfo
-from ddpprobe.probes.parity_loggers import PlainFitProbe
+from ddpprobe.probes.loggers_per_rank import PlainFitProbe
 from ddpprobe.probes.training import regression_loader
 
 #: The variables removed so that Lightning, not an outside launcher, starts the ranks.

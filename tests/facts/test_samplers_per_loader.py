@@ -24,12 +24,23 @@ import pytest
 import torch
 from torch.utils.data import WeightedRandomSampler
 
-from ddpprobe.probes import parity_samplers
+from ddpprobe.probes import samplers_per_loader
 from tests.support import oracle
 
 #: Sampling weights over 8 samples: ids 6 and 7 are drawn far more often, so draws repeat ids.
 WEIGHTS = [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 4.0, 8.0]
 SEED = 3
+
+
+#: Lightning's warning for a shuffling evaluation loader, a ``PossibleUserWarning`` on rank 0
+#: (pytorch_lightning/trainer/connectors/data_connector.py ``_process_dataloader``).
+SHUFFLING_WARNING = (
+    "Your `val_dataloader`'s sampler has shuffling enabled, it is strongly recommended that you turn shuffling off"
+    " for val/test dataloaders."
+)
+#: Lightning's warning when every rank's loader is empty, a ``UserWarning`` (``rank_zero_warn``'s default) on
+#: rank 0 (pytorch_lightning/utilities/data.py ``has_len_all_ranks``).
+ZERO_LENGTH_WARNING = "Total length of `DataLoader` across ranks is zero. Please make sure this was your intention."
 
 
 def _draws(seed: int, n: int = len(WEIGHTS)) -> list:
@@ -59,6 +70,7 @@ def _code(ids) -> float:
     return float(sum((k + 1) * (i + 1) for k, i in enumerate(ids)))
 
 
+@pytest.mark.mirrors("tests_pytorch/trainer/connectors/test_data_connector.py::test_dataloader_reinit_for_subclass")
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_a_weighted_random_sampler_is_wrapped_and_each_rank_gets_every_wth_of_its_draws(
     run_world, semantics, world_size
@@ -73,7 +85,13 @@ def test_a_weighted_random_sampler_is_wrapped_and_each_rank_gets_every_wth_of_it
     ``_get_distributed_sampler``; lightning_fabric/utilities/distributed.py ``DistributedSamplerWrapper``."""
     n = len(WEIGHTS)
     world = run_world(
-        parity_samplers.evaluate_sampled, world_size, n=n, batch_size=2, sampler="weighted", weights=WEIGHTS, seed=SEED
+        samplers_per_loader.evaluate_sampled,
+        world_size,
+        n=n,
+        batch_size=2,
+        sampler="weighted",
+        weights=WEIGHTS,
+        seed=SEED,
     )
 
     draws = _draws(SEED)
@@ -87,6 +105,7 @@ def test_a_weighted_random_sampler_is_wrapped_and_each_rank_gets_every_wth_of_it
     semantics.number("rank 0's draws", str(seen[0]), vs=("plain DistributedSampler shard", str(plain_shard)))
 
 
+@pytest.mark.mirrors("tests_pytorch/trainer/connectors/test_data_connector.py::test_dataloader_reinit_for_subclass")
 def test_in_training_the_wrapper_shuffles_the_draws_positions_and_the_sampler_draws_anew_every_epoch(
     run_world, semantics
 ):
@@ -101,7 +120,7 @@ def test_in_training_the_wrapper_shuffles_the_draws_positions_and_the_sampler_dr
     distributed.py ``DistributedSamplerWrapper.__iter__`` (``self.dataset.reset()``)."""
     n, world_size, epochs = len(WEIGHTS), 2, 2
     world = run_world(
-        parity_samplers.fit_sampled,
+        samplers_per_loader.fit_sampled,
         world_size,
         n=n,
         batch_size=2,
@@ -127,6 +146,10 @@ def test_in_training_the_wrapper_shuffles_the_draws_positions_and_the_sampler_dr
     semantics.number("rank 0's epoch-1 ids", str(seen[0][1]), vs=("unshuffled positions", str(unshuffled[1])))
 
 
+@pytest.mark.mirrors(
+    "tests_fabric/utilities/test_distributed.py::test_distributed_sampler_wrapper_set_epoch",
+    "tests_pytorch/loops/test_evaluation_loop.py::test_evaluation_loop_sampler_set_epoch_called",
+)
 def test_distributed_sampler_wrapper_forwards_set_epoch_to_the_users_sampler_in_training_and_validation(
     run_world, semantics
 ):
@@ -142,7 +165,7 @@ def test_distributed_sampler_wrapper_forwards_set_epoch_to_the_users_sampler_in_
     (``_set_sampler_epoch`` with ``fit_loop.epoch_progress.current.processed``)."""
     n, world_size, epochs = len(WEIGHTS), 2, 2
     world = run_world(
-        parity_samplers.fit_sampled,
+        samplers_per_loader.fit_sampled,
         world_size,
         n=n,
         batch_size=2,
@@ -177,18 +200,20 @@ def test_distributed_sampler_wrapper_forwards_set_epoch_to_the_users_sampler_in_
     semantics.number("set_epoch calls of the validation sampler", str(calls[0][1]))
 
 
+@pytest.mark.mirrors("tests_pytorch/loops/test_prediction_loop.py::test_prediction_loop_batch_sampler_set_epoch_called")
 def test_predict_wraps_a_custom_sampler_without_forwarding_set_epoch(run_world, semantics):
     """``trainer.predict`` wraps the same sampler in ``UnrepeatedDistributedSamplerWrapper``, which
     deals draws r, r+W, ... without padding but does not forward ``set_epoch``: the user's sampler is
     never called with it and draws from its initial seed. Lightning's tests_pytorch/loops/test_prediction_loop.py::
     test_prediction_loop_batch_sampler_set_epoch_called checks that the sampler *in the loader* gets
-    ``set_epoch``, which holds; it runs one rank, where no wrapper is put in. Source:
+    ``set_epoch``, which holds: that sampler is the wrapper (put in at one rank too), and the test does not
+    look inside it at the user's sampler. Source:
     pytorch_lightning/overrides/distributed.py ``UnrepeatedDistributedSamplerWrapper`` (subclasses
     ``UnrepeatedDistributedSampler``, not ``DistributedSamplerWrapper``); data_connector.py
     ``_process_dataloader`` (``_set_sampler_epoch`` outside fit)."""
     n, world_size = len(WEIGHTS), 2
     world = run_world(
-        parity_samplers.evaluate_sampled,
+        samplers_per_loader.evaluate_sampled,
         world_size,
         n=n,
         batch_size=2,
@@ -212,6 +237,9 @@ def test_predict_wraps_a_custom_sampler_without_forwarding_set_epoch(run_world, 
     semantics.number("set_epoch calls reaching the user's sampler in predict", len(world.records[0]["epochs_set"]))
 
 
+@pytest.mark.mirrors(
+    "tests_pytorch/trainer/flags/test_overfit_batches.py::test_distributed_sampler_with_overfit_batches"
+)
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_with_overfit_batches_the_training_sampler_does_not_shuffle_and_every_epoch_repeats_the_same_batches(
     run_world, semantics, world_size
@@ -224,7 +252,12 @@ def test_with_overfit_batches_the_training_sampler_does_not_shuffle_and_every_ep
     data_connector.py ``_get_distributed_sampler`` and ``_resolve_overfit_batches``."""
     n, batch_size, epochs, overfit = 12, 2, 2, 2
     world = run_world(
-        parity_samplers.fit_sampled, world_size, n=n, batch_size=batch_size, max_epochs=epochs, overfit_batches=overfit
+        samplers_per_loader.fit_sampled,
+        world_size,
+        n=n,
+        batch_size=batch_size,
+        max_epochs=epochs,
+        overfit_batches=overfit,
     )
 
     expected = [oracle.batches(oracle.shard(n, world_size, r), batch_size)[:overfit] for r in range(world_size)]
@@ -239,6 +272,11 @@ def test_with_overfit_batches_the_training_sampler_does_not_shuffle_and_every_ep
     semantics.number("rank 0's epoch-1 batches", str(seen[0][1]), vs=("without overfit_batches", str(shuffled)))
 
 
+@pytest.mark.mirrors(
+    "tests_pytorch/trainer/connectors/test_data_connector.py::test_eval_shuffle_with_distributed_sampler_replacement",
+    "tests_pytorch/trainer/connectors/test_data_connector.py::test_non_sequential_sampler_warning_is_raised_for_eval_dataloader",
+    "tests_pytorch/loops/test_evaluation_loop.py::test_evaluation_loop_sampler_set_epoch_called",
+)
 def test_a_shuffling_validation_loader_keeps_shuffling_under_ddp_with_a_new_order_every_epoch(run_world, semantics):
     """A validation ``DataLoader(shuffle=True)`` gets ``DistributedSampler(shuffle=True)`` (the user's
     choice is kept for validation and test), the "turn shuffling off for val/test dataloaders" warning on
@@ -251,7 +289,7 @@ def test_a_shuffling_validation_loader_keeps_shuffling_under_ddp_with_a_new_orde
     (``_is_dataloader_shuffled``); evaluation_loop.py (``_set_sampler_epoch`` when fitting)."""
     n, val_n, world_size, epochs = 4, 7, 2, 2
     world = run_world(
-        parity_samplers.fit_sampled,
+        samplers_per_loader.fit_sampled,
         world_size,
         n=n,
         batch_size=2,
@@ -273,11 +311,13 @@ def test_a_shuffling_validation_loader_keeps_shuffling_under_ddp_with_a_new_orde
     assert seen == expected, oracle.side_by_side("validation ids per epoch", seen) + f"  expected {expected}"
     flags = [(rec["val"]["sampler"], rec["val"]["shuffle"]) for rec in world.records]
     assert flags == [("DistributedSampler", True)] * world_size, oracle.side_by_side("validation sampler", flags)
-    warned = [sum("sampler has shuffling enabled" in w["message"] for w in rec["warnings"]) for rec in world.records]
+    warning = {"category": "PossibleUserWarning", "message": SHUFFLING_WARNING}
+    warned = [sum(w == warning for w in rec["warnings"]) for rec in world.records]
     assert warned == [1] + [0] * (world_size - 1), oracle.side_by_side("shuffling warnings", warned)
     semantics.number("rank 0's validation ids, epoch 1", str(seen[0][1]), vs=("epoch 0", str(seen[0][0])))
 
 
+@pytest.mark.mirrors("tests_pytorch/trainer/connectors/test_data_connector.py::test_replace_distributed_sampler")
 @pytest.mark.parametrize("n, drop_last", [(7, False), (5, True)])
 def test_a_custom_batch_sampler_is_rebuilt_as_its_own_class_around_a_distributed_sampler(
     run_world, semantics, n, drop_last
@@ -291,7 +331,7 @@ def test_a_custom_batch_sampler_is_rebuilt_as_its_own_class_around_a_distributed
     world). Source: pytorch_lightning/utilities/data.py ``_dataloader_init_kwargs_resolve_sampler``."""
     world_size, batch_size = 2, 2
     world = run_world(
-        parity_samplers.validate_with_batch_sampler, world_size, n=n, batch_size=batch_size, drop_last=drop_last
+        samplers_per_loader.validate_with_batch_sampler, world_size, n=n, batch_size=batch_size, drop_last=drop_last
     )
 
     def cut(ids):
@@ -322,6 +362,10 @@ def test_a_custom_batch_sampler_is_rebuilt_as_its_own_class_around_a_distributed
     semantics.number("rank 0's batches", str(seen[0]), vs=("the user's batch sampler as given", str(user_as_given)))
 
 
+@pytest.mark.mirrors(
+    "tests_pytorch/utilities/test_combined_loader.py::test_combined_data_loader_with_max_size_cycle_and_ddp",
+    "tests_pytorch/utilities/test_combined_loader.py::test_combined_data_loader_validation_test",
+)
 def test_every_loader_of_a_combined_loader_gets_its_own_shuffling_distributed_sampler(run_world, semantics):
     """Training on ``CombinedLoader({"a": ..., "b": ...})`` (``max_size_cycle``): each inner loader gets
     its own ``DistributedSampler(shuffle=True)``, the ``RandomSampler`` subclass of ``b`` replaced too, so
@@ -332,7 +376,7 @@ def test_every_loader_of_a_combined_loader_gets_its_own_shuffling_distributed_sa
     (Trainers built in one process). Source: data_connector.py ``_prepare_dataloader`` per flattened
     loader; pytorch_lightning/utilities/combined_loader.py ``CombinedLoader``."""
     n_a, n_b, batch_size, world_size = 8, 6, 2, 2
-    world = run_world(parity_samplers.fit_combined, world_size, n_a=n_a, n_b=n_b, batch_size=batch_size)
+    world = run_world(samplers_per_loader.fit_combined, world_size, n_a=n_a, n_b=n_b, batch_size=batch_size)
 
     expected = []
     for r in range(world_size):
@@ -348,6 +392,7 @@ def test_every_loader_of_a_combined_loader_gets_its_own_shuffling_distributed_sa
     semantics.number("steps per rank", len(steps[0]), vs=("unsharded", -(-n_a // batch_size)))
 
 
+@pytest.mark.mirrors("tests_pytorch/trainer/test_dataloaders.py::test_warning_on_zero_len_dataloader")
 def test_loader_lengths_are_summed_over_ranks_an_all_empty_world_warns_once_and_one_empty_rank_raises_alone(
     run_world, semantics
 ):
@@ -359,13 +404,11 @@ def test_loader_lengths_are_summed_over_ranks_an_all_empty_world_warns_once_and_
     test_dataloaders.py::test_warning_on_zero_len_dataloader (one process). Source:
     pytorch_lightning/utilities/data.py ``has_len_all_ranks`` (``strategy.reduce(local_length, "sum")``)."""
     world_size = 2
-    empty = run_world(parity_samplers.validate_lengths, world_size, lengths=[0, 0])
-    one_empty = run_world(parity_samplers.validate_lengths, world_size, lengths=[4, 0])
+    empty = run_world(samplers_per_loader.validate_lengths, world_size, lengths=[0, 0])
+    one_empty = run_world(samplers_per_loader.validate_lengths, world_size, lengths=[4, 0])
 
-    warned = [
-        sum("Total length of `DataLoader` across ranks is zero" in w["message"] for w in rec["warnings"])
-        for rec in empty.records
-    ]
+    warning = {"category": "UserWarning", "message": ZERO_LENGTH_WARNING}
+    warned = [sum(w == warning for w in rec["warnings"]) for rec in empty.records]
     assert warned == [1, 0], oracle.side_by_side("zero-length warnings", warned)
     assert [(rec["seen"], rec["raised"]) for rec in empty.records] == [([], None)] * world_size
     outcome = [(rec["seen"], rec["raised"]) for rec in one_empty.records]
@@ -376,6 +419,10 @@ def test_loader_lengths_are_summed_over_ranks_an_all_empty_world_warns_once_and_
     semantics.number("ranks warning when every loader is empty", sum(warned), vs=("world size", world_size))
 
 
+@pytest.mark.mirrors(
+    "tests_pytorch/trainer/test_dataloaders.py::test_auto_add_worker_init_fn_distributed",
+    "tests_fabric/utilities/test_seed.py::test_pl_worker_init_function",
+)
 @pytest.mark.parametrize("workers", [False, True])
 def test_dataloader_workers_draw_numpy_stdlib_and_torch_numbers_unique_per_rank_only_with_seed_everything_workers(
     run_world, semantics, workers
@@ -393,7 +440,7 @@ def test_dataloader_workers_draw_numpy_stdlib_and_torch_numbers_unique_per_rank_
     ``_auto_add_worker_init_fn``; torch/utils/data/_utils/worker.py ``_worker_loop`` (seeds ``random``,
     torch and NumPy)."""
     world_size = 2
-    world = run_world(parity_samplers.worker_draws, world_size, seed=7, workers=workers)
+    world = run_world(samplers_per_loader.worker_draws, world_size, seed=7, workers=workers)
 
     draws = [rec["draws"] for rec in world.records]
     for rank_draws in draws:

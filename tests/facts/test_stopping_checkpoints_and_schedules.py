@@ -11,7 +11,7 @@ step-level monitor or none, and ``lr_find``.
 - ``ModelCheckpoint`` runs its logic on every rank with synced values and saves on rank 0 only; the
   ``lr_find`` results are rank 0's, broadcast (pytorch_lightning/tuner/lr_finder.py ``_lr_find``).
 
-The module is a ``Linear(2, 1)`` on ``RegressionDataset`` (ddpprobe/probes/parity_training.py).
+The module is a ``Linear(2, 1)`` on ``RegressionDataset`` (ddpprobe/probes/stopping_checkpoints_and_schedules.py).
 """
 
 import math
@@ -19,12 +19,13 @@ import math
 import pytest
 
 from ddpprobe import RankFailed
-from ddpprobe.probes import parity_training
+from ddpprobe.probes import stopping_checkpoints_and_schedules
 from tests.support import oracle
 
 NONE_MESSAGE = "Skipping the `training_step` by returning None in distributed training is not supported"
 
 
+@pytest.mark.mirrors("tests_pytorch/loops/optimization/test_automatic_loop.py::test_skip_training_step_not_allowed")
 def test_returning_none_from_training_step_on_one_rank_raises_there_while_its_peer_waits_in_backward(run_world):
     """Rank 1 returns None from ``training_step`` at batch 1, rank 0 returns its loss: rank 1 raises
     ``RuntimeError: Skipping the `training_step` by returning None in distributed training is not
@@ -35,7 +36,7 @@ def test_returning_none_from_training_step_on_one_rank_raises_there_while_its_pe
     ``trainer.strategy.world_size = 2`` in one process, so it cannot show that the check is per rank.
     Source: pytorch_lightning/loops/optimization/automatic.py ``_AutomaticOptimization._training_step``."""
     with pytest.raises(RankFailed) as failure:
-        run_world(parity_training.fit_none_step, 2, none_ranks=[1], none_at=1, n=8)
+        run_world(stopping_checkpoints_and_schedules.fit_none_step, 2, none_ranks=[1], none_at=1, n=8)
 
     err = failure.value
     assert err.exc_types == {1: "RuntimeError"}, err.exc_types
@@ -45,12 +46,13 @@ def test_returning_none_from_training_step_on_one_rank_raises_there_while_its_pe
     assert "pytorch_lightning/strategies/strategy.py" in stack and "in backward" in stack, stack
 
 
+@pytest.mark.mirrors("tests_pytorch/loops/optimization/test_automatic_loop.py::test_skip_training_step_not_allowed")
 def test_returning_none_on_every_rank_at_the_same_batch_raises_on_every_rank(run_world, semantics):
     """When every rank returns None at the same batch, every rank raises the same ``RuntimeError`` at once
     and none is left waiting. Mirrors test_automatic_loop.py::test_skip_training_step_not_allowed.
     Source: automatic.py ``_AutomaticOptimization._training_step``."""
     with pytest.raises(RankFailed) as failure:
-        run_world(parity_training.fit_none_step, 2, none_ranks=[0, 1], none_at=1, n=8)
+        run_world(stopping_checkpoints_and_schedules.fit_none_step, 2, none_ranks=[0, 1], none_at=1, n=8)
 
     err = failure.value
     semantics.number("ranks raising", len(err.exc_types), vs=("when one rank returns None", 1))
@@ -58,15 +60,19 @@ def test_returning_none_on_every_rank_at_the_same_batch_raises_on_every_rank(run
     assert all(NONE_MESSAGE in err.rank_errors[r] for r in (0, 1)), err.rank_errors
 
 
+@pytest.mark.mirrors("tests_pytorch/loops/optimization/test_automatic_loop.py::test_skip_training_step_not_allowed")
 def test_in_a_world_of_one_rank_returning_none_skips_the_batch_without_an_error(run_world, semantics):
     """The control: at W=1 (``strategy="ddp"``, one rank) the same None is allowed; the epoch runs all
     four batches. Source: automatic.py (the check needs ``trainer.world_size > 1``)."""
-    world = run_world(parity_training.fit_none_step, 1, none_ranks=[0], none_at=1, n=8)
+    world = run_world(stopping_checkpoints_and_schedules.fit_none_step, 1, none_ranks=[0], none_at=1, n=8)
 
     assert world.records[0]["steps"] == [0, 1, 2, 3], world.records
     semantics.number("training batches run at W=1", len(world.records[0]["steps"]))
 
 
+@pytest.mark.mirrors(
+    "tests_pytorch/trainer/properties/test_estimated_stepping_batches.py::test_num_stepping_batches_gpu"
+)
 @pytest.mark.parametrize("world_size, accumulate", [(2, 1), (2, 2), (3, 1)])
 def test_estimated_stepping_batches_counts_one_ranks_optimizer_steps(run_world, semantics, world_size, accumulate):
     """``trainer.estimated_stepping_batches`` read in ``configure_optimizers`` (what a OneCycle or warmup
@@ -77,7 +83,7 @@ def test_estimated_stepping_batches_counts_one_ranks_optimizer_steps(run_world, 
     trainer.py ``Trainer.estimated_stepping_batches`` (``num_training_batches``, per rank)."""
     n, batch_size, epochs = 10, 2, 3
     world = run_world(
-        parity_training.fit_stepping,
+        stopping_checkpoints_and_schedules.fit_stepping,
         world_size,
         n=n,
         batch_size=batch_size,
@@ -95,6 +101,7 @@ def test_estimated_stepping_batches_counts_one_ranks_optimizer_steps(run_world, 
     semantics.number("estimated_stepping_batches", got[0][0], vs=("single process", steps(n)))
 
 
+@pytest.mark.mirrors("tests_pytorch/callbacks/test_spike.py::test_trainer_spike_detection_integration")
 def test_a_loss_spike_on_one_rank_stops_every_rank_at_that_batch(run_world, semantics):
     """``SpikeDetection(window=2, warmup=1)`` with a loss of 1.0 everywhere except 100.0 on rank 1 at batch
     3: rank 0 saw no spike, yet both ranks raise ``TrainingSpikeException`` "Training spike detected in
@@ -103,10 +110,13 @@ def test_a_loss_spike_on_one_rank_stops_every_rank_at_that_batch(run_world, sema
     (ddp_spawn, 2 CPU ranks). Source: lightning_fabric/utilities/spike.py ``SpikeDetection.on_train_batch_end``
     (``reduce_boolean_decision(is_spike, all=False)``) and ``_handle_spike``."""
     world_size, n = 2, 16
-    world = run_world(parity_training.fit_spike, world_size, n=n)
+    world = run_world(stopping_checkpoints_and_schedules.fit_spike, world_size, n=n)
 
-    spike = parity_training.SPIKE_BATCH
-    local = [any(parity_training.spike_loss(r, b) > 1.0 for b in range(spike + 1)) for r in range(world_size)]
+    spike = stopping_checkpoints_and_schedules.SPIKE_BATCH
+    local = [
+        any(stopping_checkpoints_and_schedules.spike_loss(r, b) > 1.0 for b in range(spike + 1))
+        for r in range(world_size)
+    ]
     assert local == [False, True], "only rank 1 may see the spike for the fact to show the cross-rank decision"
     got = [(rec["raised"], rec["message"], rec["steps"]) for rec in world.records]
     want = ("TrainingSpikeException", f"Training spike detected in batch {spike}", list(range(spike + 1)))
@@ -116,6 +126,7 @@ def test_a_loss_spike_on_one_rank_stops_every_rank_at_that_batch(run_world, sema
     semantics.number("ranks stopped by rank 1's spike", sum(r == want for r in got), vs=("ranks that saw it", 1))
 
 
+@pytest.mark.mirrors("tests_pytorch/checkpointing/test_checkpoint_callback_frequency.py::test_top_k_ddp")
 def test_a_step_level_monitor_keeps_the_top_k_steps_of_the_synced_value_and_rank_0_writes_them(run_world, semantics):
     """``ModelCheckpoint(monitor="v_step", save_top_k=2, every_n_train_steps=1)`` on a value logged with
     ``on_step=True, on_epoch=True, sync_dist=True`` that rank r logs as ``(r+1) * ((b-2)**2 + b/10)`` at
@@ -127,7 +138,7 @@ def test_a_step_level_monitor_keeps_the_top_k_steps_of_the_synced_value_and_rank
     ``_save_topk_checkpoint``; ``Strategy.save_checkpoint`` (rank 0)."""
     world_size, n, batch_size = 2, 10, 2
     world = run_world(
-        parity_training.fit_checkpoint,
+        stopping_checkpoints_and_schedules.fit_checkpoint,
         world_size,
         n=n,
         batch_size=batch_size,
@@ -138,9 +149,12 @@ def test_a_step_level_monitor_keeps_the_top_k_steps_of_the_synced_value_and_rank
     )
 
     batches = range(math.ceil(math.ceil(n / world_size) / batch_size))
-    synced = {b: oracle.mean(parity_training.step_monitor_value(r, b) for r in range(world_size)) for b in batches}
+    synced = {
+        b: oracle.mean(stopping_checkpoints_and_schedules.step_monitor_value(r, b) for r in range(world_size))
+        for b in batches
+    }
     best, second = sorted(batches, key=synced.get)[:2]
-    oracle.assert_distinct(synced=synced[best], rank0=parity_training.step_monitor_value(0, best))
+    oracle.assert_distinct(synced=synced[best], rank0=stopping_checkpoints_and_schedules.step_monitor_value(0, best))
     files = {f"epoch=0-step={b + 1}.ckpt" for b in (best, second)}
     got = [(rec["best_model_path"], set(rec["best_k_models"])) for rec in world.records]
     assert got == [(f"epoch=0-step={best + 1}.ckpt", files)] * world_size, oracle.side_by_side("best, top k", got)
@@ -149,10 +163,15 @@ def test_a_step_level_monitor_keeps_the_top_k_steps_of_the_synced_value_and_rank
     saved = [sorted(rank.files) for rank in world]
     assert saved == [sorted(f"checkpoints/{f}" for f in files), []], oracle.side_by_side("files", saved)
     semantics.number(
-        "best_model_score", scores[0], vs=("rank 0's own value", parity_training.step_monitor_value(0, best))
+        "best_model_score",
+        scores[0],
+        vs=("rank 0's own value", stopping_checkpoints_and_schedules.step_monitor_value(0, best)),
     )
 
 
+@pytest.mark.mirrors(
+    "tests_pytorch/checkpointing/test_checkpoint_callback_frequency.py::test_model_checkpoint_ddp_monitor_none"
+)
 def test_without_a_monitor_every_rank_names_the_last_epochs_checkpoint_and_rank_0_keeps_only_it(run_world, semantics):
     """``ModelCheckpoint(monitor=None)`` (the default) over two epochs: every rank's ``best_model_path`` is
     the last epoch's file (``epoch=1-step=4``), ``best_model_score`` is None, and rank 0's folder holds
@@ -160,7 +179,9 @@ def test_without_a_monitor_every_rank_names_the_last_epochs_checkpoint_and_rank_
     test_checkpoint_callback_frequency.py::test_model_checkpoint_ddp_monitor_none (2 GPUs). Source:
     model_checkpoint.py ``_save_none_monitor_checkpoint`` and ``_remove_checkpoint``."""
     world_size, n, batch_size, epochs = 2, 8, 2, 2
-    world = run_world(parity_training.fit_checkpoint, world_size, n=n, batch_size=batch_size, max_epochs=epochs)
+    world = run_world(
+        stopping_checkpoints_and_schedules.fit_checkpoint, world_size, n=n, batch_size=batch_size, max_epochs=epochs
+    )
 
     steps_per_epoch = math.ceil(math.ceil(n / world_size) / batch_size)
     last = f"epoch={epochs - 1}-step={epochs * steps_per_epoch}.ckpt"
@@ -184,6 +205,7 @@ def _lr_finder_smoothed(losses, beta=0.98) -> list:
     return out
 
 
+@pytest.mark.mirrors("tests_pytorch/tuner/test_lr_finder.py::test_lr_finder_with_ddp")
 def test_lr_find_under_ddp_gives_every_rank_rank_0s_loss_curve_and_the_same_learning_rate(run_world, semantics):
     """``Tuner(trainer).lr_find(model)`` at W=2: each rank trains on its own shard, so the ranks' losses
     differ, but every rank ends with the same ``results`` (the smoothed loss curve of rank 0's losses, not
@@ -192,7 +214,7 @@ def test_lr_find_under_ddp_gives_every_rank_rank_0s_loss_curve_and_the_same_lear
     same lr on every rank). Source: pytorch_lightning/tuner/lr_finder.py ``_lr_find``
     (``lr_finder.results = trainer.strategy.broadcast(lr_finder.results)``)."""
     world_size, steps = 2, 20
-    world = run_world(parity_training.find_lr, world_size, num_training=steps)
+    world = run_world(stopping_checkpoints_and_schedules.find_lr, world_size, num_training=steps)
 
     curves = [_lr_finder_smoothed(rec["losses"]) for rec in world.records]
     oracle.assert_distinct(rank0_first=curves[0][0], rank1_first=curves[1][0])
@@ -219,23 +241,24 @@ def _first_stop(values: list) -> int:
     return len(values)
 
 
+@pytest.mark.mirrors("tests_pytorch/callbacks/test_early_stopping.py::test_multiple_early_stopping_callbacks")
 @pytest.mark.parametrize("check_on_train_epoch_end", [True, False])
 def test_with_two_early_stopping_callbacks_the_first_stop_any_rank_wants_stops_every_rank(
     run_world, semantics, check_on_train_epoch_end
 ):
-    """Two ``EarlyStopping(patience=0)`` callbacks on unsynced values: ``"a"`` rises on rank 0 from epoch 1
-    (rank 0 wants to stop there) and falls on rank 1; ``"b"`` stops improving at epoch 3 on every rank.
+    """Two ``EarlyStopping(patience=0)`` callbacks on unsynced values: ``"a"`` rises on rank 1 from epoch 1
+    (rank 1 wants to stop there) and falls on rank 0; ``"b"`` stops improving at epoch 3 on every rank.
     Every rank trains epochs 0 and 1 and stops, the ``"a"`` callback records ``stopped_epoch`` 1 on both
-    ranks (rank 1's own values never asked for it) and the ``"b"`` callback never stops; on its own, rank 1
-    would have trained until epoch 3. The same whether the check runs at the training epoch's end or after
-    validation. Mirrors Lightning's tests_pytorch/callbacks/test_early_stopping.py::
-    test_multiple_early_stopping_callbacks[ddp_spawn] (2 CPU ranks). Source:
-    pytorch_lightning/callbacks/early_stopping.py ``_run_early_stopping_check``
+    ranks (rank 0's own values never asked for it) and the ``"b"`` callback never stops; had rank 0
+    decided for the world (its decision broadcast), every rank would have trained until epoch 3. The same
+    whether the check runs at the training epoch's end or after validation. Mirrors Lightning's
+    tests_pytorch/callbacks/test_early_stopping.py::test_multiple_early_stopping_callbacks[ddp_spawn] (2 CPU
+    ranks). Source: pytorch_lightning/callbacks/early_stopping.py ``_run_early_stopping_check``
     (``reduce_boolean_decision(should_stop, all=False)``; ``stopped_epoch`` set where the reduced decision
     stops)."""
     world_size, max_epochs = 2, 6
     world = run_world(
-        parity_training.fit_two_early_stoppings,
+        stopping_checkpoints_and_schedules.fit_two_early_stoppings,
         world_size,
         check_on_train_epoch_end=check_on_train_epoch_end,
         max_epochs=max_epochs,
@@ -243,15 +266,19 @@ def test_with_two_early_stopping_callbacks_the_first_stop_any_rank_wants_stops_e
 
     per_rank_stop = [
         min(
-            _first_stop([parity_training.two_monitor_values(r, e)[key] for e in range(max_epochs)])
+            _first_stop([stopping_checkpoints_and_schedules.two_monitor_values(r, e)[key] for e in range(max_epochs)])
             for key in ("a", "b")
         )
         for r in range(world_size)
     ]
     stop = min(per_rank_stop)
-    oracle.assert_distinct(any_rank=stop, rank1_alone=per_rank_stop[1])
+    assert (
+        stopping_checkpoints_and_schedules.STOPPING_RANK != 0
+        and per_rank_stop[stopping_checkpoints_and_schedules.STOPPING_RANK] == stop
+    )
+    oracle.assert_distinct(any_rank=stop, rank0_decides=per_rank_stop[0])
     got = [(rec["epochs"], rec["stopped_epoch"]) for rec in world.records]
     assert got == [(list(range(stop + 1)), {"a": stop, "b": 0})] * world_size, oracle.side_by_side(
         "epochs trained, stopped_epoch", got
     )
-    semantics.number("epochs trained on rank 1", len(got[1][0]), vs=("by its own values", per_rank_stop[1] + 1))
+    semantics.number("epochs trained on rank 0", len(got[0][0]), vs=("by its own values", per_rank_stop[0] + 1))

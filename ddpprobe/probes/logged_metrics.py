@@ -1,8 +1,8 @@
-"""The logging probes of the parity facts: a logged torchmetrics object reset at each epoch end (and an
-unlogged one not), step-level ``reduce_fx`` across ranks and its string aliases, batch sizes inferred
-from the batch, and float64 values.
+"""The logging probes of tests/facts/test_logged_metrics_reset_aliases_and_dtypes.py: a logged torchmetrics
+object reset at each epoch end (and an unlogged one not), step-level ``reduce_fx`` across ranks and its string
+aliases, batch sizes inferred from the batch, and float64 values.
 
-- ``MetricResetProbe`` (on ``PlainFitProbe``, ddpprobe/probes/parity_loggers.py) feeds two
+- ``MetricResetProbe`` (on ``PlainFitProbe``, ddpprobe/probes/loggers_per_rank.py) feeds two
   ``torchmetrics.SumMetric`` objects every validation sample's ``value`` (``id ** 2``): ``logged`` is
   passed to ``self.log``, ``unlogged`` is only ``compute()``-d in ``on_validation_epoch_end``.
 - ``StepReductionProbe`` logs, in its one training step, the rank's value ``(rank + 1) ** 2 + 0.5``
@@ -19,7 +19,7 @@ import torchmetrics
 
 from ddpprobe.launch import RankInfo
 from ddpprobe.probes.common import ddp_trainer, floats
-from ddpprobe.probes.parity_loggers import PlainFitProbe
+from ddpprobe.probes.loggers_per_rank import PlainFitProbe
 from ddpprobe.probes.training import regression_loader
 
 

@@ -11,17 +11,18 @@ batch size it must infer, and with float64, as Lightning's own tests assert it, 
 - Without ``batch_size`` Lightning takes the batch size from the batch (``extract_batch_size``) for the
   weighted epoch mean; float64 values keep float64 (result.py ``_ResultMetric.update``).
 
-The probe module is ddpprobe/probes/parity_metrics.py; sample ``i`` has value ``i ** 2``.
+The probe module is ddpprobe/probes/logged_metrics.py; sample ``i`` has value ``i ** 2``.
 """
 
 import numpy
 import pytest
 import torch
 
-from ddpprobe.probes import parity_metrics
+from ddpprobe.probes import logged_metrics
 from tests.support import oracle
 
 
+@pytest.mark.mirrors("tests_pytorch/core/test_metric_result_integration.py::test_result_reduce_ddp")
 def test_a_logged_metric_is_reset_at_each_epoch_end_while_an_unlogged_one_keeps_growing(run_world, semantics):
     """Two ``SumMetric`` objects fed the same validation values over two epochs of ``fit`` at W=2: the one
     passed to ``self.log`` starts each epoch from its default (local state 0) and logs the padded set's
@@ -33,7 +34,7 @@ def test_a_logged_metric_is_reset_at_each_epoch_end_while_an_unlogged_one_keeps_
     torchmetrics/metric.py ``Metric.compute``."""
     n, val_n, batch_size, epochs, world_size = 4, 5, 2, 2, 2
     world = run_world(
-        parity_metrics.fit_metric_reset, world_size, n=n, val_n=val_n, batch_size=batch_size, epochs=epochs
+        logged_metrics.fit_metric_reset, world_size, n=n, val_n=val_n, batch_size=batch_size, epochs=epochs
     )
 
     epoch_sum = sum(oracle.values(oracle.padded_indices(val_n, world_size)))
@@ -56,6 +57,10 @@ def test_a_logged_metric_is_reset_at_each_epoch_end_while_an_unlogged_one_keeps_
 REDUCE_FXS = {"max": max, "min": min, "sum": sum, "mean": oracle.mean, "SUM": sum, "AVG": oracle.mean, "Max": max}
 
 
+@pytest.mark.mirrors(
+    "tests_pytorch/trainer/logging_/test_train_loop_logging.py::test_logging_sync_dist_true",
+    "tests_pytorch/trainer/logging_/test_train_loop_logging.py::test_logging_sync_dist_true_ddp",
+)
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_a_step_level_synced_value_is_reduced_across_ranks_with_reduce_fx_and_its_case_insensitive_aliases(
     run_world, semantics, world_size
@@ -67,9 +72,9 @@ def test_a_step_level_synced_value_is_reduced_across_ranks_with_reduce_fx_and_it
     tests_pytorch/trainer/logging_/test_train_loop_logging.py::test_logging_sync_dist_true (``foo_5``,
     max) and ::test_logging_sync_dist_true_ddp (``"SUM"``, ``"AVG"``; 2 GPUs). Source: result.py
     ``_Metadata._parse_reduce_fx``, ``_ResultMetric.update`` (``self.meta.sync`` at step level)."""
-    world = run_world(parity_metrics.fit_step_reductions, world_size, reduce_fxs=list(REDUCE_FXS))
+    world = run_world(logged_metrics.fit_step_reductions, world_size, reduce_fxs=list(REDUCE_FXS))
 
-    values = [parity_metrics.step_value(r) for r in range(world_size)]
+    values = [logged_metrics.step_value(r) for r in range(world_size)]
     expected = {f"v_{fx}": reduce(values) for fx, reduce in REDUCE_FXS.items()}
     oracle.assert_distinct(max=max(values), min=min(values), sum=sum(values), mean=oracle.mean(values))
     assert len(set(values)) == world_size, (
@@ -86,6 +91,10 @@ def test_a_step_level_synced_value_is_reduced_across_ranks_with_reduce_fx_and_it
     )
 
 
+@pytest.mark.mirrors(
+    "tests_pytorch/trainer/logging_/test_logger_connector.py::test_result_collection_batch_size_extraction",
+    "tests_pytorch/trainer/logging_/test_logger_connector.py::test_result_collection_on_tensor_with_mean_reduction",
+)
 def test_without_batch_size_the_epoch_mean_is_weighted_by_the_batch_size_inferred_from_the_batch(run_world, semantics):
     """Validation batches of 2 and 1 samples (N=5, W=2, batch size 2), each batch's mean logged with
     ``sync_dist=True``: without ``batch_size`` the synced epoch value is the same as with
@@ -96,7 +105,7 @@ def test_without_batch_size_the_epoch_mean_is_weighted_by_the_batch_size_inferre
     (one process). Source: pytorch_lightning/utilities/data.py ``extract_batch_size``; result.py
     ``_ResultCollection.log`` (``batch_size``) and ``_ResultMetric.update``."""
     n, batch_size, world_size = 5, 2, 2
-    world = run_world(parity_metrics.validate_inference, world_size, n=n, batch_size=batch_size)
+    world = run_world(logged_metrics.validate_inference, world_size, n=n, batch_size=batch_size)
 
     batches = oracle.rank_batches(n, world_size, batch_size)
     per_rank = [[(oracle.mean(oracle.values(b)), len(b)) for b in rank] for rank in batches]
@@ -111,6 +120,7 @@ def test_without_batch_size_the_epoch_mean_is_weighted_by_the_batch_size_inferre
     semantics.number("synced mean without batch_size", got[0]["inferred"], vs=("unweighted", unweighted))
 
 
+@pytest.mark.mirrors("tests_pytorch/core/test_metric_result_integration.py::test_metric_result_dtype_promotion")
 def test_a_float64_value_stays_float64_through_the_sync(run_world, semantics):
     """Rank r logs the float64 tensor ``1 + (r+1) * 1e-10`` with ``sync_dist=True``: the synced epoch value
     in ``callback_metrics`` is a float64 tensor holding the exact mean ``1 + 1.5e-10``, which float32
@@ -118,9 +128,9 @@ def test_a_float64_value_stays_float64_through_the_sync(run_world, semantics):
     test_metric_result_dtype_promotion (one process). Source: result.py ``_ResultMetric.update`` (float32
     and float64 kept; other dtypes cast to the default float dtype)."""
     world_size = 2
-    world = run_world(parity_metrics.validate_inference, world_size, n=4, batch_size=2)
+    world = run_world(logged_metrics.validate_inference, world_size, n=4, batch_size=2)
 
-    exact = oracle.mean(parity_metrics.float64_value(r) for r in range(world_size))
+    exact = oracle.mean(logged_metrics.float64_value(r) for r in range(world_size))
     as_float32 = float(numpy.float32(exact))
     oracle.assert_distinct(float64_excess_in_1e10=(exact - 1) * 1e10, float32_excess_in_1e10=(as_float32 - 1) * 1e10)
     got = [(rec["dtypes"]["f64"], rec["callback_metrics"]["f64"]) for rec in world.records]
@@ -131,6 +141,10 @@ def test_a_float64_value_stays_float64_through_the_sync(run_world, semantics):
     semantics.number("synced float64 value minus 1", got[0][1] - 1.0, vs=("in float32", as_float32 - 1.0))
 
 
+@pytest.mark.mirrors(
+    "tests_pytorch/core/test_metric_result_integration.py::test_metric_result_precision_no_lower_than_float32",
+    "tests_pytorch/core/test_metric_result_integration.py::test_metric_result_respects_dtype",
+)
 def test_int8_and_bfloat16_values_are_cast_to_float32_before_the_sync(run_world, semantics):
     """Rank r logs the int8 tensor ``r + 1`` and the bfloat16 tensor ``1 + r * 2**-7`` with
     ``sync_dist=True``: both reach ``callback_metrics`` as float32 means computed in float32, 1.5 (an int8
@@ -141,10 +155,10 @@ def test_int8_and_bfloat16_values_are_cast_to_float32_before_the_sync(run_world,
     process). Source: result.py ``_ResultMetric.update`` (``value.to(_get_default_dtype())`` for any
     dtype other than float32 and float64)."""
     world_size = 2
-    world = run_world(parity_metrics.validate_inference, world_size, n=4, batch_size=2)
+    world = run_world(logged_metrics.validate_inference, world_size, n=4, batch_size=2)
 
     int_mean = oracle.mean(r + 1 for r in range(world_size))
-    bf16_mean = oracle.mean(parity_metrics.bfloat16_value(r) for r in range(world_size))
+    bf16_mean = oracle.mean(logged_metrics.bfloat16_value(r) for r in range(world_size))
     oracle.assert_distinct(float_mean=int_mean, truncated=float(int(int_mean)))
     bf16_rounded = float(torch.tensor(bf16_mean).to(torch.bfloat16))
     oracle.assert_distinct(float32_in_2e8=bf16_mean * 2**8, bfloat16_in_2e8=bf16_rounded * 2**8)

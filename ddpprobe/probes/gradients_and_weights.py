@@ -1,4 +1,4 @@
-"""The parameter and gradient probes of the parity facts: rank 0's parameters outside ``fit``, gradients
+"""The parameter and gradient probes: rank 0's parameters outside ``fit``, gradients
 after ``manual_backward``, gradients through ``all_gather(..., sync_grads=True)``, parameters unused by
 the loss.
 
@@ -14,6 +14,8 @@ Every module here is a ``Linear(2, 1)`` over ``RegressionDataset`` (ddpprobe/pro
 """
 
 from __future__ import annotations
+
+import datetime
 
 import torch
 
@@ -126,6 +128,47 @@ def fit_manual(info: RankInfo, n: int, batch_size: int, max_steps: int, lr: floa
     return {
         "grads": model.grads,
         "params": model.params,
+        "train_ids": {str(k): v for k, v in model.train_ids.items()},
+        "init": INIT_WEIGHT[0] + INIT_BIAS,
+    }
+
+
+class AutomaticGradProbe(RegressionProbe):
+    """``RegressionProbe`` under automatic optimization that records ``grads`` (``[dw0, dw1, db]`` in
+    ``on_before_optimizer_step``: after the backward, before ``optimizer.step()``) and ``static_graph``
+    (what the ``DistributedDataParallel`` wrapper holds, read at the first step)."""
+
+    def __init__(self, lr: float):
+        super().__init__(lr)
+        self.grads: list = []
+        self.static_graph = None
+
+    def on_before_optimizer_step(self, *args):
+        self.grads.append([float(v) for v in torch.cat([self.layer.weight.grad.reshape(-1), self.layer.bias.grad])])
+        if self.static_graph is None:
+            self.static_graph = bool(getattr(self.trainer.strategy.model, "static_graph", False))
+
+
+def fit_automatic(info: RankInfo, static_graph: bool, n: int, batch_size: int, max_steps: int, lr: float) -> dict:
+    """Scenario: ``trainer.fit(AutomaticGradProbe(lr), max_steps)`` over ``RegressionDataset(n)`` (no
+    validation) with ``strategy=DDPStrategy(static_graph=static_graph)`` (and the world's backend and
+    process-group timeout).
+
+    Record keys: ``grads``, ``params`` (after each step), ``static_graph``, ``train_ids``
+    (``{epoch: [ids per batch]}``), ``init`` (the initial ``[weight_0, weight_1, bias]``).
+    """
+    model = AutomaticGradProbe(lr)
+    strategy = pl.strategies.DDPStrategy(
+        process_group_backend=info.backend,
+        timeout=datetime.timedelta(seconds=info.pg_timeout),
+        static_graph=static_graph,
+    )
+    trainer = ddp_trainer(info, strategy=strategy, max_steps=max_steps, limit_val_batches=0)
+    trainer.fit(model, train_dataloaders=regression_loader(n, batch_size))
+    return {
+        "grads": model.grads,
+        "params": model.params,
+        "static_graph": model.static_graph,
         "train_ids": {str(k): v for k, v in model.train_ids.items()},
         "init": INIT_WEIGHT[0] + INIT_BIAS,
     }
