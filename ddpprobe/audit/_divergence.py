@@ -195,7 +195,8 @@ def first_divergence(sequences: list, ended: list) -> Optional[dict]:
 def trace_summary(world: list, stage: str = "validate", shards: Optional[dict] = None) -> dict:
     """The JSON form of the W=N traces: per rank, its Python-level collectives, its Flight Recorder
     entries' count, how its stage ended; and the first divergence with the cause :func:`diagnose` finds
-    (``first_divergence["diagnosis"]``); ``shards``: ``{loop: [batches in each rank's shard]}`` where recorded."""
+    (``first_divergence["diagnosis"]``); ``shards``: ``{loop: [batches in each rank's shard]}`` where recorded;
+    ``first_error``: :func:`first_own_error`."""
     use_fr = all(rank["flight_recorder"] for rank in world)
     sequences = [sequence(rank, use_fr) for rank in world]
     ended = [rank["stage"] for rank in world]
@@ -216,7 +217,27 @@ def trace_summary(world: list, stage: str = "validate", shards: Optional[dict] =
         ],
         "first_divergence": divergence,
         "lone_reads": lone_reads(world),
+        "first_error": first_own_error(world),
     }
+
+
+def first_own_error(world: list) -> Optional[dict]:
+    """The rank whose own code raised first, outside any collective: ``{"rank", "error"}``, or None. A rank whose
+    stage raised while one of its collectives raised or never returned was waiting for its peers: its error is a
+    consequence, not a cause; among the others, the earliest error (the trace's time of the ``stage`` event) is
+    the cause."""
+    candidates = []
+    for r, rank in enumerate(world):
+        if rank.get("stage") != "raised":
+            continue
+        if any(c.get("status") in ("raised", "pending") for c in rank.get("collectives") or []):
+            continue
+        t = rank.get("stage_error_t")
+        candidates.append((t if t is not None else float("inf"), r, rank.get("stage_error")))
+    if not candidates:
+        return None
+    _, r, error = min(candidates)
+    return {"rank": r, "error": error}
 
 
 def lone_reads(world: list) -> list:

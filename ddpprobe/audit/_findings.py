@@ -6,6 +6,7 @@ problem is a finding of its own. Pure Python, on an :class:`~ddpprobe.audit.Audi
 from __future__ import annotations
 
 from ddpprobe.audit._contract import contract_findings
+from ddpprobe.audit._hooks import hook_text
 from ddpprobe.audit._kinds import NO_VALUE, NO_VALUE_ON_SOME, NOT_IN_WORLD, SOME_RANKS_ONLY
 
 #: Verdicts a key gets because the stage did not complete on some ranks, not because of how it was logged.
@@ -61,7 +62,27 @@ def raised_groups(result) -> list:
 
 def findings(result) -> list:
     """``[{"problem": str, "consequences": [str]}]``: the root causes, the ranks' divergence (or the world's
-    failure) first with what it took down, then every other problem."""
+    failure) first with what it took down, then every other problem. A collective made in a hook some ranks never
+    entered (ddpprobe/audit/_hooks.py) comes before all: the divergence, the world's failure and the ranks' errors
+    it explains are listed under it."""
+    found = _findings(result)
+    skipped = getattr(result, "skipped_hooks", None) or []
+    if not skipped:
+        return found
+    heads = [{"problem": hook_text(item), "consequences": []} for item in skipped]
+    rest = []
+    for finding in found:
+        text = finding["problem"]
+        follows = text.startswith("the ranks' collectives diverge") or "world failed" in text
+        follows = follows or (" stage raised " in text and "W=1" not in text)
+        if follows:
+            heads[0]["consequences"] += [text, *finding["consequences"]]
+        else:
+            rest.append(finding)
+    return heads + rest
+
+
+def _findings(result) -> list:
     divergence = (result.trace or {}).get("first_divergence")
     consequences_of = set(consequence_keys(result))
     root, under = None, []
@@ -69,9 +90,12 @@ def findings(result) -> list:
     explanation = _diagnosis(result).get("explanation") or ""
     if divergence and "outside any collective" in explanation:
         raised_root = next((w for w, info in _raised(result) if info and w != "W=1"), None)
+    first_error = (result.trace or {}).get("first_error")
+    if first_error is not None:
+        raised_root = f"rank {first_error['rank']}"
     groups = raised_groups(result)
     if not (divergence or result.world_error) and groups:
-        raised_root = groups[0][0][0]  # the stage's own error took the keys down: it is the root
+        raised_root = raised_root or groups[0][0][0]  # the stage's own error took the keys down: it is the root
         root = "(the stage's error)"
     if divergence or result.world_error:
         if divergence:

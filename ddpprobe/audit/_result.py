@@ -57,6 +57,8 @@ class AuditResult:
             ``{"recorded", "breaks", "first_step"}``: the must-be-equal state fields that differ between the
             W=N ranks, each where first (``ddpprobe.contract.Break.to_dict``), and after a ``fit`` the first
             optimizer step against one process on the same samples (``ddpprobe.contract.FirstStep.to_dict``).
+        skipped_hooks: each hook in which some W=N rank made a collective and which another rank, going past it,
+            never entered (ddpprobe/audit/_hooks.py): ``{"hook", "ranks", "collectives", "runs_on", "fact"}``.
 
     The ``trace`` schema (version 1): ``level`` is ``"flight_recorder"`` when every rank left torch's
     Flight Recorder entries (the backend's own sequence, DDP's gradient all_reduces included) or
@@ -93,6 +95,7 @@ class AuditResult:
     callbacks: list = dataclasses.field(default_factory=list)
     unmoved: list = dataclasses.field(default_factory=list)
     contract: dict = dataclasses.field(default_factory=dict)
+    skipped_hooks: list = dataclasses.field(default_factory=list)
 
     @property
     def findings(self) -> list:

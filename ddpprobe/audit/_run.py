@@ -18,6 +18,7 @@ from ddpprobe.audit import _evidence
 from ddpprobe.audit._callbacks import callback_rows
 from ddpprobe.audit._contract import contract_evidence
 from ddpprobe.audit._experiment import experiment_rows
+from ddpprobe.audit._hooks import collectives_in_hooks_some_ranks_skip
 from ddpprobe.audit._inputs import AuditInputError
 from ddpprobe.audit._result import AuditResult
 from ddpprobe.audit._values import padding_duplicates
@@ -198,6 +199,7 @@ def assemble(worlds: Worlds, inputs: dict, rtol: float, atol: float) -> AuditRes
         callbacks=callback_rows(world.records),
         unmoved=worlds.unmoved,
         contract=contract_evidence(worlds),
+        skipped_hooks=collectives_in_hooks_some_ranks_skip(world.traces),
     )
     # A key the ranks' divergence took down is its consequence: the divergence's note carries the fix.
     consequences = set(result.consequence_keys)

@@ -60,6 +60,10 @@ event and reads them back (:func:`read_trace`, :func:`split_trace`); the other r
     ``leaves`` (up to 20 ``{"path", "type", "unchanged"}``: e.g. ``"['names'][0]"``, ``"str"``, and whether the
     very object came back: Lightning gathers tensors only, pytorch_lightning/core/module.py ``all_gather``,
     ``apply_to_collection(data, Tensor, ...)`` after converting numbers), ``unchanged`` (how many came back).
+``hook`` and ``hooks``
+    ``hook``: the first time this rank entered a hook Lightning runs (``hook``, ``owner``: ``"module"``,
+    ``"datamodule"`` or ``"callbacks"``; ddpprobe/trace/_hooks.py); ``hooks``: when the trace closes, ``counts``
+    (``{"owner.hook": times entered}``).
 ``state``
     a state record of the DDP contract (ddpprobe/contract/, written by its ``state_recorder`` callback):
     ``boundary`` (``"setup"``, ``"start"``, ``"train_batch_end"`` ..., or ``"first_step"`` for the gradients

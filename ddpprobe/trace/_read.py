@@ -47,11 +47,15 @@ class _Reader:
             "flight_recorder_unavailable": None,
             "stage": None,
             "stage_error": None,
+            "stage_error_t": None,
             "all_gathers": [],
             "gradients": [],
             "gradient_collectives": [],
             "states": [],
+            "hooks": {},
+            "hook_times": {},
         }
+        self._hooks_closed = False
 
     def on_collective(self, event: dict) -> None:
         entry = {k: v for k, v in event.items() if k not in ("event", "t")}
@@ -91,6 +95,18 @@ class _Reader:
     def on_metrics(self, event: dict) -> None:
         self.out["callback_metrics"] = event.get("values") or {}
 
+    def on_hook(self, event: dict) -> None:
+        self.out["hook_times"].setdefault(event["hook"], event.get("t"))
+        if not self._hooks_closed:
+            self.out["hooks"][event["hook"]] = self.out["hooks"].get(event["hook"], 0) + 1
+
+    def on_hooks(self, event: dict) -> None:
+        totals: dict = {}
+        for label, n in (event.get("counts") or {}).items():
+            hook = label.split(".", 1)[-1]
+            totals[hook] = totals.get(hook, 0) + n
+        self.out["hooks"], self._hooks_closed = totals, True
+
     def on_state(self, event: dict) -> None:
         self.out["states"].append({k: v for k, v in event.items() if k not in ("event", "t")})
 
@@ -104,6 +120,7 @@ class _Reader:
     def on_stage(self, event: dict) -> None:
         if event.get("status") in ("end", "raised"):
             self.out["stage"], self.out["stage_error"] = event["status"], event.get("error")
+            self.out["stage_error_t"] = event.get("t") if event["status"] == "raised" else None
 
 
 def split_trace(events: list) -> dict:
@@ -117,7 +134,9 @@ def split_trace(events: list) -> dict:
     Python-level ``collectives``: ``gradient_collectives`` (the ``collective`` events of ``source``
     ``"gradient"``, each with ``status`` and ``batch``: ``[epoch, batch_idx]`` of the training batch it ran
     in) and ``gradients``, the same counted per bucket per training batch, ``[{"epoch", "batch_idx",
-    "bucket", "count"}]`` in order; ``states``: the ``state`` records (ddpprobe/contract/), in order."""
+    "bucket", "count"}]`` in order; ``states``: the ``state`` records (ddpprobe/contract/), in order;
+    ``hooks``: ``{hook: times entered}`` (a rank whose trace was cut before it closed counts 1 for each hook it
+    was seen entering) and ``hook_times``: ``{hook: time of its first entry}`` (seconds since the epoch)."""
     reader = _Reader()
     for event in events:
         handler = getattr(reader, f"on_{event.get('event')}", None)

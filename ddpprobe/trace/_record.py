@@ -18,6 +18,7 @@ from ddpprobe import _lightning
 from ddpprobe.trace import _gradients, _patch
 from ddpprobe.trace._batches import batch_recorder
 from ddpprobe.trace._classify import RANK_NAMES, CallClassifier, call_site_of
+from ddpprobe.trace._hooks import HookCounter
 from ddpprobe.trace._patch import pg_seq
 
 #: Version of the JSON-lines format described in this module's docstring.
@@ -81,6 +82,8 @@ class CollectiveTrace:
         self.write("start", schema=TRACE_SCHEMA, pid=os.getpid())
         _patch.attach(self._listener)
         _gradients.watch(self)
+        self._hooks = HookCounter(lambda event, **fields: self.write(event, **fields))
+        self._hooks.install()
         self._original_log = self.model.log
         self.model.log = self._wrap_log(self.model.log)
         self._original_all_gather = self.model.all_gather
@@ -90,6 +93,7 @@ class CollectiveTrace:
     def __exit__(self, *exc) -> None:
         _patch.detach(self._listener)
         _gradients.unwatch(self)
+        self._hooks.uninstall()
         self.model.log = self._original_log
         self.model.all_gather = self._original_all_gather
         self.dump_flight_recorder()

@@ -107,3 +107,43 @@ def make_rank_attribute():
 
 def make_with_dropout():
     return WithDropout()
+
+
+class GatherInPrepareData(_Regression):
+    """Counts its samples in ``prepare_data`` and sums the count over the ranks there with an all_reduce: Lightning
+    runs ``prepare_data`` on local rank 0 only, so that all_reduce has no partner."""
+
+    def prepare_data(self):
+        count = torch.tensor([16.0])
+        torch.distributed.all_reduce(count)
+
+
+def make_gather_in_prepare_data():
+    return GatherInPrepareData()
+
+
+class RaisesOnRankOne(_Regression):
+    """Rank 1's own code raises at its second training batch (a value check that fails on its shard only); rank 0
+    then waits in DDP's gradient all-reduce of that batch, which rank 1 never joins."""
+
+    def training_step(self, batch, batch_idx):
+        if batch_idx == 1 and self.global_rank == 1:
+            raise ValueError("target out of range in this shard")
+        return super().training_step(batch, batch_idx)
+
+
+def make_raises_on_rank_one():
+    return RaisesOnRankOne()
+
+
+class GatherInSetup(_Regression):
+    """Sums a count over the ranks in ``setup``, which Lightning runs on every rank: a collective every rank makes."""
+
+    def setup(self, stage):
+        count = torch.tensor([16.0])
+        torch.distributed.all_reduce(count)
+        self.total = float(count)
+
+
+def make_gather_in_setup():
+    return GatherInSetup()
