@@ -15,6 +15,7 @@ from ddpprobe.audit._kinds import (
     NOT_AT_SINGLE,
     NOT_IN_WORLD,
     PROBLEMS,
+    RANK_DIVERGENT,
     RANK_LOCAL_AGREE,
     RANK_LOCAL_DIFFERS,
     RANK_LOCAL_SAME,
@@ -183,6 +184,27 @@ def _with_unmoved(ins: _Inputs, key: _Key, found: tuple) -> tuple:
     return verdict, cause, [*names, "unmoved_leaves"], evidence
 
 
+def _with_arithmetic(ins: _Inputs, key: _Key, verdict: str, cause: str) -> str:
+    """``cause`` with the relation of the ranks' recorded values that gives the key's value (ddpprobe/audit/
+    _arithmetic.py), for a key that differs from single-process or between the ranks."""
+    from ddpprobe.audit import _arithmetic
+
+    text = ""
+    if verdict == SYNCED_DIFFERS and key.per_rank and key.per_rank[0] is not None:
+        if key.sync_dist and not key.metric_object:
+            reduce_fx = str(key.calls[0].get("reduce_fx") or "mean")
+            text = _arithmetic.explain_synced(
+                key.per_rank[0], ins.world_logs, ins.collectives, key.name, reduce_fx, ins.close
+            )
+        elif not key.metric_object:
+            text = _arithmetic.explain_own_collective(key.per_rank[0], ins.collectives, key.hooks, ins.close)
+    elif verdict in (RANK_DIVERGENT, RANK_LOCAL_DIFFERS) and key.single is not None:
+        text = _arithmetic.explain_single(key.single, key.per_rank, ins.close)
+    if not text or text in cause:
+        return cause
+    return f"{cause}; {text}" if cause else text
+
+
 def _step_row(ins: _Inputs, key: _Key, ref_logs: Optional[list]) -> Optional[KeyRow]:
     """The row of a key's step values (``on_step=True``), or None when no rank logged one."""
     steps = [_step_values(logs, key.name) for logs in ins.world_logs]
@@ -268,6 +290,7 @@ def rows(worlds, rtol: float = 1e-5, atol: float = 1e-6) -> list:
         key, record, ref_logs = _key(ins, name)
         if key.on_epoch or len(key.logged_on) not in (0, len(world)):
             verdict, cause, names_, evidence = _with_unmoved(ins, key, _epoch_verdict(ins, key, record, ref_logs))
+            cause = _with_arithmetic(ins, key, verdict, cause)
             problem = verdict in PROBLEMS
             out.append(
                 KeyRow(

@@ -38,6 +38,8 @@ event and reads them back (:func:`read_trace`, :func:`split_trace`); the other r
     ``"Trainer.progress_bar_metrics"``, and ``loop_step`` the loop that ran the hook; a user's callback is the
     user's frame: ``"MyCallback.on_train_epoch_end"``; else None), ``pg_seq`` (the default process group's
     sequence number before the call; the Flight Recorder numbers the backend's collectives ``pg_seq + 1 ...``).
+``values`` (``all_reduce``, ``broadcast``, ``reduce`` and the gathers of a tensor of at most 8 elements: what
+    the rank put in, as a flat list of floats; the ``done`` event's ``values`` is what it got back, up to 128).
 ``done`` / ``raised``
     ``seq``, and for ``raised`` the ``error`` text: the collective returned or raised; ``done`` also
     has ``pg_seq`` after the call (the backend collectives it ran are ``pg_seq`` before + 1 .. after).

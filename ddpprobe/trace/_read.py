@@ -78,6 +78,8 @@ class _Reader:
         entry = self.by_seq.get(event.get("seq"))
         if entry is not None:
             entry["status"], entry["pg_seq_after"] = event["event"], event.get("pg_seq")
+            if "values" in event:
+                entry["values_out"] = event["values"]
             if event["event"] == "raised":
                 entry["error"] = event.get("error")
 

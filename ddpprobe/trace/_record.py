@@ -186,14 +186,45 @@ class _TraceListener(_patch.Listener):
             **self.trace.classifier.context(call.frame, call.name),
             **call.extra,
         }
-        self.trace.write("collective", seq=seq, **fields)
+        values = _small_values(call, before=True)
+        self.trace.write("collective", seq=seq, **fields, **({"values": values} if values is not None else {}))
 
     def after(self, call: _patch.Call, error) -> None:
         seq = self.seqs.current
         if error is not None:
             self.trace.write("raised", seq=seq, error=f"{type(error).__name__}: {error}"[:2000])
         else:
-            self.trace.write("done", seq=seq, pg_seq=pg_seq())
+            values = _small_values(call, before=False)
+            self.trace.write("done", seq=seq, pg_seq=pg_seq(), **({"values": values} if values is not None else {}))
+
+
+#: Collectives whose tensor's values the trace records (in the ``collective`` event: what the rank put in; in
+#: ``done``: what it got back), when the tensor has at most ``SMALL_VALUES`` elements.
+VALUED_OPS = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor")
+SMALL_VALUES = 8
+
+
+def _small_values(call: _patch.Call, before: bool) -> Optional[list]:
+    """The values (a flat list of floats) of the tensor a small collective puts in (``before``) or gets back: the
+    reduced or broadcast tensor, for a gather the input, then the gathered tensors; None for other collectives and
+    larger tensors."""
+    if call.name not in VALUED_OPS:
+        return None
+    args = list(call.args) + list(call.kwargs.values())
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    lists = [a for a in args if isinstance(a, (list, tuple)) and a and all(isinstance(t, torch.Tensor) for t in a)]
+    if call.name == "all_gather":
+        chosen = tensors[:1] if before else (lists[0] if lists else [])
+    elif call.name == "all_gather_into_tensor":
+        chosen = tensors[1:2] if before else tensors[:1]
+    else:
+        chosen = tensors[:1]
+    if not chosen or sum(t.numel() for t in chosen) > SMALL_VALUES * (1 if before else 16):
+        return None
+    try:
+        return [float(v) for t in chosen for v in t.detach().flatten().cpu().tolist()]
+    except (RuntimeError, TypeError, ValueError):
+        return None
 
 
 #: ``LightningModule.log``'s parameters after ``name`` and ``value``, in order (for positional arguments).

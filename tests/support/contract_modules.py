@@ -147,3 +147,46 @@ class GatherInSetup(_Regression):
 
 def make_gather_in_setup():
     return GatherInSetup()
+
+
+class MaxReducedError(_Regression):
+    """Validates with the mean absolute error of each rank's batches, then makes the ranks agree with an all_reduce
+    whose op is MAX (where a mean was meant), and logs the result."""
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.errors = getattr(self, "errors", []) + [(self.layer(x) - y).abs().mean()]
+
+    def on_validation_epoch_start(self):
+        self.errors = []
+
+    def on_validation_epoch_end(self):
+        error = torch.stack(self.errors).mean().reshape(1)
+        torch.distributed.all_reduce(error, op=torch.distributed.ReduceOp.MAX)
+        self.log("val_mae", error[0])
+
+
+class UnsyncedCount(_Regression):
+    """Counts the validation samples it ran and logs the count with ``reduce_fx="sum"`` but no ``sync_dist``."""
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val_samples", float(len(batch[0])), reduce_fx="sum")
+
+
+def make_max_reduced_error():
+    return MaxReducedError()
+
+
+def make_unsynced_count():
+    return UnsyncedCount()
+
+
+class SyncedCount(_Regression):
+    """``UnsyncedCount`` fixed: the count logged with ``sync_dist=True`` and ``reduce_fx="sum"`` (16 at W=1 and W=2)."""
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val_samples", float(len(batch[0])), reduce_fx="sum", sync_dist=True)
+
+
+def make_synced_count():
+    return SyncedCount()
