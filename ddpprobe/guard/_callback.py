@@ -61,6 +61,30 @@ def _root(original, args, kwargs) -> Optional[str]:
     return None
 
 
+#: Collectives whose tensor lists must match on every rank (the lists of a rooted ``gather``/``scatter`` are
+#: given on their root only), and those whose object list length must (``broadcast_object_list``).
+_LISTS = ("all_gather", "all_to_all", "reduce_scatter", "all_gather_object", "broadcast_object_list")
+
+
+def _lists(op: str, args, kwargs) -> Optional[list]:
+    """Every list argument of a call of ``op`` (``_LISTS``) as the ranks must agree on it: its length and each
+    tensor's dtype and shape (``all_to_all``'s without the first dimension, its split size, which may differ
+    between ranks: uneven splits); for an object list its length. None for other collectives or no list."""
+    if op not in _LISTS:
+        return None
+    out = []
+    for value in list(args) + list(kwargs.values()):
+        if not isinstance(value, (list, tuple)):
+            continue
+        if op.endswith("_object") or op.endswith("_object_list"):
+            out.append(len(value))
+            continue
+        tensors = [t for t in value if isinstance(t, torch.Tensor)]
+        shapes = [list(t.shape)[1:] if op == "all_to_all" else list(t.shape) for t in tensors]
+        out.append([len(value), *(f"{str(t.dtype).replace('torch.', '')}{s}" for t, s in zip(tensors, shapes))])
+    return out or None
+
+
 def _last_batch(trainer, hook: str) -> Optional[bool]:
     """Whether the running loop runs no batch after the current one: its data fetcher has none (it fetches
     one batch ahead: pytorch_lightning/loops/fetchers.py ``_PrefetchDataFetcher``), or, in fit, the
@@ -199,7 +223,9 @@ class CollectiveGuard(pl.Callback):
         timeout, pg = self._timeouts(trainer)
         store = dist.distributed_c10d._get_default_store()
         fn = getattr(getattr(trainer.state, "fn", None), "value", stage)
-        self._exchange = Exchange(store, next(_SESSIONS), dist.get_rank(), dist.get_world_size(), timeout, pg, fn)
+        self._exchange = Exchange(
+            store, next(_SESSIONS), dist.get_rank(), dist.get_world_size(), timeout, pg, fn, dist.get_backend()
+        )
         install_excepthook()  # a guard error nobody catches prints as one short report (ddpprobe/guard/_errors.py)
         self._model = pl_module
         self._classifier = CallClassifier(pl_module)
@@ -333,6 +359,7 @@ class _GuardListener(trace.Listener):
             **call.fields,
             "group_size": ex.world_size,
             "root": None if gradient else _root(call.original, call.args, call.kwargs),
+            "lists": None if gradient else _lists(call.name, call.args, call.kwargs),
             **guard._classifier.context(call.frame, call.name),
         }
         fields.update(call.extra)
