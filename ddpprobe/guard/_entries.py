@@ -128,6 +128,11 @@ def differing(entries: list) -> dict:
     return {name: vs for name, vs in values.items() if len({repr(v) for v in vs}) > 1}
 
 
+def _shown_as(name: str, value) -> dict:
+    """The posted field a compared field is worded from (the hook a key was logged in, the user's call site)."""
+    return {"log_hook": {"hook": value}, "site": {"call_site": value}}.get(name, {})
+
+
 def side_texts(entries: list) -> list:
     """Each entry's text, in order: a collective's completed with every compared field that differs from
     another rank's collective and that its words do not show (a field is shown where the words change with
@@ -142,7 +147,7 @@ def side_texts(entries: list) -> list:
             unshown = []
             for name in COLLECTIVE_ID:
                 others = [o["id"][_AT[name]] for o in collectives if repr(o["id"][_AT[name]]) != repr(mine[name])]
-                swapped = [dict(mine, **{name: v}, **({"hook": v} if name == "log_hook" else {})) for v in others]
+                swapped = [dict(mine, **{name: v}, **_shown_as(name, v)) for v in others]
                 if others and any(_words(s) == _words(mine) for s in swapped):
                     value = mine[name]
                     unshown.append(

@@ -236,12 +236,14 @@ class Exchange:
                 sides,
                 failed,
             )
-        raise CollectiveMismatch(
+        error = CollectiveMismatch(
             f"{self._head(n)}: the ranks are not making the same collective calls:\n{text}\n"
             + _entries.consequence(entries, self.pg_timeout_s),
             n,
             sides,
         )
+        error.entries = entries  # what each rank posted (the guard defers some, ddpprobe/guard/_callback.py)
+        raise error
 
     def _peer_wait(self, waiting: list, failed: int) -> str:
         """What the ``waiting`` ranks would do without the guard, in the collective the ranks that raised never
@@ -289,7 +291,7 @@ class Exchange:
         last_seen = {r: positions[r][1] if r in positions and n > 0 else None for r in missing}
         error = (
             f"CollectiveGuard timed out: {_entries.ranks_text(missing)} did not reach check #{n} "
-            f"within {self.timeout_s:g} s"
+            f"within {self.timeout_s:g} s, where {_entries.ranks_text([self.rank])} {entry['text']}"
         )
         self.store.set(f"{n}/e/{self.rank}", json.dumps(_entries.raised(n, self.rank, error, None)))
         here = [r for r in range(self.world_size) if r not in missing]
