@@ -230,4 +230,10 @@ def side(entry: dict) -> Optional[dict]:
     shape (positions 3 and 4 of its ``id``: op, reduce op, dtype, shape ...); None for a boundary."""
     if entry.get("kind") != "collective":
         return None
-    return {**entry["fields"], "rank": entry["rank"], "dtype": entry["id"][3], "shape": entry["id"][4]}
+    at = entry["id"]
+    return {
+        **entry["fields"],
+        "rank": entry["rank"],
+        "dtype": at[3] if len(at) > 3 else entry["fields"].get("dtype"),
+        "shape": at[4] if len(at) > 4 else entry["fields"].get("shape"),
+    }
