@@ -165,61 +165,13 @@ def shard_lengths(world: list, loop: str, shards: Optional[list] = None) -> Opti
     return None
 
 
-class Known(str):
-    """Words for a field an entry lacks, saying what is known in its place (``"the logged metrics"`` for a read's
-    key): its ``repr`` is the words themselves, so a registry template's ``{key!r}`` reads them unquoted, where a
-    field the entry has is quoted."""
-
-    def __repr__(self) -> str:
-        return str(self)
-
-
-def known(value, words: str):
-    """``value`` where the entry has it (neither None nor empty), else :class:`Known` ``words``."""
-    return value if value not in (None, "") else Known(words)
-
-
-def read_numbers(fields: dict, ranks: list) -> dict:
-    """The numbers of ``metrics_read_on_some_ranks``'s cause for a read of the logged metrics (a trace entry, or
-    a lone read of ``lone_reads``) that ``ranks`` made: a read without a key runs the epoch sync of the logged
-    metrics, one without a call site is the module's."""
-    return dict(
-        where=f"line {fields['call_site']}" if fields.get("call_site") else "the module",
-        call=f"`{fields.get('call') or 'trainer.callback_metrics'}`",
-        key=known(fields.get("key"), "the logged metrics"),
-        op=known(fields.get("op"), "a collective"),
-        ranks=f"rank(s) {ranks}",
-    )
+# The words of a collective on some ranks only are the registry's (one recogniser, shared with the guard).
+Known, known, read_numbers = hazards.Known, hazards.known, hazards.read_numbers
 
 
 def _alone_hazard(entry: dict, ranks: list) -> tuple:
-    """``(name or None, cause)`` of a collective that only ``ranks`` made, from its fields and call chain. A field
-    the entry lacks is worded by what is known (:func:`known`): a ``Metric`` whose class is not recorded is
-    ``torchmetrics.Metric``, a ``self.log`` call without a key ``self.log(...)``, a collective without an op
-    ``a collective``, a line of the user's code without its call site ``a line of your code``."""
-    found = hazards.alone(entry, ranks)
-    if found is None:
-        return None, "", {"ranks": ranks, "source": entry.get("source"), "origin": entry.get("origin")}
-    name, evidence = found
-    who = f"rank(s) {ranks}"
-    hook = entry.get("running") or entry.get("hook")
-    where = f" in {hook}" if hook else ""
-    key = known(entry.get("key"), "...")
-    numbers = {
-        "metrics_read_on_some_ranks": read_numbers(entry, ranks),
-        "metric_compute_on_some_ranks": dict(
-            metric=known(entry.get("metric"), "torchmetrics.Metric"), ranks=who, where=where
-        ),
-        "rank0_only_synced_log": dict(key=key, ranks=who),
-        "key_on_some_ranks": dict(key=key, ranks=who),
-        "collective_on_some_ranks": dict(
-            what=known(entry.get("op"), "a collective"),
-            call_site=known(entry.get("call_site"), "a line of your code"),
-            ranks=who,
-            where=where,
-        ),
-    }[name]
-    return name, hazards.cause(name, **numbers), evidence
+    """``(name or None, cause, evidence)`` of a collective that only ``ranks`` made: ``hazards.alone_cause``."""
+    return hazards.alone_cause(entry, ranks)
 
 
 def diagnose(divergence: dict, world: list, sequences: list, stage: str, shards: Optional[dict] = None) -> dict:
@@ -246,7 +198,9 @@ def diagnose(divergence: dict, world: list, sequences: list, stage: str, shards:
     logs = [rank["logs"] for rank in world]
     if divergence["kind"] == "keys":
         entries = divergence["entries"]
-        evidence = {"keys per rank": [e.get("key") if e else None for e in entries], "op": entries[0]["op"]}
+        found = hazards.recognise(entries)
+        evidence = found[1] if found and found[0] == "keys_differ" else {}
+        evidence = evidence or {"keys per rank": [e.get("key") if e else None for e in entries], "op": entries[0]["op"]}
         text = hazards.cause("keys_differ", op=entries[0]["op"], keys=", ".join(map(str, evidence["keys per rank"])))
         return _diagnosis(None, text, "keys_differ", evidence)
     if divergence["kind"] == "mismatch":
@@ -310,12 +264,13 @@ def _gather_shapes_differ(entries: list) -> Optional[dict]:
     if any(e is None for e in entries) or len({site(e) for e in entries}) != 1:
         return None
     first = entries[0]
-    shapes = [e.get("shape") for e in entries]
-    if first.get("op") != "all_gather" or first.get("source") != "user" or any(s is None for s in shapes):
+    found = hazards.recognise(entries)
+    if found is None or found[0] != "gather_shapes_differ" or first.get("source") != "user":
         return None
-    if len({e.get("dtype") for e in entries}) != 1 or len({tuple(s) for s in shapes}) == 1:
+    evidence = found[1]
+    if evidence["op"] != "all_gather" or not evidence["same dtype"]:
         return None
-    evidence = {"op": "all_gather", "same dtype": True, "shapes per rank": shapes, "dtype": first.get("dtype")}
+    shapes = evidence["shapes per rank"]
     words = ", ".join(f"rank {r} {list(s)}" for r, s in enumerate(shapes))
     text = hazards.cause("gather_shapes_differ", shapes=words) + (
         f" of {first.get('dtype')} with all_gather at {first.get('call_site')}: every rank made the same call, "
@@ -331,18 +286,14 @@ def _list_state_dtypes_differ(entries: list) -> Optional[dict]:
     if any(e is None for e in entries) or len({site(e) for e in entries}) != 1:
         return None
     first = entries[0]
-    dtypes = [e.get("dtype") for e in entries]
-    if first.get("op") != "all_gather" or first.get("source") != "torchmetrics" or len(set(dtypes)) == 1:
+    found = hazards.recognise(entries)
+    if found is None or found[0] != "list_state_dtypes_differ":
         return None
-    empty = [r for r, e in enumerate(entries) if "list of 0" in (e.get("state_sizes") or {}).values()]
+    dtypes = [e.get("dtype") for e in entries]
+    empty = found[1]["ranks with an empty list state"]
     if not empty or any(dtypes[r] != "float32" for r in empty):
         return None
-    evidence = {
-        "dtypes per rank": dtypes,
-        "ranks with an empty list state": empty,
-        "metric": first.get("metric"),
-        "call site": first.get("call_site"),
-    }
+    evidence = {**found[1], "dtypes per rank": dtypes, "call site": first.get("call_site")}
     others = {d for r, d in enumerate(dtypes) if r not in empty}
     effect = (
         ", which gloo rejects against the others' 8-byte entries (its size check)"

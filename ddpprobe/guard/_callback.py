@@ -10,6 +10,7 @@ import itertools
 import numbers
 import sys
 import threading
+import weakref
 from typing import Optional
 
 import torch
@@ -18,7 +19,7 @@ import torch.distributed
 from ddpprobe import trace
 from ddpprobe._lightning import pl
 from ddpprobe.guard import _entries
-from ddpprobe.guard._errors import install_excepthook
+from ddpprobe.guard._errors import CollectiveMismatch, install_excepthook
 from ddpprobe.guard._exchange import Exchange
 from ddpprobe.trace import CallClassifier, _gradients
 
@@ -59,6 +60,30 @@ def _root(original, args, kwargs) -> Optional[str]:
             if isinstance(bound.get(name), int):
                 return f"{names[0]}={bound[name]}"
     return None
+
+
+#: Collectives whose tensor lists must match on every rank (the lists of a rooted ``gather``/``scatter`` are
+#: given on their root only), and those whose object list length must (``broadcast_object_list``).
+_LISTS = ("all_gather", "all_to_all", "reduce_scatter", "all_gather_object", "broadcast_object_list")
+
+
+def _lists(op: str, args, kwargs) -> Optional[list]:
+    """Every list argument of a call of ``op`` (``_LISTS``) as the ranks must agree on it: its length and each
+    tensor's dtype and shape (``all_to_all``'s without the first dimension, its split size, which may differ
+    between ranks: uneven splits); for an object list its length. None for other collectives or no list."""
+    if op not in _LISTS:
+        return None
+    out = []
+    for value in list(args) + list(kwargs.values()):
+        if not isinstance(value, (list, tuple)):
+            continue
+        if op.endswith("_object") or op.endswith("_object_list"):
+            out.append(len(value))
+            continue
+        tensors = [t for t in value if isinstance(t, torch.Tensor)]
+        shapes = [list(t.shape)[1:] if op == "all_to_all" else list(t.shape) for t in tensors]
+        out.append([len(value), *(f"{str(t.dtype).replace('torch.', '')}{s}" for t, s in zip(tensors, shapes))])
+    return out or None
 
 
 def _last_batch(trainer, hook: str) -> Optional[bool]:
@@ -168,7 +193,15 @@ class CollectiveGuard(pl.Callback):
         self._model = None
         self._log_before = _NONE
         self._classifier: Optional[CallClassifier] = None
-        self._thread = None
+        self._thread = threading.get_ident()
+        self._trainer = None
+        self._eval = _EvalBatches()
+        if collectives:
+            # Armed from here on: the first collective of a Trainer holding this guard, once its strategy made the
+            # process group (the log-dir broadcast of the Trainer's setup, or a collective in prepare_data), starts
+            # the stage's session before any hook (``_start``); detached when the guard is collected.
+            trace.attach(self._listener)
+            weakref.finalize(self, trace.detach, self._listener)
 
     def __getstate__(self) -> dict:
         # Only the settings cross a pickle (``strategy="ddp_spawn"`` sends the callbacks to new processes).
@@ -191,23 +224,36 @@ class CollectiveGuard(pl.Callback):
         return timeout, pg
 
     def setup(self, trainer, pl_module, stage: str) -> None:
+        if self._exchange is not None and self._trainer is trainer:  # started before the first hook (``_start``)
+            self._boundary("setup", trainer)
+            return
+        self._start(trainer, pl_module, stage)
+        self._boundary("setup", trainer)
+
+    def _start(self, trainer, pl_module, stage: Optional[str] = None) -> None:
+        """Start the stage's session: at ``setup``, or earlier, at the first collective of a Trainer holding this
+        guard once its process group exists (:class:`_GuardListener`), so the hooks Lightning runs before a
+        callback's ``setup`` (``prepare_data``, the datamodule's ``setup``) are checked too."""
         self._uninstall()
         self.checks = 0
+        self._eval = _EvalBatches()
         dist = torch.distributed
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
             return
         timeout, pg = self._timeouts(trainer)
         store = dist.distributed_c10d._get_default_store()
         fn = getattr(getattr(trainer.state, "fn", None), "value", stage)
-        self._exchange = Exchange(store, next(_SESSIONS), dist.get_rank(), dist.get_world_size(), timeout, pg, fn)
+        self._exchange = Exchange(
+            store, next(_SESSIONS), dist.get_rank(), dist.get_world_size(), timeout, pg, fn, dist.get_backend()
+        )
         install_excepthook()  # a guard error nobody catches prints as one short report (ddpprobe/guard/_errors.py)
         self._model = pl_module
         self._classifier = CallClassifier(pl_module)
         self._thread = threading.get_ident()
+        self._trainer = trainer
         self._install_log(pl_module)
         if self.collectives:
             self._install_collectives()
-        self._boundary("setup", trainer)
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
         try:
@@ -231,8 +277,8 @@ class CollectiveGuard(pl.Callback):
             self._exchange.busy("writing a checkpoint (Trainer.save_checkpoint)")
 
     def _uninstall(self) -> None:
-        trace.detach(self._listener)
         _gradients.unwatch(self)
+        self._trainer = None
         if self._model is not None:  # put back the instance's own log (another wrapper's), or none
             if self._log_before is _NONE:
                 vars(self._model).pop("log", None)
@@ -246,13 +292,26 @@ class CollectiveGuard(pl.Callback):
     def _check(self, entry: dict) -> None:
         self._exchange.check(entry)
         self.checks += 1
+        if entry["kind"] == "collective" and self._eval.in_batch:
+            self._eval.collectives += 1
 
     def _boundary(self, hook: str, trainer, batch_idx: Optional[int] = None, dataloader_idx: int = 0) -> None:
         if self._exchange is None:
             return
         ex = self._exchange
+        if hook in _EVAL_BATCH_HOOKS:
+            self._eval.in_batch = hook.endswith("_batch_start")
+            if self._eval.skip(hook, ex):
+                return
         last = _last_batch(trainer, hook) if batch_idx is not None else None
-        self._check(_entries.boundary(ex.n, ex.rank, hook, trainer.current_epoch, batch_idx, dataloader_idx, last))
+        entry = _entries.boundary(ex.n, ex.rank, hook, trainer.current_epoch, batch_idx, dataloader_idx, last)
+        try:
+            self._check(entry)
+        except CollectiveMismatch as exc:
+            if not (hook in _EVAL_BATCH_HOOKS and self._eval.defer(exc, ex)):
+                raise
+        if hook in ("on_validation_epoch_end", "on_test_epoch_end"):
+            self._eval = _EvalBatches()
 
     def _install_log(self, model) -> None:
         original, classifier = model.log, self._classifier
@@ -314,15 +373,75 @@ class CollectiveGuard(pl.Callback):
         self._boundary("on_predict_epoch_end", trainer)
 
 
+#: The evaluation loops' batch hooks: their boundaries are compared only while they pair a collective (below).
+_EVAL_BATCH_HOOKS = ("on_validation_batch_start", "on_validation_batch_end", "on_test_batch_start", "on_test_batch_end")
+
+
+class _EvalBatches:
+    """Uneven batches in an evaluation loop are a hazard only where a collective is made per batch: shards of 5
+    and 3 batches (``use_distributed_sampler=False``) synced at the epoch's end only are exact evaluation, and
+    pass (tests/tooling/guard/test_guard_forms_let_through.py). So where the ranks differ only in which has its
+    last batch at a batch's start (``defer``), the mismatch is raised at once if the loop already made a
+    collective in a batch, at that batch's end if the batch makes one (the message is the start's), and
+    otherwise the loop's remaining batch boundaries are not compared (``skip``), on every rank alike: every rank
+    saw the same entries, and a collective check passes only where every rank made it. Reset at the loop's
+    epoch end."""
+
+    def __init__(self):
+        self.collectives = 0  # collectives checked inside the loop's batches since its epoch began
+        self.in_batch = False  # between a batch's start and end boundaries
+        self.at_start = 0  # ... at the start of the batch of a deferred mismatch
+        self.pending = None  # the deferred CollectiveMismatch
+        self.off = False  # the loop's batch boundaries are no longer compared
+
+    def defer(self, exc: CollectiveMismatch, exchange) -> bool:
+        entries = getattr(exc, "entries", [])
+        ids = {repr(e["id"][:-1]) for e in entries}
+        starts = all(e["kind"] == "boundary" and e["id"][1].endswith("_batch_start") for e in entries)
+        if not (entries and starts and len(ids) == 1):
+            return False
+        if self.collectives:  # the loop makes a collective per batch: the ranks with more batches would be alone
+            return False
+        self.pending, self.at_start, exchange.error = exc, self.collectives, None
+        return True
+
+    def skip(self, hook: str, exchange) -> bool:
+        if self.pending is not None and hook.endswith("_batch_end"):
+            if self.collectives > self.at_start:  # this batch made a collective: the next one has no partner
+                exchange.error = self.pending
+                raise self.pending
+            self.pending, self.off = None, True
+        return self.off
+
+
+def _start_early(guard: CollectiveGuard, call: trace.Call) -> None:
+    """Start ``guard``'s session at this collective where a Trainer holding it runs it (a frame of the call's
+    stack is one of its methods) and its process group exists: the first hook of a callback comes later."""
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return
+    frame = call.frame
+    while frame is not None:
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, pl.Trainer) and any(c is guard for c in owner.callbacks):
+            guard._start(owner, owner.lightning_module)
+            return
+        frame = frame.f_back
+
+
 class _GuardListener(trace.Listener):
     """Checks each collective of the guard's thread on the whole world before it enters the backend (the
     shared patch of ``torch.distributed``, ddpprobe/trace/_patch.py)."""
 
     def __init__(self, guard: CollectiveGuard):
-        self.guard = guard
+        self._guard = weakref.ref(guard)  # the patch holds the listener: the guard is still collected
 
     def before(self, call: trace.Call) -> None:
-        guard = self.guard
+        guard = self._guard()
+        if guard is None:
+            return
+        if guard._exchange is None and threading.get_ident() == guard._thread:
+            _start_early(guard, call)
         ex = guard._exchange
         gradient = _gradients.is_gradient(call)  # DDP's reducer may call its hook from an autograd thread
         if ex is None or not (gradient or threading.get_ident() == guard._thread):
@@ -333,6 +452,7 @@ class _GuardListener(trace.Listener):
             **call.fields,
             "group_size": ex.world_size,
             "root": None if gradient else _root(call.original, call.args, call.kwargs),
+            "lists": None if gradient else _lists(call.name, call.args, call.kwargs),
             **guard._classifier.context(call.frame, call.name),
         }
         fields.update(call.extra)

@@ -11,10 +11,13 @@ An *entry* is one JSON object a rank writes to the store before a check:
 ``id``
     what must be equal on every rank (a list): for a collective the op, reduce op, dtype, shape, group
     size, source or destination rank of a rooted collective (``root``: ``"src=0"``), source, Lightning key
-    (and, for ``self.log`` syncs, the hook it was logged in) and torchmetrics class (no shape for
-    ``UNEVEN_SPLITS``); for a boundary the hook, epoch, batch and dataloader index and
-    whether the loop has a batch after this one. Call sites are not compared: two lines may log the
-    same key.
+    (and, for ``self.log`` syncs, the hook it was logged in), torchmetrics class, every tensor and list
+    length of the call's lists (``lists``: ``all_to_all``'s lists without their split sizes, the length of a
+    ``broadcast_object_list``'s list) and, for the user's own collectives (``source`` ``user``), the call
+    site, so that the same collectives in another order on each rank differ (no shape for
+    ``UNEVEN_SPLITS``); for a boundary the hook, epoch, batch and dataloader index and whether the loop has
+    a batch after this one. Other call sites are not compared: two lines may log the same key, and a
+    Lightning or torchmetrics sync is named by its key or metric.
 ``text``
     the rank's side in words: ``"is about to "`` + ``describe_collective(..., calls=True)`` (the audit's words
     for a collective, with the library call the user's line made, or Lightning's loop step:
@@ -26,7 +29,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ddpprobe.hazards import guard_fix_lines
+from ddpprobe.hazards import guard_cause, guard_fix_lines
 from ddpprobe.trace import describe_collective
 
 #: Fields of a collective (as the trace names them) that must be equal on every rank, in this order.
@@ -42,6 +45,8 @@ COLLECTIVE_ID = (
     "log_hook",
     "metric",
     "bucket",
+    "lists",
+    "site",
 )
 #: Fields of a collective kept in its entry (``entry["fields"]``) for the words of a mismatch.
 POSTED_FIELDS = (
@@ -59,6 +64,7 @@ POSTED_FIELDS = (
     "callback",
     "bucket",
     "comm_hook",
+    "state_sizes",
 )
 #: Collectives whose ranks may contribute tensors of different shapes (uneven splits): shape not compared.
 UNEVEN_SPLITS = ("all_to_all", "all_to_all_single")
@@ -68,7 +74,11 @@ ERROR_CHARS = 500
 
 def collective(n: int, rank: int, fields: dict) -> dict:
     """The entry of a collective described by the trace's ``collective`` fields (``op``, ``dtype`` ...)."""
-    fields = dict(fields, log_hook=fields.get("hook") if fields.get("source") == "self.log" else None)
+    fields = dict(
+        fields,
+        log_hook=fields.get("hook") if fields.get("source") == "self.log" else None,
+        site=fields.get("call_site") if fields.get("source") == "user" else None,
+    )
     compared = dict(fields, shape=None) if fields.get("op") in UNEVEN_SPLITS else fields
     return {
         "kind": "collective",
@@ -98,6 +108,8 @@ _FIELD_WORDS = {
     "log_hook": "logged in {}",
     "metric": "metric {}",
     "bucket": "bucket {}",
+    "lists": "lists {}",
+    "site": "call site {}",
 }
 
 
@@ -116,6 +128,11 @@ def differing(entries: list) -> dict:
     return {name: vs for name, vs in values.items() if len({repr(v) for v in vs}) > 1}
 
 
+def _shown_as(name: str, value) -> dict:
+    """The posted field a compared field is worded from (the hook a key was logged in, the user's call site)."""
+    return {"log_hook": {"hook": value}, "site": {"call_site": value}}.get(name, {})
+
+
 def side_texts(entries: list) -> list:
     """Each entry's text, in order: a collective's completed with every compared field that differs from
     another rank's collective and that its words do not show (a field is shown where the words change with
@@ -130,7 +147,7 @@ def side_texts(entries: list) -> list:
             unshown = []
             for name in COLLECTIVE_ID:
                 others = [o["id"][_AT[name]] for o in collectives if repr(o["id"][_AT[name]]) != repr(mine[name])]
-                swapped = [dict(mine, **{name: v}, **({"hook": v} if name == "log_hook" else {})) for v in others]
+                swapped = [dict(mine, **{name: v}, **_shown_as(name, v)) for v in others]
                 if others and any(_words(s) == _words(mine) for s in swapped):
                     value = mine[name]
                     unshown.append(
@@ -214,7 +231,8 @@ def consequence(entries: list, pg_timeout_s: float) -> str:
     hazard registry (``ddpprobe.hazards.guard_fix_lines``: the proven fix with its fact test where its
     preconditions hold, else a line saying that no proven fix applies)."""
     text = _consequence(entries, f"the process-group timeout ({pg_timeout_s:g} s)")
-    return "\n".join([text, *guard_fix_lines(entries, differing(entries))])
+    cause = guard_cause(entries)
+    return "\n".join([text, *([cause] if cause else []), *guard_fix_lines(entries, differing(entries))])
 
 
 def _consequence(entries: list, waiting: str) -> str:
@@ -254,9 +272,9 @@ def _consequence(entries: list, waiting: str) -> str:
             f"blocks until {waiting}."
         )
     sides = _sides_of(entries)
-    if any(len({repr(e["id"][_AT[name]]) for e in entries}) > 1 for name in ("dtype", "shape")):
+    if any(len({repr(e["id"][_AT[name]]) for e in entries}) > 1 for name in ("dtype", "shape", "lists")):
         return (
-            "The ranks would contribute tensors of different dtypes or shapes"
+            "The ranks would contribute tensors of different dtypes or shapes (or lists of different lengths)"
             + (f" ({sides})" if sides else "")
             + f": the backend aborts, cuts the data or blocks until {waiting}."
         )
@@ -344,6 +362,13 @@ def _mix(entries: list, sides: str) -> str:
         verb = _VERBS.get(op, "gathered" if "gather" in op else "exchanged")
         after = ""
         raises = ", and nothing would raise"
+    sites = {e["id"][_AT["site"]] for e in entries}
+    if not sides and len(sites) > 1 and None not in sites:  # the user's own calls, from different lines
+        return (
+            f"The ranks would make the same {op} from different lines of their code "
+            f"({', '.join(sorted(map(str, sites)))}): each rank's data would be combined with another line's, and "
+            "nothing would raise."
+        )
     if not sides:  # the ids differ in a field no side's words name
         return f"The ranks would make the same {op} for different purposes: its result mixes them{raises}."
     if kinds == {"key"} and verb:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+import sysconfig
 import traceback
 
 #: Set (to anything but ``0``) to print a guard error's full traceback instead of the short report.
@@ -93,9 +94,19 @@ def _others(exc: GuardError) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks)) if ranks else "no other rank"
 
 
+#: The standard library's folders: a frame there (``contextlib.py`` under a ``with``) is no user's line.
+_STDLIB = tuple({os.path.join(sysconfig.get_paths()[k], "") for k in ("stdlib", "platstdlib")})
+
+
 def _library(filename: str) -> bool:
+    """A frame of a library (an installed package, ddpprobe, the standard library) or of no file (``<frozen
+    ...>``), not the user's."""
     parts = filename.replace("\\", "/").split("/")
-    return any(p in ("site-packages", "dist-packages", "ddpprobe") for p in parts) or filename.startswith("<")
+    return (
+        any(p in ("site-packages", "dist-packages", "ddpprobe") for p in parts)
+        or filename.startswith("<")
+        or filename.startswith(_STDLIB)
+    )
 
 
 def excepthook(exc_type, exc, tb, previous=None) -> None:

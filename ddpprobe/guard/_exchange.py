@@ -45,6 +45,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
+from typing import Optional
 
 import torch.distributed
 
@@ -74,9 +75,21 @@ class Exchange:
         timeout_s: seconds to wait for the peers at each check.
         pg_timeout_s: the process group's timeout in seconds (named in the errors).
         stage: the ``Trainer`` entry point (``"validate"``, ``"fit"`` ...), named in the errors.
+        backend: the process group's backend (``"gloo"``, ``"nccl"``), for the sentences that differ by
+            backend (None: both are said).
     """
 
-    def __init__(self, store, session: int, rank: int, world_size: int, timeout_s: float, pg_timeout_s: float, stage):
+    def __init__(
+        self,
+        store,
+        session: int,
+        rank: int,
+        world_size: int,
+        timeout_s: float,
+        pg_timeout_s: float,
+        stage,
+        backend: Optional[str] = None,
+    ):
         self.store = torch.distributed.PrefixStore(f"{PREFIX}/{session}/", store)
         self.rank = rank
         self.world_size = world_size
@@ -84,6 +97,7 @@ class Exchange:
         self.timeout_s = timeout_s
         self.pg_timeout_s = pg_timeout_s
         self.stage = stage
+        self.backend = backend
         #: The next check's sequence number (the number of checks this rank has posted).
         self.n = 0
         #: The guard error this rank raised, raised again at every later check.
@@ -217,17 +231,34 @@ class Exchange:
             others = [e for e in entries if e["kind"] != "raised"]
             raise PeerFailed(
                 f"{self._head(n)}: {_entries.ranks_text(list(failed))} raised before reaching it:\n{text}\n"
-                f"Without the guard {_entries.ranks_text([e['rank'] for e in others])} would wait for "
-                f"{'it' if len(failed) == 1 else 'them'} until the process-group timeout ({self.pg_timeout_s:g} s).",
+                + self._peer_wait([e["rank"] for e in others], len(failed)),
                 n,
                 sides,
                 failed,
             )
-        raise CollectiveMismatch(
+        error = CollectiveMismatch(
             f"{self._head(n)}: the ranks are not making the same collective calls:\n{text}\n"
             + _entries.consequence(entries, self.pg_timeout_s),
             n,
             sides,
+        )
+        error.entries = entries  # what each rank posted (the guard defers some, ddpprobe/guard/_callback.py)
+        raise error
+
+    def _peer_wait(self, waiting: list, failed: int) -> str:
+        """What the ``waiting`` ranks would do without the guard, in the collective the ranks that raised never
+        join; on each backend where they differ (this run's named first). gloo fails the wait at once when the
+        peer's process exits (its connection closes, tests/facts/test_collective_hazards_keys.py) and waits
+        until the process-group timeout while the process lives on (tests/facts/
+        test_collective_hazards_callbacks.py, the peers kept alive); NCCL waits until the timeout."""
+        it, its = ("it", "its process") if failed == 1 else ("them", "their processes")
+        pg = f"the process-group timeout ({self.pg_timeout_s:g} s)"
+        gloo = f"on gloo until {its} {'exits' if failed == 1 else 'exit'} (the closed connection fails the wait at "
+        gloo += f"once) or, while {'it lives' if failed == 1 else 'they live'} on, until {pg}"
+        nccl = f"on NCCL until {pg}"
+        said = [nccl, gloo] if self.backend == "nccl" else [gloo, nccl]
+        return f"Without the guard {_entries.ranks_text(waiting)} would wait for {it} in the collective: " + (
+            "; ".join(said) + "."
         )
 
     def _positions(self, n: int) -> dict:
@@ -260,7 +291,7 @@ class Exchange:
         last_seen = {r: positions[r][1] if r in positions and n > 0 else None for r in missing}
         error = (
             f"CollectiveGuard timed out: {_entries.ranks_text(missing)} did not reach check #{n} "
-            f"within {self.timeout_s:g} s"
+            f"within {self.timeout_s:g} s, where {_entries.ranks_text([self.rank])} {entry['text']}"
         )
         self.store.set(f"{n}/e/{self.rank}", json.dumps(_entries.raised(n, self.rank, error, None)))
         here = [r for r in range(self.world_size) if r not in missing]

@@ -17,21 +17,36 @@ from __future__ import annotations
 from typing import Optional
 
 from ddpprobe.hazards._entries import HAZARDS, REMOVED_HOOKS, Hazard
-from ddpprobe.hazards._guard import alone, guard_hazard, reads_metrics
+from ddpprobe.hazards._guard import (
+    Known,
+    alone,
+    alone_cause,
+    guard_hazard,
+    known,
+    read_numbers,
+    reads_metrics,
+    recognise,
+)
 
 __all__ = [
     "HAZARDS",
     "REMOVED_HOOKS",
     "Hazard",
+    "Known",
     "NO_FIX",
     "advice",
     "alone",
+    "alone_cause",
     "cause",
     "evidence_text",
     "fix_line",
+    "guard_cause",
     "guard_fix_lines",
     "guard_hazard",
+    "known",
+    "read_numbers",
     "reads_metrics",
+    "recognise",
 ]
 
 #: The start of the line printed where a hazard is proven but no fix's preconditions hold.
@@ -89,6 +104,37 @@ def advice(name: str, evidence: dict) -> list:
 def cause(name: str, **numbers) -> str:
     """The cause of the entry ``name`` worded with this run's ``numbers`` (:meth:`Hazard.cause`)."""
     return HAZARDS[name].cause(**numbers)
+
+
+def guard_cause(entries: list) -> Optional[str]:
+    """``"Cause (<entry>): <the entry's cause>"`` for the guard's entries at a failing check, where
+    :func:`guard_hazard` names an entry and the check's fields word its cause (a collective on some ranks only,
+    keys that differ, an all_gather of different shapes); None otherwise. Never raises."""
+    try:
+        found = guard_hazard(entries)
+        if found is None:
+            return None
+        name, evidence = found
+        collectives = sorted((e for e in entries if e.get("kind") == "collective"), key=lambda e: e["rank"])
+        if name in (
+            "metrics_read_on_some_ranks",
+            "metric_compute_on_some_ranks",
+            "rank0_only_synced_log",
+            "key_on_some_ranks",
+            "collective_on_some_ranks",
+        ):
+            mine = next(e for e in collectives if e["rank"] in evidence["ranks"])
+            text = alone_cause(dict(mine["fields"]), evidence["ranks"])[1]
+        elif name == "keys_differ":
+            text = cause(name, op=evidence["op"], keys=", ".join(map(str, evidence["keys per rank"])))
+        elif name == "gather_shapes_differ":
+            shapes = ", ".join(f"rank {e['rank']} {e['id'][4]}" for e in collectives)
+            text = cause(name, shapes=shapes)
+        else:
+            return None
+        return f"Cause ({name}): {text}"
+    except Exception:  # noqa: BLE001 - a cause line must never turn a guard error into another error
+        return None
 
 
 def guard_fix_lines(entries: list, differing: Optional[dict] = None) -> list:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+__all__ = ["Known", "alone", "alone_cause", "guard_hazard", "known", "read_numbers", "reads_metrics", "recognise"]
+
 #: Public calls (the trace's call chain) that read the logged metrics and so run the epoch sync.
 METRICS_PROPERTIES = ("Trainer.callback_metrics", "Trainer.logged_metrics", "Trainer.progress_bar_metrics")
 
@@ -35,6 +37,72 @@ def reads_metrics(fields: dict) -> bool:
     return bool(function) and function != fields.get("hook") and function == fields.get("running")
 
 
+class Known(str):
+    """Words for a field an entry lacks, saying what is known in its place (``"the logged metrics"`` for a read's
+    key): its ``repr`` is the words themselves, so a registry template's ``{key!r}`` reads them unquoted, where a
+    field the entry has is quoted."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def known(value, words: str):
+    """``value`` where the entry has it (neither None nor empty), else :class:`Known` ``words``."""
+    return value if value not in (None, "") else Known(words)
+
+
+def read_numbers(fields: dict, ranks: list) -> dict:
+    """The numbers of ``metrics_read_on_some_ranks``'s cause for a read of the logged metrics (a trace entry, a
+    guard entry's fields, or a lone read of the audit's ``lone_reads``) that ``ranks`` made: a read without a key
+    runs the epoch sync of the logged metrics, one without a call site is the module's, and a read a library
+    callback's hook made (Lightning ran it: the trace's ``callback`` with a ``loop_step``) is that hook's, as the
+    trace's words name it (``TQDMProgressBar.on_train_epoch_end``, the default progress bar)."""
+    if fields.get("callback") and fields.get("loop_step"):
+        where = f"`{fields['callback']}`"
+    else:
+        where = f"line {fields['call_site']}" if fields.get("call_site") else "the module"
+    return dict(
+        where=where,
+        call=f"`{fields.get('call') or 'trainer.callback_metrics'}`",
+        key=known(fields.get("key"), "the logged metrics"),
+        op=known(fields.get("op"), "a collective"),
+        ranks=f"rank(s) {ranks}",
+    )
+
+
+def alone_cause(fields: dict, ranks: list) -> tuple:
+    """``(name or None, cause, evidence)`` of a collective that only ``ranks`` made (:func:`alone`), its cause
+    worded from its fields and call chain. A field the entry lacks is worded by what is known (:func:`known`): a
+    ``Metric`` whose class is not recorded is ``torchmetrics.Metric``, a ``self.log`` call without a key
+    ``self.log(...)``, a collective without an op ``a collective``, a line without its call site ``a line of
+    your code``."""
+    from ddpprobe.hazards._entries import HAZARDS
+
+    found = alone(fields, ranks)
+    if found is None:
+        return None, "", {"ranks": ranks, "source": fields.get("source"), "origin": fields.get("origin")}
+    name, evidence = found
+    who = f"rank(s) {ranks}"
+    hook = fields.get("running") or fields.get("hook")
+    where = f" in {hook}" if hook else ""
+    key = known(fields.get("key"), "...")
+    numbers = {
+        "metrics_read_on_some_ranks": lambda: read_numbers(fields, ranks),
+        "metric_compute_on_some_ranks": lambda: dict(
+            metric=known(fields.get("metric"), "torchmetrics.Metric"), ranks=who, where=where
+        ),
+        "rank0_only_synced_log": lambda: dict(key=key, ranks=who),
+        "key_on_some_ranks": lambda: dict(key=key, ranks=who),
+        "collective_on_some_ranks": lambda: dict(
+            what=known(fields.get("op"), "a collective"),
+            call_site=known(fields.get("call_site"), "a line of your code"),
+            ranks=who,
+            where=where,
+        ),
+    }[name]()
+    return name, HAZARDS[name].cause(**numbers), evidence
+
+
 def alone(fields: dict, ranks: list) -> Optional[tuple]:
     """``(name, evidence)`` of a collective ``ranks`` make while the others do not (they are at a hook boundary,
     or in another collective), from its ``fields``; None where no entry explains it (Lightning's own barrier
@@ -61,8 +129,83 @@ def alone(fields: dict, ranks: list) -> Optional[tuple]:
     return None
 
 
+def _lightnings_own(fields: dict) -> bool:
+    """A collective Lightning makes on its own on every rank (a barrier or broadcast of its loops or Trainer, no
+    key, metric or user's call): what the other ranks' next collective is when some make one of their own."""
+    return fields.get("source") == "library"
+
+
+def recognise(sides: list) -> Optional[tuple]:
+    """``(name, evidence)`` of the registry entry that the ranks' collectives at one position prove, or None: the
+    one recogniser of a collective mismatch, shared by the guard (the entries of a failing check) and the audit
+    (the first divergence of the ranks' traces).
+
+    ``sides``: per rank, in rank order, the trace's fields of the collective it makes there (``op``, ``dtype``,
+    ``shape``, ``source``, ``key``, ``hook``, ``metric``, ``state_sizes``, ``call``, ``call_site``, ``running``,
+    ``sync``, ``root``, and ``rank``), or None for a rank that makes none there (at a hook boundary, or gone).
+    """
+    present = [f for f in sides if f is not None]
+    if not present:
+        return None
+    ranks = [f.get("rank", i) for i, f in enumerate(sides) if f is not None]
+    if len(present) < len(sides):
+        groups: dict = {}
+        for f in present:
+            groups.setdefault(_purpose(f), []).append(f)
+        return alone(present[0], ranks) if len(groups) == 1 else None
+    if len({f.get("op") for f in present}) > 1 or len({f.get("source") for f in present}) > 1:
+        # One side reading the metrics (or computing a metric, or syncing a key, or its own collective) that the
+        # others do not make: their next collective is another purpose's, or Lightning's own.
+        for f in present:
+            if reads_metrics(f):
+                return alone(f, [g.get("rank", i) for i, g in enumerate(sides) if _purpose(g) == _purpose(f)])
+        own = [f for f in present if not _lightnings_own(f)]
+        if own and len(own) < len(present) and len({_purpose(f) for f in own}) == 1:
+            return alone(own[0], [f.get("rank") for f in own])
+        return None
+    fields = present
+    if len({f.get("root") for f in fields}) > 1:
+        return None
+    if len({(f.get("key"), f.get("hook") if f.get("source") == "self.log" else None) for f in fields}) > 1:
+        if not all(f.get("key") for f in fields) or fields[0].get("source") != "self.log":
+            return None
+        return "keys_differ", {"keys per rank": [f.get("key") for f in fields], "op": fields[0].get("op")}
+    if len({f.get("metric") for f in fields}) > 1:
+        return None
+    dtypes = [f.get("dtype") for f in fields]
+    shapes = [f.get("shape") for f in fields]
+    first = fields[0]
+    if len(set(map(str, dtypes))) > 1 and first.get("source") == "torchmetrics" and first.get("op") == "all_gather":
+        # A Metric's state sync of one list state with another dtype on some ranks: an empty list state's
+        # float32 placeholder, where the posted state sizes show an empty list on exactly the float32 ranks.
+        empty = [f.get("rank", i) for i, f in enumerate(fields) if "list of 0" in (f.get("state_sizes") or {}).values()]
+        return "list_state_dtypes_differ", {
+            "dtypes per rank": [str(d) for d in dtypes],
+            "ranks with an empty list state": empty,
+            "metric": first.get("metric"),
+        }
+    if "gather" not in str(first.get("op")) or any(s is None for s in shapes) or len({repr(s) for s in shapes}) < 2:
+        # gather_shapes_differ is of an all_gather whose shapes differ: any other difference (a reduce op, a
+        # group, a bucket, a dtype alone) is no near miss of it.
+        return None
+    return "gather_shapes_differ", {
+        "op": first.get("op"),
+        "same dtype": len(set(map(str, dtypes))) == 1,
+        "shapes per rank": shapes,
+        "dtype": first.get("dtype"),
+    }
+
+
+def _purpose(fields: Optional[dict]) -> Optional[tuple]:
+    """What a side's collective is for (its op aside): one purpose on several ranks is one collective."""
+    if fields is None:
+        return None
+    return tuple(fields.get(k) for k in ("source", "key", "sync", "metric", "call", "call_site", "loop_step"))
+
+
 def guard_hazard(entries: list) -> Optional[tuple]:
-    """``(name, evidence)`` of the registry entry the guard's ``entries`` at one check prove, or None."""
+    """``(name, evidence)`` of the registry entry the guard's ``entries`` at one check prove, or None: boundaries
+    alone are uneven batches; collectives go to :func:`recognise` (a rank at a boundary makes none there)."""
     kinds = {e["kind"] for e in entries}
     if "raised" in kinds:
         return None
@@ -73,50 +216,24 @@ def guard_hazard(entries: list) -> Optional[tuple]:
             batches = {e["rank"]: e["fields"].get("batch_idx") for e in boundaries}
             return "uneven_batches", {"batch per rank": [batches[r] for r in sorted(batches)]}
         return None
-    if boundaries:
-        groups: dict = {}
-        for e in collectives:
-            groups.setdefault(repr(e["id"]), []).append(e)
-        if len(groups) != 1:
+    if boundaries and collectives[0]["fields"].get("source") == "gradient":
+        if len({repr(e["id"]) for e in collectives}) != 1:
             return None
-        if collectives[0]["fields"].get("source") == "gradient":
-            # DDP's gradient all_reduce on some ranks while the others left the epoch: they ran out of batches.
-            ended = [e for e in boundaries if str(e["fields"].get("hook")).endswith(("_epoch_end", "teardown"))]
-            return ("uneven_batches", {"ranks out of batches": _ranks(ended)}) if ended else None
-        return alone(collectives[0]["fields"], _ranks(collectives))
-    fields = [e["fields"] for e in collectives]
-    if len({f.get("op") for f in fields}) > 1 or len({f.get("source") for f in fields}) > 1:
-        # One side reading the metrics (or computing a metric, or syncing a key) that the other does not make.
-        for e in collectives:
-            same = [o for o in collectives if o["id"] == e["id"]]
-            if reads_metrics(e["fields"]):
-                return alone(e["fields"], _ranks(same))
+        # DDP's gradient all_reduce on some ranks while the others left the epoch: they ran out of batches.
+        ended = [e for e in boundaries if str(e["fields"].get("hook")).endswith(("_epoch_end", "teardown"))]
+        return ("uneven_batches", {"ranks out of batches": _ranks(ended)}) if ended else None
+    return recognise([side(e) for e in sorted(entries, key=lambda e: e["rank"])])
+
+
+def side(entry: dict) -> Optional[dict]:
+    """A guard entry as :func:`recognise` reads a side: its posted fields with its rank and the compared dtype and
+    shape (positions 3 and 4 of its ``id``: op, reduce op, dtype, shape ...); None for a boundary."""
+    if entry.get("kind") != "collective":
         return None
-    if len({f.get("root") for f in fields}) > 1:
-        return None
-    if len({(f.get("key"), f.get("hook") if f.get("source") == "self.log" else None) for f in fields}) > 1:
-        keys = [f.get("key") for f in fields]
-        return "keys_differ", {"keys per rank": keys, "op": fields[0].get("op")}
-    if len({f.get("metric") for f in fields}) > 1:
-        return None
-    dtypes = {repr(e["id"][3]) for e in collectives}  # COLLECTIVE_ID: op, reduce_op, dtype, shape, ...
-    shapes = [e["id"][4] for e in collectives]
-    if len(dtypes) > 1 and fields[0].get("source") == "torchmetrics" and fields[0].get("op") == "all_gather":
-        # A Metric's state sync of one list state with another dtype on some ranks: an empty list state's
-        # float32 placeholder, where the posted state sizes show an empty list on exactly the float32 ranks.
-        ordered = sorted(collectives, key=lambda e: e["rank"])
-        empty = [e["rank"] for e in ordered if "list of 0" in ((e["fields"].get("state_sizes") or {}).values())]
-        return "list_state_dtypes_differ", {
-            "dtypes per rank": [str(e["id"][3]) for e in ordered],
-            "ranks with an empty list state": empty,
-            "metric": fields[0].get("metric"),
-        }
-    if "gather" not in str(fields[0].get("op")) or len({repr(s) for s in shapes}) < 2:
-        # gather_shapes_differ is of an all_gather whose shapes differ: any other difference (a reduce op, a
-        # group, a bucket, a dtype alone) is no near miss of it.
-        return None
-    return "gather_shapes_differ", {
-        "op": fields[0].get("op"),
-        "same dtype": len(dtypes) == 1,
-        "shapes per rank": shapes,
+    at = entry["id"]
+    return {
+        **entry["fields"],
+        "rank": entry["rank"],
+        "dtype": at[3] if len(at) > 3 else entry["fields"].get("dtype"),
+        "shape": at[4] if len(at) > 4 else entry["fields"].get("shape"),
     }

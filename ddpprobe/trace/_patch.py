@@ -5,9 +5,15 @@ listener is attached (:func:`attach`); the wrapper tells every attached listener
 order they were attached, before and after it enters the backend. A collective called from inside another
 (``all_gather_object`` calls ``all_gather``), or from a listener, is not reported again.
 
+Every public alias of a wrapped function is wrapped too: ``torch.distributed.distributed_c10d.all_reduce``, and a
+name bound to the original in any loaded module before the patch (``from torch.distributed import all_reduce`` at
+the top of the user's script, ``legacy_allreduce`` in torch's own modules): :func:`attach` rebinds each global that
+holds an original to its wrapper (one pass over ``sys.modules``, about 50 ms).
+
 Restore rule: the originals are put back when the last listener is detached (:func:`detach`), each only
-where ``torch.distributed`` still holds this module's wrapper; where another patch replaced it since, that
-patch is left in place, and this wrapper, with no listener, passes every call through unchanged.
+where ``torch.distributed`` (or the module holding an alias) still holds this module's wrapper; where another
+patch replaced it since, that patch is left in place, and this wrapper, with no listener, passes every call
+through unchanged.
 """
 
 from __future__ import annotations
@@ -133,6 +139,8 @@ class Listener:
 _listeners: list = []
 _originals: dict = {}
 _wrappers: dict = {}
+#: ``[(module globals, name, collective)]``: the aliases :func:`_rebind_aliases` pointed at a wrapper.
+_aliases: list = []
 _local = threading.local()
 
 
@@ -150,7 +158,23 @@ def attach(listener: Listener) -> None:
                 _originals[name] = original
                 _wrappers[name] = _wrap(name, original)
             setattr(torch.distributed, name, _wrappers[name])
+        _rebind_aliases()
     _listeners.append(listener)
+
+
+def _rebind_aliases() -> None:
+    """Point every global of a loaded module that holds an original collective at its wrapper (the module
+    docstring: ``distributed_c10d.all_reduce``, a ``from torch.distributed import all_reduce`` made earlier)."""
+    collective_of = {id(_originals[op]): op for op in _wrappers}
+    for module in list(sys.modules.values()):
+        namespace = getattr(module, "__dict__", None)
+        if not isinstance(namespace, dict) or namespace is vars(torch.distributed):
+            continue
+        for name, value in list(namespace.items()):
+            op = collective_of.get(id(value))
+            if op is not None and value is _originals[op]:
+                namespace[name] = _wrappers[op]
+                _aliases.append((namespace, name, op))
 
 
 def detach(listener: Listener) -> None:
@@ -159,6 +183,10 @@ def detach(listener: Listener) -> None:
         _listeners.remove(listener)
     if _listeners:
         return
+    for namespace, name, op in _aliases:
+        if op in _wrappers and namespace.get(name) is _wrappers[op]:
+            namespace[name] = _originals[op]
+    _aliases.clear()
     for name, wrapper in list(_wrappers.items()):
         if getattr(torch.distributed, name, None) is wrapper:
             setattr(torch.distributed, name, _originals.pop(name))

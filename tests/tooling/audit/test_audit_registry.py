@@ -88,10 +88,8 @@ GUARDED = {
 
 #: ``entry: why``: the guard names the entry, but its evidence lacks what the fix's preconditions need, so it prints
 #: that no proven fix applies (naming the entry) instead of the fix line.
-GUARD_NO_FIX = {
-    "list_state_dtypes_differ": "the guard's entries carry no Metric state sizes (ddpprobe/guard/_entries.py), so "
-    "it cannot show that the float32 rank's list state is empty",
-}
+#: (None since the guard's entries carry each Metric's state sizes: ``list_state_dtypes_differ`` gets its fix.)
+GUARD_NO_FIX: dict = {}
 
 #: Entries no module of the self-test shows yet, and why.
 NOT_SHOWN: dict = {}
