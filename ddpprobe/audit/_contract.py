@@ -169,3 +169,17 @@ def _span(contract: dict) -> str:
     if not hooks:
         return "no record"
     return f"{contract.get('records')} records, from {hooks[0]} to {hooks[-1]}"
+
+
+def weights_apart(contract: dict) -> Optional[dict]:
+    """The first break of a parameter (``param.*``), where the ranks' weights first differed, or None."""
+    return next((b for b in contract.get("breaks") or [] if b["field"].startswith("param.")), None)
+
+
+def apart_cause(item: dict) -> str:
+    """A key row's cause where the ranks held different weights (:func:`weights_apart`)."""
+    return (
+        f"the ranks held different parameters from {_where(item)} on ({item['field']}; see the DDP contract), so "
+        "their values differ for that reason alone and no sync of them is the single process's; mend the "
+        "contract's first break first"
+    )

@@ -5,7 +5,7 @@ problem is a finding of its own. Pure Python, on an :class:`~ddpprobe.audit.Audi
 
 from __future__ import annotations
 
-from ddpprobe.audit._contract import contract_findings
+from ddpprobe.audit._contract import contract_findings, weights_apart
 from ddpprobe.audit._hooks import hook_text
 from ddpprobe.audit._kinds import NO_VALUE, NO_VALUE_ON_SOME, NOT_IN_WORLD, SOME_RANKS_ONLY
 
@@ -157,12 +157,22 @@ def _findings(result) -> list:
             under.append(text)
         else:
             raised_findings.append(text)
-    out = contract_findings(getattr(result, "contract", None) or {}) + out
+    contract = contract_findings(getattr(result, "contract", None) or {})
+    if contract and weights_apart(getattr(result, "contract", None) or {}) and result.stage == "fit":
+        moved = [f for f in out if f["problem"].split(":")[0] in _apart_keys(result)]
+        contract[0]["consequences"] += [f["problem"] for f in moved]
+        out = [f for f in out if f not in moved]
+    out = contract + out
     if root and own is not None:
         above = [root] if root != "(the stage's error)" else []
         return [{"problem": own, "consequences": [*above, *under]}, *out, *_plain(raised_findings)]
     head = [{"problem": root, "consequences": under}] if root else []
     return head + out + _plain(raised_findings)
+
+
+def _apart_keys(result) -> set:
+    """The keys whose cause is the ranks' different weights (ddpprobe/audit/_contract.py ``apart_cause``)."""
+    return {r.key for r in result.rows if r.cause and r.cause.startswith("the ranks held different parameters")}
 
 
 def _plain(texts: list) -> list:

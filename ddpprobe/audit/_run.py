@@ -16,10 +16,11 @@ from typing import Callable, Optional
 
 from ddpprobe.audit import _evidence
 from ddpprobe.audit._callbacks import callback_rows
-from ddpprobe.audit._contract import contract_evidence
+from ddpprobe.audit._contract import apart_cause, contract_evidence, weights_apart
 from ddpprobe.audit._experiment import experiment_rows
 from ddpprobe.audit._hooks import collectives_in_hooks_some_ranks_skip
 from ddpprobe.audit._inputs import AuditInputError
+from ddpprobe.audit._kinds import RANK_DIVERGENT, SYNCED_DIFFERS
 from ddpprobe.audit._result import AuditResult
 from ddpprobe.audit._values import padding_duplicates
 from ddpprobe.audit._verdict import rows
@@ -202,6 +203,16 @@ def assemble(worlds: Worlds, inputs: dict, rtol: float, atol: float) -> AuditRes
         skipped_hooks=collectives_in_hooks_some_ranks_skip(world.traces),
     )
     # A key the ranks' divergence took down is its consequence: the divergence's note carries the fix.
+    apart = weights_apart(result.contract)
+    if apart is not None and worlds.stage == "fit":
+        # Values of a module whose weights differ per rank: the contract's break explains them.
+        explained = [
+            dataclasses.replace(r, cause=apart_cause(apart), fixes=[], hazards=[])
+            if r.problem and r.verdict in (RANK_DIVERGENT, SYNCED_DIFFERS) and r.level != "step"
+            else r
+            for r in result.rows
+        ]
+        result = dataclasses.replace(result, rows=explained)
     consequences = set(result.consequence_keys)
     rows_ = [dataclasses.replace(r, fixes=[], hazards=[]) if r.key in consequences else r for r in result.rows]
     return dataclasses.replace(result, rows=rows_)

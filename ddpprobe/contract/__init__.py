@@ -20,7 +20,7 @@ Lightning package is chosen.
 
 from __future__ import annotations
 
-from ddpprobe.contract._compare import Break, aligned, breaks, differs
+from ddpprobe.contract._compare import MISSING, Break, aligned, breaks, differs
 from ddpprobe.contract._recorder import gradient_fields, state_recorder
 from ddpprobe.contract._single import FirstStep, compare_first_step, not_comparable_reason
 from ddpprobe.contract._state import BOUNDARIES, dataset_value, object_value, snapshot, tensor_value
@@ -31,6 +31,7 @@ __all__ = [
     "CONTRACT",
     "EQUAL",
     "MAY_DIFFER",
+    "MISSING",
     "SINGLE_PROCESS_STEP",
     "Break",
     "ContractRow",

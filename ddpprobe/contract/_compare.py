@@ -25,7 +25,7 @@ class Break:
         hook: the Lightning hook that record was taken after (``"on_fit_start"``).
         step, epoch: ``trainer.global_step`` and ``trainer.current_epoch`` at that record (rank 0's).
         position: the record's index in rank 0's sequence (earlier breaks have smaller positions).
-        per_rank: the field's value on each rank there (None where a rank has no such field).
+        per_rank: the field's value on each rank there (:data:`MISSING` where a rank has no such field).
         root: the field of the first break when this one came later (it may be its consequence), else None.
     """
 
@@ -78,14 +78,26 @@ def aligned(records: list) -> list:
     return out
 
 
-def _comparable(value) -> bool:
+#: What :func:`breaks` puts in ``per_rank`` for a rank that has no such field in its record.
+MISSING = "(no such field)"
+
+
+def _comparable(value, missing_is_a_value: bool) -> bool:
+    if value == MISSING:
+        return missing_is_a_value
     return not (isinstance(value, dict) and "unreadable" in value)
 
 
-def differs(values: list) -> bool:
-    """The values are not all equal (a missing or unreadable value on a rank is not a difference)."""
-    present = [v for v in values if v is not None and _comparable(v)]
+def differs(values: list, missing_is_a_value: bool = False) -> bool:
+    """The values are not all equal. A value a rank could not read is no difference; nor, unless
+    ``missing_is_a_value`` (an attribute some ranks set and others never did), is a rank without the field
+    (:data:`MISSING`). A value of None is a value: an attribute still None on one rank and set on another differs."""
+    present = [v for v in values if _comparable(v, missing_is_a_value)]
     return any(v != present[0] for v in present[1:])
+
+
+#: Fields that a rank may lack where another has them only because its code set them there: attributes.
+_SET_BY_CODE = ("module.attr.", "datamodule.attr.")
 
 
 def breaks(records: list) -> list:
@@ -105,8 +117,8 @@ def breaks(records: list) -> list:
             row = row_for(path)
             if row is None or not row.must_be_equal(boundary):
                 continue
-            values = [r["fields"].get(path) for r in per_rank]
-            if differs(values):
+            values = [r["fields"].get(path, MISSING) for r in per_rank]
+            if differs(values, missing_is_a_value=path.startswith(_SET_BY_CODE)):
                 first = per_rank[0]
                 found[path] = Break(
                     path, row, boundary, first.get("hook"), first.get("step"), first.get("epoch"), position, values

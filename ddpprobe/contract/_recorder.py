@@ -31,6 +31,21 @@ def gradient_fields(module) -> dict:
     return out
 
 
+#: Why a first step is not comparable with one process's when torch's default generator advanced during it.
+DREW = (
+    "the step drew random numbers (torch's default generator advanced between the batch's start and the optimizer "
+    "step: noise, a random augmentation or a dropout in the step), and each process draws its own"
+)
+
+
+def _generator_digest() -> str:
+    import hashlib
+
+    import torch
+
+    return hashlib.sha1(torch.get_rng_state().numpy().tobytes()).hexdigest()
+
+
 _recorder_class = None
 
 
@@ -55,6 +70,7 @@ def _build_class():
             self.write = write
             self.fields = fields
             self.first_step_taken = False
+            self.generator_at_start = None
 
         def _take(self, trainer, pl_module, boundary: str, hook: str) -> None:
             self.write(
@@ -86,10 +102,15 @@ def _build_class():
         def on_predict_start(self, trainer, pl_module):
             self._take(trainer, pl_module, "start", "on_predict_start")
 
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx, *args):
+            if not self.first_step_taken and self.generator_at_start is None:
+                self.generator_at_start = _generator_digest()
+
         def on_before_optimizer_step(self, trainer, pl_module, optimizer, *args):
             if self.first_step_taken:
                 return
             self.first_step_taken = True
+            drew = self.generator_at_start is not None and _generator_digest() != self.generator_at_start
             self.write(
                 {
                     "boundary": "first_step",
@@ -97,7 +118,7 @@ def _build_class():
                     "step": int(trainer.global_step),
                     "epoch": int(trainer.current_epoch),
                     "fields": gradient_fields(pl_module),
-                    "not_comparable": not_comparable_reason(pl_module),
+                    "not_comparable": not_comparable_reason(pl_module) or (DREW if drew else None),
                 }
             )
 

@@ -102,7 +102,8 @@ def compare_first_step(world: Optional[dict], single: Optional[dict], world_size
         elif residual > RTOL * 10 or not math.isfinite(r):
             off.append(name)
     if off:
-        return FirstStep("differs", ratios=ratios, parameters=tuple(off), world_size=world_size)
+        also = [name for name, r in ratios.items() if r is not None and abs(r - 1) > RTOL and name not in off]
+        return FirstStep("differs", ratios=ratios, parameters=tuple(off + also), world_size=world_size)
     known = [r for r in ratios.values() if r is not None]
     if not known or all(abs(r - 1) <= RTOL for r in known):
         return FirstStep("equal", ratio=1.0, ratios=ratios, world_size=world_size)

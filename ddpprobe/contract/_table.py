@@ -31,7 +31,7 @@ class ContractRow:
 
     Attributes:
         name: the row's name (what reports and JSON call it).
-        pattern: the field paths it covers (``fnmatch``: ``"param.*"``).
+        pattern: the field paths it covers (``fnmatch``: ``"param.*"``), or a tuple of such patterns.
         rule: :data:`EQUAL` or :data:`MAY_DIFFER`.
         boundaries: where :data:`EQUAL` holds (the field may differ at any other boundary).
         keeps_it: what DDP and Lightning do with the field, in a sentence (``"DDP broadcasts rank 0's ..."`` or
@@ -50,7 +50,8 @@ class ContractRow:
         return self.rule == EQUAL and boundary in self.boundaries
 
     def matches(self, path: str) -> bool:
-        return fnmatch.fnmatchcase(path, self.pattern)
+        patterns = (self.pattern,) if isinstance(self.pattern, str) else self.pattern
+        return any(fnmatch.fnmatchcase(path, p) for p in patterns)
 
 
 _ROWS = (
@@ -61,7 +62,8 @@ _ROWS = (
         AFTER_WRAP,
         "DDP broadcasts rank 0's parameters when it wraps the module (different initial weights become rank 0's) "
         "and averages the gradients at every backward, so equal optimizer steps keep them equal; nothing re-syncs "
-        "parameters that an unequal step set apart",
+        "parameters that a rank changed otherwise (an optimizer setting of its own, a load or copy on some ranks "
+        "only)",
         (
             F
             + "test_rank_state_seeds.py::test_without_a_seed_ranks_draw_as_fresh_interpreters_do_and_ddp_broadcasts_rank_0s_initial_weights",
@@ -72,15 +74,29 @@ _ROWS = (
         ),
     ),
     ContractRow(
-        "buffers",
-        "buffer.*",
+        "normalisation statistics",
+        ("buffer.*.running_mean", "buffer.*.running_var", "buffer.*.num_batches_tracked"),
         EQUAL,
         ("start",),
         "DDP broadcasts rank 0's buffers when it wraps the module and before every training forward; each rank's "
-        "forward then updates its own (BatchNorm's running stats), so after a batch they may differ",
+        "forward then updates its own BatchNorm running statistics, so after a batch they differ, and the other "
+        "ranks' updates are replaced by rank 0's at the next forward",
         (
             F
             + "test_training_loop.py::test_batchnorm_running_stats_are_broadcast_from_rank_0_before_each_forward_then_updated_with_the_ranks_own_batch",
+        ),
+    ),
+    ContractRow(
+        "buffers",
+        "buffer.*",
+        EQUAL,
+        AFTER_WRAP,
+        "DDP broadcasts rank 0's buffers when it wraps the module and before every training forward, so a buffer a "
+        "rank changes differs from rank 0's until the next forward overwrites it: what the other ranks wrote there "
+        "is lost",
+        (
+            F
+            + "test_what_ddp_keeps_equal.py::test_a_buffer_a_rank_updates_outside_forward_is_overwritten_by_rank_0s_at_the_next_forward",
         ),
     ),
     ContractRow(

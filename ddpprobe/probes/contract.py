@@ -61,7 +61,9 @@ class ContractProbe(pl.LightningModule):
         self.loss, self.lr_from_rank, self.gamma_from_rank = loss, lr_from_rank, gamma_from_rank
         self.rank_attr = torch.tensor([float(rank)])
         self.register_buffer("rank_buffer", torch.tensor([float(rank)]))
+        self.register_buffer("seen", torch.zeros(1))
         self.ids, self.first_grad, self.weights, self.lrs, self.attrs = [], None, [], [], {}
+        self.seen_at_step, self.seen_after_step = [], []
 
     def on_fit_start(self):
         self.attrs["fit_start"] = {"attr": self.rank_attr.tolist(), "buffer": self.rank_buffer.tolist()}
@@ -69,6 +71,8 @@ class ContractProbe(pl.LightningModule):
     def training_step(self, batch, batch_idx):
         self.ids.append([int(i) for i in batch["id"]])
         self.lrs.append(self.trainer.optimizers[0].param_groups[0]["lr"])
+        self.seen_at_step.append(float(self.seen))
+        self.seen += batch["y"].sum()  # a running total kept in a buffer, updated outside any module's forward
         errors = (self.layer(batch["x"]) - batch["y"]) ** 2
         return errors.mean() if self.loss == "mean" else errors.sum()
 
@@ -78,6 +82,7 @@ class ContractProbe(pl.LightningModule):
 
     def on_train_batch_end(self, outputs, batch, batch_idx):
         self.weights.append(self.layer.weight.detach().flatten().tolist())
+        self.seen_after_step.append(float(self.seen))
 
     def on_fit_end(self):
         self.attrs["fit_end"] = {"attr": self.rank_attr.tolist(), "buffer": self.rank_buffer.tolist()}
@@ -104,7 +109,9 @@ def contract_fit(
     ``batch_size``.
 
     Record keys: ``ids`` (per step), ``first_grad`` (3 floats), ``weights`` (per step, 3 floats), ``lrs`` (per step,
-    the learning rate the step used), ``attrs`` (``{"fit_start"|"fit_end": {"attr", "buffer"}}``).
+    the learning rate the step used), ``attrs`` (``{"fit_start"|"fit_end": {"attr", "buffer"}}``), ``seen_at_step``
+    and ``seen_after_step`` (per step, the buffer ``seen`` as ``training_step`` starts, and after the batch: each
+    step adds the batch's targets to it in ``training_step``).
     """
     model = ContractProbe(loss, lr_from_rank, gamma_from_rank, rank=info.rank)
     loader = torch.utils.data.DataLoader(LineDataset(n), batch_size=batch_size)
@@ -116,6 +123,8 @@ def contract_fit(
         "weights": model.weights,
         "lrs": model.lrs,
         "attrs": model.attrs,
+        "seen_at_step": model.seen_at_step,
+        "seen_after_step": model.seen_after_step,
     }
 
 
@@ -158,3 +167,42 @@ def split_apart(info: RankInfo, n: int = 12, val: int = 6, batch_size: int = 3, 
     trainer = ddp_trainer(info)
     trainer.validate(model, datamodule=data, verbose=False)
     return {"ids": model.ids, "val_set": [int(i) for i in data.val_set.indices]}
+
+
+class _OwnLoaderSchedule(pl.LightningModule):
+    """Sizes a ``OneCycleLR`` by ``len(self.train_dataloader())``, the loader the module builds itself (``N / b``
+    batches), as Lightning 1.x examples did; records the Trainer's counts and the learning rate after each step."""
+
+    def __init__(self, n: int, batch_size: int):
+        super().__init__()
+        self.layer = torch.nn.Linear(3, 1, bias=False)
+        self.n, self.batch_size = n, batch_size
+        self.lrs, self.counts = [], {}
+
+    def train_dataloader(self):
+        return torch.utils.data.DataLoader(LineDataset(self.n), batch_size=self.batch_size)
+
+    def training_step(self, batch, batch_idx):
+        return ((self.layer(batch["x"]) - batch["y"]) ** 2).mean()
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        self.lrs.append(self.trainer.optimizers[0].param_groups[0]["lr"])
+
+    def configure_optimizers(self):
+        own = len(self.train_dataloader())
+        self.counts = {"own_loader": own, "estimated_stepping_batches": int(self.trainer.estimated_stepping_batches)}
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
+        scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.1, total_steps=own)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def own_loader_schedule(info: RankInfo, n: int = 16, batch_size: int = 2) -> dict:
+    """Scenario: fit ``_OwnLoaderSchedule(n, batch_size)`` for one epoch.
+
+    Record keys: ``own_loader`` (``len(self.train_dataloader())``), ``estimated_stepping_batches``,
+    ``num_training_batches`` (the Trainer's), ``lrs`` (the learning rate after each step).
+    """
+    model = _OwnLoaderSchedule(n, batch_size)
+    trainer = ddp_trainer(info, max_epochs=1, limit_val_batches=0)
+    trainer.fit(model)
+    return {**model.counts, "num_training_batches": int(trainer.num_training_batches), "lrs": model.lrs}

@@ -15,7 +15,10 @@ Expected values are computed here from the samples each rank ran (``x = [i, 1, i
 plain Python.
 """
 
+import math
+
 import pytest
+import torch
 
 from ddpprobe.probes import contract
 from tests.support import oracle
@@ -113,6 +116,34 @@ def test_an_attribute_set_from_the_rank_before_training_stays_that_ranks_own(run
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
+def test_a_buffer_a_rank_updates_outside_forward_is_overwritten_by_rank_0s_at_the_next_forward(
+    run_world, semantics, world_size
+):
+    """DDP broadcasts rank 0's buffers before every training forward (``broadcast_buffers=True``, the default), and
+    Lightning runs ``training_step`` inside that forward. A running total kept in a buffer and updated in
+    ``training_step`` therefore starts every step at rank 0's total: after each batch rank r holds rank 0's total of
+    the steps before plus its own batch, and what the other ranks added is lost at the next step. After 3 steps every
+    rank's total starts from rank 0's, not from the sum over all ranks' samples."""
+    steps = 3
+    world = run_world(contract.contract_fit, world_size, n=4 * world_size, batch_size=2, steps=steps)
+
+    targets = [[sum(contract.line_sample(i)[1] for i in ids) for ids in rec["ids"]] for rec in world.records]
+    rank0_total, expected_at, expected_after = 0.0, [[] for _ in targets], [[] for _ in targets]
+    for k in range(steps):
+        for r in range(world_size):
+            expected_at[r].append(rank0_total)
+            expected_after[r].append(rank0_total + targets[r][k])
+        rank0_total += targets[0][k]
+    every_sample = sum(sum(t) for t in targets)
+    oracle.assert_distinct(rank_0s_total=rank0_total, every_ranks_samples=every_sample)
+    at = [rec["seen_at_step"] for rec in world.records]
+    after = [rec["seen_after_step"] for rec in world.records]
+    semantics.number("rank 0's total after 3 steps", after[0][-1], vs=("over every rank's samples", every_sample))
+    assert at == expected_at, oracle.side_by_side("buffer as training_step starts", at) + f"  expected {expected_at}"
+    assert after == expected_after, oracle.side_by_side("buffer after the batch", after)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
 def test_ranks_that_build_their_dataset_apart_shard_different_datasets(run_world, semantics, world_size):
     """A datamodule's ``setup`` runs on every rank; a ``random_split`` there without a generator draws from each
     rank's own random state (seeded apart here, as fresh processes are), so each rank holds another validation
@@ -150,3 +181,42 @@ def test_the_first_step_of_w_ranks_equals_one_process_on_all_their_samples_only_
     got = [rec["first_grad"] for rec in world.records]
     semantics.number("first gradient, first weight", got[0][0], vs=("one process on all samples", one_process[0]))
     assert all(_close(g, expected) for g in got), oracle.side_by_side("first gradient", got) + f"  expected {expected}"
+
+
+def _one_cycle_lrs(total_steps: int, steps: int) -> list:
+    """The learning rates torch's own ``OneCycleLR(max_lr=0.1, total_steps=total_steps)`` gives after each of
+    ``steps`` steps (the oracle: torch, not Lightning)."""
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+    scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.1, total_steps=total_steps)
+    out = []
+    for _ in range(steps):
+        optimizer.step()
+        scheduler.step()
+        out.append(optimizer.param_groups[0]["lr"])
+    return out
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_the_trainer_counts_the_ranks_shard_so_a_schedule_sized_by_the_modules_own_loader_stops_part_way(
+    run_world, semantics, world_size
+):
+    """Each rank runs ``ceil(ceil(N / W) / b)`` batches an epoch, and ``trainer.num_training_batches`` and
+    ``trainer.estimated_stepping_batches`` count those; a loader the module builds itself
+    (``len(self.train_dataloader())``) holds all ``N / b``. A ``OneCycleLR`` sized by that loader plans W times the
+    steps the ranks take, so at the end of the epoch its learning rate is part way through the cycle, where one
+    process (which runs all ``N / b`` batches) ends at the cycle's last learning rate."""
+    n, b = 16, 2
+    world = run_world(contract.own_loader_schedule, world_size, n=n, batch_size=b)
+
+    shard = math.ceil(math.ceil(n / world_size) / b)
+    planned = math.ceil(n / b)
+    expected = _one_cycle_lrs(planned, shard)
+    one_process_end = _one_cycle_lrs(planned, planned)[-1]
+    oracle.assert_distinct(end_at_w_ranks=expected[-1], end_in_one_process=one_process_end)
+    records = world.records
+    semantics.number("learning rate at the end", records[0]["lrs"][-1], vs=("one process's", one_process_end))
+    counts = [(r["own_loader"], r["num_training_batches"], r["estimated_stepping_batches"]) for r in records]
+    assert counts == [(planned, shard, shard)] * world_size, oracle.side_by_side("own, trainer, estimated", counts)
+    assert all(_close(r["lrs"], expected, 1e-9) for r in records), oracle.side_by_side(
+        "lrs", [r["lrs"] for r in records]
+    )

@@ -45,7 +45,8 @@ def test_every_row_has_a_fact_and_says_what_ddp_and_lightning_do_with_its_field(
     "path, row",
     [
         ("param.layer.weight", "parameters"),
-        ("buffer.bn.running_mean", "buffers"),
+        ("buffer.bn.running_mean", "normalisation statistics"),
+        ("buffer.total_seen", "buffers"),
         ("optimizer[0].group[0].lr", "optimizer settings"),
         ("scheduler[0].last_epoch", "LR schedulers"),
         ("trainer.global_step", "Trainer counters"),
@@ -94,8 +95,26 @@ def test_the_first_field_that_breaks_is_the_root_and_later_breaks_name_it():
 
 
 def test_equal_fields_and_fields_that_may_differ_there_break_nothing():
-    """Buffers may differ after a training batch (each rank's forward updates its own BatchNorm statistics)."""
+    """BatchNorm's running statistics may differ after a training batch (each rank's forward updates its own)."""
     assert contract.breaks(_run([0.1, 0.1], ["x", "x"], buffer_after=["b0", "b1"])) == []
+
+
+def test_another_buffer_that_differs_after_a_batch_breaks_the_contract():
+    runs = _run([0.1, 0.1], ["x", "x"])
+    for r, rank in enumerate(runs):
+        rank[1]["fields"]["buffer.total_seen"] = {"digest": f"t{r}"}
+    assert [(b.field, b.boundary) for b in contract.breaks(runs)] == [("buffer.total_seen", "train_batch_end")]
+
+
+def test_an_attribute_one_rank_set_and_another_never_did_differs_but_a_missing_parameter_does_not():
+    runs = _run([0.1, 0.1], ["x", "x"])
+    runs[0][0]["fields"]["module.attr.class_weights"] = {"digest": "w"}
+    runs[1][0]["fields"]["module.attr.other"] = None
+    found = [(b.field, b.per_rank) for b in contract.breaks(runs)]
+    assert found == [
+        ("module.attr.class_weights", [{"digest": "w"}, contract.MISSING]),
+        ("module.attr.other", [contract.MISSING, None]),
+    ]
 
 
 def test_a_value_a_rank_could_not_read_or_does_not_have_is_no_difference():
