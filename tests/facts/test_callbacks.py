@@ -239,7 +239,7 @@ def test_a_loss_spike_on_one_rank_stops_every_rank_at_that_batch(run_world, sema
     semantics.number("ranks stopped by rank 1's spike", sum(r == want for r in got), vs=("ranks that saw it", 1))
 
 
-@pytest.mark.mirrors("tests_pytorch/checkpointing/test_checkpoint_callback_frequency.py::test_top_k_ddp")
+@pytest.mark.mirrors("tests_pytorch/checkpointing/test_checkpoint_callback_frequency.py::test_top_k_ddp", row=61)
 def test_a_step_level_monitor_keeps_the_top_k_steps_of_the_synced_value_and_rank_0_writes_them(run_world, semantics):
     """``ModelCheckpoint(monitor="v_step", save_top_k=2, every_n_train_steps=1)`` on a value logged with
     ``on_step=True, on_epoch=True, sync_dist=True`` that rank r logs as ``(r+1) * ((b-2)**2 + b/10)`` at
@@ -283,7 +283,7 @@ def test_a_step_level_monitor_keeps_the_top_k_steps_of_the_synced_value_and_rank
 
 
 @run_if(min_gpus=2, backend="nccl")
-@pytest.mark.mirrors("tests_pytorch/checkpointing/test_checkpoint_callback_frequency.py::test_top_k_ddp")
+@pytest.mark.mirrors("tests_pytorch/checkpointing/test_checkpoint_callback_frequency.py::test_top_k_ddp", row=61)
 def test_a_step_level_monitor_keeps_the_top_k_steps_on_two_gpus(run_world, semantics):
     """test_callbacks.py::test_a_step_level_monitor_keeps_the_top_k_steps_of_the_synced_value_and_rank_0_writes_them
     over NCCL. Mirrors tests_pytorch/checkpointing/test_checkpoint_callback_frequency.py::test_top_k_ddp."""

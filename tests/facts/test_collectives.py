@@ -248,7 +248,7 @@ def test_all_gather_without_sync_grads_returns_a_tensor_no_gradient_flows_throug
     semantics.number("ranks where autograd.grad raised", sum(bool(e) for e in errors), vs=("world size", world_size))
 
 
-@pytest.mark.mirrors("tests_pytorch/checkpointing/test_checkpoint_callback_frequency.py::test_top_k_ddp")
+@pytest.mark.mirrors("tests_pytorch/checkpointing/test_checkpoint_callback_frequency.py::test_top_k_ddp", row=26)
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_strategy_broadcast_returns_rank_0s_object_everywhere_and_leaves_each_ranks_input_as_it_was(
     run_world, semantics, world_size
@@ -268,7 +268,7 @@ def test_strategy_broadcast_returns_rank_0s_object_everywhere_and_leaves_each_ra
     semantics.number("ranks holding rank 0's object", sum(g["rank"] == 0 for g in got), vs=("world size", world_size))
 
 
-@pytest.mark.mirrors("tests_fabric/utilities/test_distributed.py::test_collective_operations")
+@pytest.mark.mirrors("tests_fabric/utilities/test_distributed.py::test_collective_operations", row=25)
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_gather_all_tensors_gathers_tensors_whose_shapes_differ_between_ranks(run_world, semantics, world_size):
     """Lightning's private ``_gather_all_tensors`` of ``arange(r)`` (empty on rank 0) and of ``full((r+1,

@@ -618,7 +618,7 @@ def test_logging_metric_compute_as_a_tensor_warns_to_use_sync_dist_although_the_
     assert counts == [1, 0], oracle.side_by_side("sync_dist hints", counts)
 
 
-@pytest.mark.mirrors("tests_pytorch/core/test_metric_result_integration.py::test_result_reduce_ddp")
+@pytest.mark.mirrors("tests_pytorch/core/test_metric_result_integration.py::test_result_reduce_ddp", row=9)
 def test_a_logged_metric_is_reset_at_each_epoch_end_while_an_unlogged_one_keeps_growing(run_world, semantics):
     """Two ``SumMetric`` objects fed the same validation values over two epochs of ``fit`` at W=2: the one
     passed to ``self.log`` starts each epoch from its default (local state 0) and logs the padded set's
@@ -650,7 +650,7 @@ def test_a_logged_metric_is_reset_at_each_epoch_end_while_an_unlogged_one_keeps_
 
 
 @run_if(min_gpus=2, backend="nccl")
-@pytest.mark.mirrors("tests_pytorch/core/test_metric_result_integration.py::test_result_reduce_ddp")
+@pytest.mark.mirrors("tests_pytorch/core/test_metric_result_integration.py::test_result_reduce_ddp", row=9)
 def test_a_logged_metric_is_reset_at_each_epoch_end_on_two_gpus(run_world, semantics):
     """test_log_reductions.py::test_a_logged_metric_is_reset_at_each_epoch_end_while_an_unlogged_one_keeps_growing
     over NCCL. Mirrors tests_pytorch/core/test_metric_result_integration.py::test_result_reduce_ddp."""
@@ -664,6 +664,7 @@ REDUCE_FXS = {"max": max, "min": min, "sum": sum, "mean": oracle.mean, "SUM": su
 @pytest.mark.mirrors(
     "tests_pytorch/trainer/logging_/test_train_loop_logging.py::test_logging_sync_dist_true",
     "tests_pytorch/trainer/logging_/test_train_loop_logging.py::test_logging_sync_dist_true_ddp",
+    row=(1, 5),
 )
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_a_step_level_synced_value_is_reduced_across_ranks_with_reduce_fx_and_its_case_insensitive_aliases(
