@@ -58,7 +58,7 @@ def test_the_profiler_writes_one_file_per_rank_named_by_its_local_rank(run_world
 @run_if(min_gpus=2, backend="nccl")
 @pytest.mark.mirrors("tests_pytorch/profilers/test_profiler.py::test_pytorch_profiler_trainer_ddp")
 def test_the_profiler_writes_one_file_per_gpu(run_world, semantics):
-    """test_loggers_progress_bar_profiler_per_rank.py::test_the_profiler_writes_one_file_per_rank_named_by_its_local_rank
+    """test_profiler_files.py::test_the_profiler_writes_one_file_per_rank_named_by_its_local_rank
     on one node of two GPUs over NCCL. Mirrors
     tests_pytorch/profilers/test_profiler.py::test_pytorch_profiler_trainer_ddp."""
     got = profiler_files(run_world, 2, 1)
