@@ -261,15 +261,15 @@ TOPIC_ORDER = (
     "tests/facts/test_metric_checkpoints.py",
     "tests/facts/test_metric_precision_and_devices.py",
     "tests/facts/test_several_dataloaders.py",
-    "tests/facts/test_samplers_per_loader.py",
-    "tests/facts/test_gradients_and_weights.py",
-    "tests/facts/test_stopping_checkpoints_and_schedules.py",
-    "tests/facts/test_loggers_progress_bar_profiler_per_rank.py",
-    "tests/facts/test_logged_metrics_reset_aliases_and_dtypes.py",
-    "tests/facts/test_strategy_and_fabric_collectives.py",
+    "tests/facts/test_weights_in_validate_test_predict.py",
+    "tests/facts/test_unused_parameters.py",
+    "tests/facts/test_training_step_returning_none.py",
+    "tests/facts/test_estimated_stepping_batches.py",
+    "tests/facts/test_lr_find.py",
+    "tests/facts/test_profiler_files.py",
+    "tests/facts/test_fabric.py",
     "tests/facts/test_ddp_spawn.py",
     "tests/facts/test_process_group_timeout.py",
-    "tests/facts/test_nccl_same_as_gloo.py",
 )
 
 

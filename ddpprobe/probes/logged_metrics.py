@@ -1,6 +1,6 @@
-"""The logging probes of tests/facts/test_logged_metrics_reset_aliases_and_dtypes.py: a logged torchmetrics
-object reset at each epoch end (and an unlogged one not), step-level ``reduce_fx`` across ranks and its string
-aliases, batch sizes inferred from the batch, and float64 values.
+"""The logging probes of facts in tests/facts/test_log_reductions.py and test_metric_precision_and_devices.py: a
+logged torchmetrics object reset at each epoch end (and an unlogged one not), step-level ``reduce_fx`` across
+ranks and its string aliases, batch sizes inferred from the batch, and float64 values.
 
 - ``MetricResetProbe`` (on ``PlainFitProbe``, ddpprobe/probes/loggers_per_rank.py) feeds two
   ``torchmetrics.SumMetric`` objects every validation sample's ``value`` (``id ** 2``): ``logged`` is

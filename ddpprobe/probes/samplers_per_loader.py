@@ -1,6 +1,7 @@
-"""The sampler probes of tests/facts/test_samplers_per_loader.py: what Lightning does to a sampler it does not
-know, to a custom batch sampler, to ``overfit_batches``' training sampler and to a shuffling validation
-loader.
+"""The sampler probes of facts in tests/facts/test_samplers_rewrapped.py, test_sharding.py,
+test_several_dataloaders.py, test_user_samplers.py and test_rank_state_seeds.py: what Lightning does to a
+sampler it does not know, to a custom batch sampler, to ``overfit_batches``' training sampler and to a
+shuffling validation loader.
 
 ``SeenModule`` is a ``Linear(2, 1)`` trained with SGD on ``RegressionDataset`` (ddpprobe/probes/training.py)
 that records the sample ids of every batch each loop gives it: ``train_ids[epoch]``,

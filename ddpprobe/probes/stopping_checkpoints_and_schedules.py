@@ -1,5 +1,6 @@
-"""The training-loop probes of tests/facts/test_stopping_checkpoints_and_schedules.py: a ``training_step``
-that returns None, the estimated number of optimizer steps, ``SpikeDetection`` and ``ModelCheckpoint`` with a
+"""The training-loop probes of tests/facts/test_training_step_returning_none.py,
+test_estimated_stepping_batches.py, test_lr_find.py and test_callbacks.py: a ``training_step`` that returns
+None, the estimated number of optimizer steps, ``lr_find``, ``SpikeDetection`` and ``ModelCheckpoint`` with a
 step-level monitor or none.
 
 Every module is ``PlainFitProbe`` (a ``Linear(2, 1)`` trained with SGD on ``RegressionDataset``,

@@ -1,4 +1,5 @@
-"""The collective probes of tests/facts/test_strategy_and_fabric_collectives.py: ``strategy.broadcast`` of a
+"""The collective probes of tests/facts/test_collectives.py, test_fabric.py and test_reductions_outside_log.py:
+``strategy.broadcast`` of a
 Python object, Lightning's ``_gather_all_tensors`` on shapes that differ between ranks, and Fabric's
 collectives, ``rank_zero_first``, ``no_backward_sync`` and ``setup_dataloaders``.
 

@@ -1,4 +1,4 @@
-"""Callbacks that monitor a metric under DDP: ``EarlyStopping`` and ``ModelCheckpoint``.
+"""Callbacks that monitor a metric under DDP: ``EarlyStopping``, ``ModelCheckpoint`` and ``SpikeDetection``.
 
 A metric logged with ``sync_dist=False`` has a different value on each rank, so each rank's callback
 sees a different number. Both callbacks still take one decision for the whole world, by reducing the
@@ -8,6 +8,10 @@ directions: ``EarlyStopping`` stops when *any* rank wants to, ``ModelCheckpoint`
 checkpoint only when *every* rank sees an improvement. What is not reduced stays rank-local:
 ``best_model_score`` is each rank's own number, and ``EarlyStopping``'s stopping reason is recorded
 only where the criterion was met. Files are written by global rank 0 alone, into rank 0's ``dirpath``.
+``SpikeDetection`` decides per rank and stops every rank if any rank saw a spike
+(lightning_fabric/utilities/spike.py ``reduce_boolean_decision(is_spike, all=False)``); ``ModelCheckpoint``
+with a step-level monitor keeps the top-k steps of the synced value, and without a monitor the last epoch's
+checkpoint, rank 0 writing them.
 
 Here rank ``r`` logs ``values[r][epoch]`` (``MonitoredRegressor``, ddpprobe/probes/callbacks.py); the
 expected epochs come from the callbacks' rules applied to that table (tests/support/oracle.py), on tables where
@@ -24,7 +28,7 @@ import math
 import pytest
 
 from ddpprobe.plugin.runif import run_if
-from ddpprobe.probes import callbacks
+from ddpprobe.probes import callbacks, stopping_checkpoints_and_schedules
 from tests.support import oracle
 
 
@@ -208,3 +212,167 @@ def test_only_global_rank_0_writes_checkpoints_into_rank_0s_dirpath(run_world, s
     )
     content = world[0].files[f"checkpoints/{_checkpoint_name(saved[-1])}"]
     assert content.startswith("<") and content.endswith(" bytes>"), content[:80]
+
+
+@pytest.mark.mirrors("tests_pytorch/callbacks/test_spike.py::test_trainer_spike_detection_integration")
+def test_a_loss_spike_on_one_rank_stops_every_rank_at_that_batch(run_world, semantics):
+    """``SpikeDetection(window=2, warmup=1)`` with a loss of 1.0 everywhere except 100.0 on rank 1 at batch
+    3: rank 0 saw no spike, yet both ranks raise ``TrainingSpikeException`` "Training spike detected in
+    batch 3" after running batches 0 to 3, and only rank 0 writes ``skip_batches.json`` (batches 2 and
+    3). Mirrors Lightning's tests_pytorch/callbacks/test_spike.py::test_trainer_spike_detection_integration
+    (ddp_spawn, 2 CPU ranks). Source: lightning_fabric/utilities/spike.py ``SpikeDetection.on_train_batch_end``
+    (``reduce_boolean_decision(is_spike, all=False)``) and ``_handle_spike``."""
+    world_size, n = 2, 16
+    world = run_world(stopping_checkpoints_and_schedules.fit_spike, world_size, n=n)
+
+    spike = stopping_checkpoints_and_schedules.SPIKE_BATCH
+    local = [
+        any(stopping_checkpoints_and_schedules.spike_loss(r, b) > 1.0 for b in range(spike + 1))
+        for r in range(world_size)
+    ]
+    assert local == [False, True], "only rank 1 may see the spike for the fact to show the cross-rank decision"
+    got = [(rec["raised"], rec["message"], rec["steps"]) for rec in world.records]
+    want = ("TrainingSpikeException", f"Training spike detected in batch {spike}", list(range(spike + 1)))
+    assert got == [want] * world_size, oracle.side_by_side("raised, message, batches", got)
+    files = [rec["skip_file"] for rec in world.records]
+    assert files == [[spike - 1, spike], None], oracle.side_by_side("skip_batches.json", files)
+    semantics.number("ranks stopped by rank 1's spike", sum(r == want for r in got), vs=("ranks that saw it", 1))
+
+
+@pytest.mark.mirrors("tests_pytorch/checkpointing/test_checkpoint_callback_frequency.py::test_top_k_ddp", row=61)
+def test_a_step_level_monitor_keeps_the_top_k_steps_of_the_synced_value_and_rank_0_writes_them(run_world, semantics):
+    """``ModelCheckpoint(monitor="v_step", save_top_k=2, every_n_train_steps=1)`` on a value logged with
+    ``on_step=True, on_epoch=True, sync_dist=True`` that rank r logs as ``(r+1) * ((b-2)**2 + b/10)`` at
+    batch b: every rank keeps the same two best steps (batches 2 and 1, files ``step=3`` and ``step=2``)
+    and the same ``best_model_score``, the cross-rank mean at batch 2 (0.3), not rank 0's own 0.2; the
+    files exist on rank 0 only. Mirrors Lightning's tests_pytorch/checkpointing/
+    test_checkpoint_callback_frequency.py::test_top_k_ddp (2 GPUs). Source:
+    pytorch_lightning/callbacks/model_checkpoint.py ``ModelCheckpoint.on_train_batch_end`` and
+    ``_save_topk_checkpoint``; ``Strategy.save_checkpoint`` (rank 0)."""
+    world_size, n, batch_size = 2, 10, 2
+    world = run_world(
+        stopping_checkpoints_and_schedules.fit_checkpoint,
+        world_size,
+        n=n,
+        batch_size=batch_size,
+        max_epochs=1,
+        monitor="v_step",
+        save_top_k=2,
+        every_n_train_steps=1,
+    )
+
+    batches = range(math.ceil(math.ceil(n / world_size) / batch_size))
+    synced = {
+        b: oracle.mean(stopping_checkpoints_and_schedules.step_monitor_value(r, b) for r in range(world_size))
+        for b in batches
+    }
+    best, second = sorted(batches, key=synced.get)[:2]
+    oracle.assert_distinct(synced=synced[best], rank0=stopping_checkpoints_and_schedules.step_monitor_value(0, best))
+    files = {f"epoch=0-step={b + 1}.ckpt" for b in (best, second)}
+    got = [(rec["best_model_path"], set(rec["best_k_models"])) for rec in world.records]
+    assert got == [(f"epoch=0-step={best + 1}.ckpt", files)] * world_size, oracle.side_by_side("best, top k", got)
+    scores = [rec["best_model_score"] for rec in world.records]
+    assert scores == pytest.approx([synced[best]] * world_size), oracle.side_by_side("best_model_score", scores)
+    saved = [sorted(rank.files) for rank in world]
+    assert saved == [sorted(f"checkpoints/{f}" for f in files), []], oracle.side_by_side("files", saved)
+    semantics.number(
+        "best_model_score",
+        scores[0],
+        vs=("rank 0's own value", stopping_checkpoints_and_schedules.step_monitor_value(0, best)),
+    )
+
+
+@run_if(min_gpus=2, backend="nccl")
+@pytest.mark.mirrors("tests_pytorch/checkpointing/test_checkpoint_callback_frequency.py::test_top_k_ddp", row=61)
+def test_a_step_level_monitor_keeps_the_top_k_steps_on_two_gpus(run_world, semantics):
+    """test_callbacks.py::test_a_step_level_monitor_keeps_the_top_k_steps_of_the_synced_value_and_rank_0_writes_them
+    over NCCL. Mirrors tests_pytorch/checkpointing/test_checkpoint_callback_frequency.py::test_top_k_ddp."""
+    test_a_step_level_monitor_keeps_the_top_k_steps_of_the_synced_value_and_rank_0_writes_them(run_world, semantics)
+
+
+@pytest.mark.mirrors(
+    "tests_pytorch/checkpointing/test_checkpoint_callback_frequency.py::test_model_checkpoint_ddp_monitor_none"
+)
+def test_without_a_monitor_every_rank_names_the_last_epochs_checkpoint_and_rank_0_keeps_only_it(run_world, semantics):
+    """``ModelCheckpoint(monitor=None)`` (the default) over two epochs: every rank's ``best_model_path`` is
+    the last epoch's file (``epoch=1-step=4``), ``best_model_score`` is None, and rank 0's folder holds
+    only that file (epoch 0's is removed); rank 1 writes nothing. Mirrors Lightning's
+    test_checkpoint_callback_frequency.py::test_model_checkpoint_ddp_monitor_none (2 GPUs). Source:
+    model_checkpoint.py ``_save_none_monitor_checkpoint`` and ``_remove_checkpoint``."""
+    world_size, n, batch_size, epochs = 2, 8, 2, 2
+    world = run_world(
+        stopping_checkpoints_and_schedules.fit_checkpoint, world_size, n=n, batch_size=batch_size, max_epochs=epochs
+    )
+
+    steps_per_epoch = math.ceil(math.ceil(n / world_size) / batch_size)
+    last = f"epoch={epochs - 1}-step={epochs * steps_per_epoch}.ckpt"
+    first = f"epoch=0-step={steps_per_epoch}.ckpt"
+    got = [(rec["best_model_path"], rec["best_model_score"]) for rec in world.records]
+    assert got == [(last, None)] * world_size, oracle.side_by_side("best_model_path, score", got)
+    saved = [sorted(rank.files) for rank in world]
+    assert saved == [[f"checkpoints/{last}"], []], oracle.side_by_side("files", saved) + f"  {first} should be gone"
+    semantics.number("checkpoint files left on rank 0", len(saved[0]), vs=("epochs", epochs))
+
+
+@run_if(min_gpus=2, backend="nccl")
+@pytest.mark.mirrors(
+    "tests_pytorch/checkpointing/test_checkpoint_callback_frequency.py::test_model_checkpoint_ddp_monitor_none"
+)
+def test_without_a_monitor_rank_0_keeps_the_last_checkpoint_on_two_gpus(run_world, semantics):
+    """test_callbacks.py::test_without_a_monitor_every_rank_names_the_last_epochs_checkpoint_and_rank_0_keeps_only_it
+    over NCCL. Mirrors test_checkpoint_callback_frequency.py::test_model_checkpoint_ddp_monitor_none."""
+    test_without_a_monitor_every_rank_names_the_last_epochs_checkpoint_and_rank_0_keeps_only_it(run_world, semantics)
+
+
+def _first_stop(values: list) -> int:
+    """The epoch ``EarlyStopping(patience=0, mode="min")`` stops at for these per-epoch values: the first
+    epoch whose value is not below the best so far (or past the last epoch when none is)."""
+    best = values[0]
+    for epoch, value in enumerate(values[1:], start=1):
+        if not value < best:
+            return epoch
+        best = value
+    return len(values)
+
+
+@pytest.mark.mirrors("tests_pytorch/callbacks/test_early_stopping.py::test_multiple_early_stopping_callbacks")
+@pytest.mark.parametrize("check_on_train_epoch_end", [True, False])
+def test_with_two_early_stopping_callbacks_the_first_stop_any_rank_wants_stops_every_rank(
+    run_world, semantics, check_on_train_epoch_end
+):
+    """Two ``EarlyStopping(patience=0)`` callbacks on unsynced values: ``"a"`` rises on rank 1 from epoch 1
+    (rank 1 wants to stop there) and falls on rank 0; ``"b"`` stops improving at epoch 3 on every rank.
+    Every rank trains epochs 0 and 1 and stops, the ``"a"`` callback records ``stopped_epoch`` 1 on both
+    ranks (rank 0's own values never asked for it) and the ``"b"`` callback never stops; had rank 0
+    decided for the world (its decision broadcast), every rank would have trained until epoch 3. The same
+    whether the check runs at the training epoch's end or after validation. Mirrors Lightning's
+    tests_pytorch/callbacks/test_early_stopping.py::test_multiple_early_stopping_callbacks[ddp_spawn] (2 CPU
+    ranks). Source: pytorch_lightning/callbacks/early_stopping.py ``_run_early_stopping_check``
+    (``reduce_boolean_decision(should_stop, all=False)``; ``stopped_epoch`` set where the reduced decision
+    stops)."""
+    world_size, max_epochs = 2, 6
+    world = run_world(
+        stopping_checkpoints_and_schedules.fit_two_early_stoppings,
+        world_size,
+        check_on_train_epoch_end=check_on_train_epoch_end,
+        max_epochs=max_epochs,
+    )
+
+    per_rank_stop = [
+        min(
+            _first_stop([stopping_checkpoints_and_schedules.two_monitor_values(r, e)[key] for e in range(max_epochs)])
+            for key in ("a", "b")
+        )
+        for r in range(world_size)
+    ]
+    stop = min(per_rank_stop)
+    assert (
+        stopping_checkpoints_and_schedules.STOPPING_RANK != 0
+        and per_rank_stop[stopping_checkpoints_and_schedules.STOPPING_RANK] == stop
+    )
+    oracle.assert_distinct(any_rank=stop, rank0_decides=per_rank_stop[0])
+    got = [(rec["epochs"], rec["stopped_epoch"]) for rec in world.records]
+    assert got == [(list(range(stop + 1)), {"a": stop, "b": 0})] * world_size, oracle.side_by_side(
+        "epochs trained, stopped_epoch", got
+    )
+    semantics.number("epochs trained on rank 0", len(got[0][0]), vs=("by its own values", per_rank_stop[0] + 1))

@@ -12,6 +12,15 @@ A collective entered by some ranks only never completes. ``self.log(..., sync_di
 (an all_reduce when the epoch-level value is computed), so calling it under ``if self.global_rank == 0``
 leaves rank 0 waiting for peers that never come; ``rank_zero_only=True`` turns the sync off.
 
+``self.all_gather(x, sync_grads=True)`` is differentiable: its backward all-reduces (sums) the gradients of
+the gathered tensor and hands each rank its own slice (lightning_fabric/utilities/distributed.py
+``_AllGatherGrad``); without ``sync_grads`` no gradient flows through it.
+
+Beside ``self.all_gather``: ``trainer.strategy.broadcast(obj)`` pickles rank 0's object to every rank
+(``broadcast_object_list``) and leaves the caller's object as it was (pytorch_lightning/strategies/ddp.py), and
+Lightning's private ``_gather_all_tensors`` gathers the shapes first, pads every tensor to the largest, gathers
+and trims (lightning_fabric/utilities/distributed.py), so it gathers tensors of different shapes.
+
 Sources: pytorch_lightning/core/module.py ``LightningModule.all_gather``;
 lightning_fabric/utilities/distributed.py ``_all_gather_ddp_if_available``;
 pytorch_lightning/strategies/single_device.py ``SingleDeviceStrategy.all_gather``;
@@ -24,7 +33,7 @@ import pytest
 
 from ddpprobe import RankDied, RankFailed, WorldTimeout
 from ddpprobe.plugin.runif import run_if
-from ddpprobe.probes import collectives
+from ddpprobe.probes import collectives, gradients_and_weights, strategy_and_fabric_collectives
 from tests.support import gloo, oracle
 
 
@@ -178,3 +187,106 @@ def test_rank_zero_only_logging_under_if_global_rank_0_completes_and_only_rank_0
         "rank 0's value", got[0].get("rank0_value"), vs=("mean with absent ranks as zero", own / world_size)
     )
     assert got == [{"rank0_value": own}] + [{}] * (world_size - 1), oracle.side_by_side("callback_metrics", got)
+
+
+@pytest.mark.mirrors(
+    "tests_pytorch/utilities/test_all_gather_grad.py::test_all_gather_ddp_spawn",
+    "tests_pytorch/utilities/test_all_gather_grad.py::test_all_gather_sync_grads",
+)
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_all_gather_with_sync_grads_gives_each_rank_the_sum_over_ranks_of_the_gradients_of_its_slice(
+    run_world, semantics, world_size
+):
+    """Rank r gathers ``x_r = [r+1, 2(r+1)]`` with ``self.all_gather(x, sync_grads=True)`` into ``g`` of
+    shape (W, 2), takes rank s's loss ``(s+1) * sum_k (k+1) * |g[k]|^2``, and differentiates it with
+    respect to its own ``x_r``. The gradient is the sum over every rank s of ``d loss_s / d g[r] =
+    2 (s+1)(r+1) x_r``, i.e. ``(r+1) W (W+1) x_r``: not the rank's own term ``2 (r+1)^2 x_r`` and not the
+    mean over ranks. Mirrors Lightning's tests_pytorch/utilities/test_all_gather_grad.py::
+    test_all_gather_ddp_spawn (3 CPU ranks) and ::test_all_gather_sync_grads (GPU). Source:
+    lightning_fabric/utilities/distributed.py ``_AllGatherGrad.backward`` (``all_reduce`` of the
+    gradient, then the rank's slice)."""
+    world = run_world(gradients_and_weights.gather_with_grads, world_size, sync_grads=True)
+
+    inputs = [gradients_and_weights.gathered_input(r) for r in range(world_size)]
+    expected = [[(r + 1) * world_size * (world_size + 1) * v for v in inputs[r]] for r in range(world_size)]
+    own = [[2 * (r + 1) ** 2 * v for v in inputs[r]] for r in range(world_size)]
+    oracle.assert_distinct(summed=expected[0][0], own_loss_only=own[0][0], mean=expected[0][0] / world_size)
+    gathered = [rec["gathered"] for rec in world.records]
+    assert gathered == [inputs] * world_size, oracle.side_by_side("gathered", gathered)
+    grads = [rec["grad"] for rec in world.records]
+    assert [g for rank in grads for g in rank] == pytest.approx([g for rank in expected for g in rank]), (
+        oracle.side_by_side("d loss / d x", grads) + f"  expected {expected}"
+    )
+    semantics.number("rank 0's gradient", grads[0][0], vs=("from its own loss only", own[0][0]))
+
+
+@run_if(min_gpus=2, backend="nccl")
+@pytest.mark.mirrors("tests_pytorch/utilities/test_all_gather_grad.py::test_all_gather_sync_grads")
+def test_all_gather_with_sync_grads_sums_the_gradients_over_two_gpus(run_world, semantics):
+    """test_collectives.py::test_all_gather_with_sync_grads_gives_each_rank_the_sum_over_ranks_of_the_gradients_of_its_slice
+    at W=2 over NCCL. Mirrors tests_pytorch/utilities/test_all_gather_grad.py::test_all_gather_sync_grads."""
+    test_all_gather_with_sync_grads_gives_each_rank_the_sum_over_ranks_of_the_gradients_of_its_slice(
+        run_world, semantics, 2
+    )
+
+
+@pytest.mark.mirrors("tests_pytorch/utilities/test_all_gather_grad.py::test_all_gather_ddp_spawn")
+def test_all_gather_without_sync_grads_returns_a_tensor_no_gradient_flows_through(run_world, semantics):
+    """The same with ``sync_grads=False`` (the default): ``self.all_gather`` returns the gathered values
+    detached from the graph, so differentiating the loss raises on every rank ("does not require grad").
+    Mirrors the ``sync_grads`` switch of Lightning's tests_pytorch/utilities/test_all_gather_grad.py.
+    Source: lightning_fabric/utilities/distributed.py ``_gather_all_tensors`` (``torch.distributed.all_gather``
+    into fresh tensors)."""
+    world_size = 2
+    world = run_world(gradients_and_weights.gather_with_grads, world_size, sync_grads=False)
+
+    inputs = [gradients_and_weights.gathered_input(r) for r in range(world_size)]
+    assert [rec["gathered"] for rec in world.records] == [inputs] * world_size
+    errors = [rec["error"] for rec in world.records]
+    assert [rec["grad"] for rec in world.records] == [None] * world_size, oracle.side_by_side("grad", errors)
+    assert all(e and "does not require grad" in e for e in errors), oracle.side_by_side("error", errors)
+    semantics.number("ranks where autograd.grad raised", sum(bool(e) for e in errors), vs=("world size", world_size))
+
+
+@pytest.mark.mirrors("tests_pytorch/checkpointing/test_checkpoint_callback_frequency.py::test_top_k_ddp", row=26)
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_strategy_broadcast_returns_rank_0s_object_everywhere_and_leaves_each_ranks_input_as_it_was(
+    run_world, semantics, world_size
+):
+    """``trainer.strategy.broadcast({"rank": r, "names": [...]})``: every rank gets rank 0's dict back, and
+    the dict each rank passed in still holds its own rank. Mirrors Lightning's tests_pytorch/checkpointing/
+    test_checkpoint_callback_frequency.py::test_top_k_ddp (its broadcast check; 2 GPUs). Source:
+    pytorch_lightning/strategies/ddp.py ``DDPStrategy.broadcast`` (``broadcast_object_list`` of a new list)."""
+    world = run_world(strategy_and_fabric_collectives.evaluate_collectives, world_size)
+
+    got = [rec["broadcast"] for rec in world.records]
+    assert got == [{"rank": 0, "names": ["from rank 0"]}] * world_size, oracle.side_by_side("broadcast", got)
+    inputs = [rec["input_after"] for rec in world.records]
+    assert inputs == [{"rank": r, "names": [f"from rank {r}"]} for r in range(world_size)], oracle.side_by_side(
+        "input after", inputs
+    )
+    semantics.number("ranks holding rank 0's object", sum(g["rank"] == 0 for g in got), vs=("world size", world_size))
+
+
+@pytest.mark.mirrors("tests_fabric/utilities/test_distributed.py::test_collective_operations", row=25)
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_gather_all_tensors_gathers_tensors_whose_shapes_differ_between_ranks(run_world, semantics, world_size):
+    """Lightning's private ``_gather_all_tensors`` of ``arange(r)`` (empty on rank 0) and of ``full((r+1,
+    2-r), r)`` returns, on every rank, each rank's tensor with its own shape and values: no padding left,
+    nothing cut. Mirrors Lightning's tests_fabric/utilities/test_distributed.py::test_collective_operations
+    [_test_all_gather_uneven_tensors, _test_all_gather_uneven_tensors_multidim] (2 CPU ranks). Source:
+    lightning_fabric/utilities/distributed.py ``_gather_all_tensors`` (gathers sizes, pads to the maximum,
+    trims each slice back)."""
+    world = run_world(strategy_and_fabric_collectives.evaluate_collectives, world_size)
+
+    expected = [[t.tolist() for t in strategy_and_fabric_collectives.uneven_tensors(r)] for r in range(world_size)]
+    shapes = {tuple(strategy_and_fabric_collectives.uneven_tensors(r)[1].shape) for r in range(world_size)}
+    assert len(shapes) == world_size, "the ranks' 2-D shapes must differ for the fact to test uneven gathers"
+    for rec in world.records:
+        assert rec["gathered_1d"] == [e[0] for e in expected], oracle.side_by_side(
+            "1-D gathered", [r["gathered_1d"] for r in world.records]
+        )
+        assert rec["gathered_2d"] == [e[1] for e in expected], oracle.side_by_side(
+            "2-D gathered", [r["gathered_2d"] for r in world.records]
+        )
+    semantics.number("elements gathered (1-D)", sum(len(x) for x in world.records[0]["gathered_1d"]))

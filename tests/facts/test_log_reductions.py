@@ -10,6 +10,14 @@ counts). A step-level value (``on_step=True``) is all-reduced at that step, on i
 batch-size weighting. ``rank_zero_only=True`` switches the all-reduce off; a ``torchmetrics.Metric``
 object bypasses all of it and syncs its own state.
 
+A ``Metric`` passed to ``self.log`` belongs to Lightning's result collection, which resets it when the epoch's
+results are done (result.py ``_ResultCollection.reset`` -> ``_ResultMetric.reset`` -> ``Metric.reset``); a
+metric only ``compute()``-d is the user's to reset (torchmetrics/metric.py ``Metric.compute`` syncs, computes
+and restores the local state). The ``reduce_fx`` strings are lower-cased and ``"avg"`` means ``"mean"``
+(``_Metadata._parse_reduce_fx``). Without ``batch_size`` Lightning takes the batch size from the batch
+(``extract_batch_size``) for the weighted epoch mean. The facts on those three use
+ddpprobe/probes/logged_metrics.py.
+
 Every probe here logs, per batch, the batch mean of ``IdDataset``'s ``value`` (``id ** 2``) with an
 explicit ``batch_size=``; the expected numbers come from ``tests/support/oracle.py`` (``log_reduce``,
 ``sync_reduce``), which restate the rule without Lightning. Sources:
@@ -21,7 +29,8 @@ lightning_fabric/utilities/distributed.py ``_sync_ddp``, pytorch_lightning/core/
 
 import pytest
 
-from ddpprobe.probes import log_spec, reductions
+from ddpprobe.plugin.runif import run_if
+from ddpprobe.probes import log_spec, logged_metrics, reductions
 from tests.support import oracle, upstream
 
 #: Samples and batch size of the reduce_fx facts: with them every competing answer differs for W = 1, 2, 3.
@@ -607,3 +616,121 @@ def test_logging_metric_compute_as_a_tensor_warns_to_use_sync_dist_although_the_
     hint = "It is recommended to use `self.log('computed', ..., sync_dist=True)` when logging on epoch level"
     counts = [len(_messages(rec, hint)) for rec in world.records]
     assert counts == [1, 0], oracle.side_by_side("sync_dist hints", counts)
+
+
+@pytest.mark.mirrors("tests_pytorch/core/test_metric_result_integration.py::test_result_reduce_ddp", row=9)
+def test_a_logged_metric_is_reset_at_each_epoch_end_while_an_unlogged_one_keeps_growing(run_world, semantics):
+    """Two ``SumMetric`` objects fed the same validation values over two epochs of ``fit`` at W=2: the one
+    passed to ``self.log`` starts each epoch from its default (local state 0) and logs the padded set's
+    sum every epoch (30 for N=5); the one only ``compute()``-d in ``on_validation_epoch_end`` keeps its
+    local state (rank 0 holds 20, rank 1 10 at the start of epoch 1), so its synced ``compute()`` is 30
+    then 60. Mirrors Lightning's tests_pytorch/core/test_metric_result_integration.py::test_result_reduce_ddp
+    (``result.reset()`` then ``metric.x == metric._defaults["x"]``; 2 GPUs); the unlogged case is
+    torchmetrics' design, not in Lightning's tests. Source: result.py ``_ResultCollection.reset``;
+    torchmetrics/metric.py ``Metric.compute``."""
+    n, val_n, batch_size, epochs, world_size = 4, 5, 2, 2, 2
+    world = run_world(
+        logged_metrics.fit_metric_reset, world_size, n=n, val_n=val_n, batch_size=batch_size, epochs=epochs
+    )
+
+    epoch_sum = sum(oracle.values(oracle.padded_indices(val_n, world_size)))
+    local = [sum(oracle.values(oracle.shard(val_n, world_size, r))) for r in range(world_size)]
+    oracle.assert_distinct(fresh=epoch_sum, cumulative=2 * epoch_sum)
+    got = [[rec["epochs"][str(e)] for e in range(epochs)] for rec in world.records]
+    logged = [[e["logged_value"] for e in rank] for rank in got]
+    assert logged == [[epoch_sum] * epochs] * world_size, oracle.side_by_side("logged_sum per epoch", logged)
+    logged_state = [[e["logged_state"] for e in rank] for rank in got]
+    assert logged_state == [[0.0] * epochs] * world_size, oracle.side_by_side("logged metric's state", logged_state)
+    unlogged = [[e["unlogged_compute"] for e in rank] for rank in got]
+    expected = [epoch_sum * (e + 1) for e in range(epochs)]
+    assert unlogged == [expected] * world_size, oracle.side_by_side("unlogged compute() per epoch", unlogged)
+    kept = [rank[1]["unlogged_state"] for rank in got]
+    assert kept == local, oracle.side_by_side("unlogged state at epoch 1's start", kept) + f"  expected {local}"
+    semantics.number("unlogged compute() in epoch 1", unlogged[0][1], vs=("logged value", logged[0][1]))
+
+
+@run_if(min_gpus=2, backend="nccl")
+@pytest.mark.mirrors("tests_pytorch/core/test_metric_result_integration.py::test_result_reduce_ddp", row=9)
+def test_a_logged_metric_is_reset_at_each_epoch_end_on_two_gpus(run_world, semantics):
+    """test_log_reductions.py::test_a_logged_metric_is_reset_at_each_epoch_end_while_an_unlogged_one_keeps_growing
+    over NCCL. Mirrors tests_pytorch/core/test_metric_result_integration.py::test_result_reduce_ddp."""
+    test_a_logged_metric_is_reset_at_each_epoch_end_while_an_unlogged_one_keeps_growing(run_world, semantics)
+
+
+#: The ``reduce_fx`` strings logged, and the reduction each names.
+REDUCE_FXS = {"max": max, "min": min, "sum": sum, "mean": oracle.mean, "SUM": sum, "AVG": oracle.mean, "Max": max}
+
+
+@pytest.mark.mirrors(
+    "tests_pytorch/trainer/logging_/test_train_loop_logging.py::test_logging_sync_dist_true",
+    "tests_pytorch/trainer/logging_/test_train_loop_logging.py::test_logging_sync_dist_true_ddp",
+    row=(1, 5),
+)
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_a_step_level_synced_value_is_reduced_across_ranks_with_reduce_fx_and_its_case_insensitive_aliases(
+    run_world, semantics, world_size
+):
+    """Rank r logs ``(r+1)**2 + 0.5`` with ``on_step=True, on_epoch=False, sync_dist=True`` and each
+    ``reduce_fx`` of ``max``, ``min``, ``sum``, ``mean``, ``"SUM"``, ``"AVG"``, ``"Max"``: every rank
+    gets the cross-rank max, min, sum or mean at that step (at W=3: 9.5, 1.5, 15.5, 5.17), the upper-case
+    strings the same as the lower-case ones and ``"AVG"`` as ``"mean"``. Mirrors Lightning's
+    tests_pytorch/trainer/logging_/test_train_loop_logging.py::test_logging_sync_dist_true (``foo_5``,
+    max) and ::test_logging_sync_dist_true_ddp (``"SUM"``, ``"AVG"``; 2 GPUs). Source: result.py
+    ``_Metadata._parse_reduce_fx``, ``_ResultMetric.update`` (``self.meta.sync`` at step level)."""
+    world = run_world(logged_metrics.fit_step_reductions, world_size, reduce_fxs=list(REDUCE_FXS))
+
+    values = [logged_metrics.step_value(r) for r in range(world_size)]
+    expected = {f"v_{fx}": reduce(values) for fx, reduce in REDUCE_FXS.items()}
+    oracle.assert_distinct(max=max(values), min=min(values), sum=sum(values), mean=oracle.mean(values))
+    assert len(set(values)) == world_size, (
+        "ranks must log different values, so an unsynced value differs from max or min"
+    )
+    for rec in world.records:
+        got = {k: rec["callback_metrics"][k] for k in expected}
+        assert got == pytest.approx(expected), (
+            oracle.side_by_side("step values", [r["callback_metrics"] for r in world.records])
+            + f"  expected {expected}"
+        )
+    semantics.number(
+        "step-level max across ranks", world.records[0]["callback_metrics"]["v_max"], vs=("rank 0's", values[0])
+    )
+
+
+@run_if(min_gpus=2, backend="nccl")
+@pytest.mark.mirrors("tests_pytorch/trainer/logging_/test_train_loop_logging.py::test_logging_sync_dist_true_ddp")
+def test_step_level_reduce_fx_and_its_aliases_reduce_across_two_gpus(run_world, semantics):
+    """test_log_reductions.py::test_a_step_level_synced_value_is_reduced_across_ranks_with_reduce_fx_and_its_case_insensitive_aliases
+    at W=2 over NCCL. Mirrors tests_pytorch/trainer/logging_/test_train_loop_logging.py::
+    test_logging_sync_dist_true_ddp."""
+    test_a_step_level_synced_value_is_reduced_across_ranks_with_reduce_fx_and_its_case_insensitive_aliases(
+        run_world, semantics, 2
+    )
+
+
+@pytest.mark.mirrors(
+    "tests_pytorch/trainer/logging_/test_logger_connector.py::test_result_collection_batch_size_extraction",
+    "tests_pytorch/trainer/logging_/test_logger_connector.py::test_result_collection_on_tensor_with_mean_reduction",
+)
+def test_without_batch_size_the_epoch_mean_is_weighted_by_the_batch_size_inferred_from_the_batch(run_world, semantics):
+    """Validation batches of 2 and 1 samples (N=5, W=2, batch size 2), each batch's mean logged with
+    ``sync_dist=True``: without ``batch_size`` the synced epoch value is the same as with
+    ``batch_size=len(batch)``, the mean over the padded set (5.0), because Lightning reads the size of the
+    batch's first tensor; ``batch_size=1`` gives the unweighted mean of batch means (5.75). Mirrors
+    Lightning's tests_pytorch/trainer/logging_/test_logger_connector.py::
+    test_result_collection_batch_size_extraction and ::test_result_collection_on_tensor_with_mean_reduction
+    (one process). Source: pytorch_lightning/utilities/data.py ``extract_batch_size``; result.py
+    ``_ResultCollection.log`` (``batch_size``) and ``_ResultMetric.update``."""
+    n, batch_size, world_size = 5, 2, 2
+    world = run_world(logged_metrics.validate_inference, world_size, n=n, batch_size=batch_size)
+
+    batches = oracle.rank_batches(n, world_size, batch_size)
+    per_rank = [[(oracle.mean(oracle.values(b)), len(b)) for b in rank] for rank in batches]
+    weighted = oracle.sync_reduce("mean", per_rank)
+    unweighted = oracle.sync_reduce("mean", [[(v, 1) for v, _ in rank] for rank in per_rank])
+    oracle.assert_distinct(weighted=weighted, unweighted=unweighted)
+    got = [{k: rec["callback_metrics"][k] for k in ("inferred", "explicit", "unweighted")} for rec in world.records]
+    want = {"inferred": weighted, "explicit": weighted, "unweighted": unweighted}
+    assert got == [pytest.approx(want)] * world_size, (
+        oracle.side_by_side("synced epoch values", got) + f"  expected {want}"
+    )
+    semantics.number("synced mean without batch_size", got[0]["inferred"], vs=("unweighted", unweighted))

@@ -4,7 +4,7 @@ Every rank reduces its own logged values over its batches (a batch-size-weighted
 Without ``sync_dist`` that rank-local number is what the rank keeps; the built-in loggers (CSVLogger
 here) write on global rank 0 only, so their files hold rank 0's local number. (The Trainer calls every
 logger on every rank; a custom ``Logger`` without ``rank_zero_only`` writes each rank's own number:
-tests/facts/test_loggers_progress_bar_profiler_per_rank.py.) With ``sync_dist=True`` Lightning all-reduces the
+tests/facts/test_printing_and_loggers.py.) With ``sync_dist=True`` Lightning all-reduces the
 weighted sum and the sample count, so every rank gets the mean over all samples the ranks saw —
 padding duplicates included.
 Source: pytorch_lightning/trainer/connectors/logger_connector/result.py ``_ResultMetric.compute`` and

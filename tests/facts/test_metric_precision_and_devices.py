@@ -8,7 +8,9 @@ sums *in* bfloat16. A ``SumMetric`` set to bfloat16 keeps a bfloat16 state and i
 and sums bfloat16 values; a plain ``all_reduce`` does the same. bfloat16 keeps 8 significant bits, so
 next to 256 it steps by 2: rank 0 contributes 256.0 and every other rank 0.5, and every bfloat16 sum of
 them rounds to 256, where the exact sum is 256.5 (W = 2) or 257 (W = 3). ``self.log`` casts a value that
-is not float32 or float64 to float32 before its sync (``_ResultMetric.update``), so the logged sum is exact.
+is not float32 or float64 to float32 before its sync (``_ResultMetric.update``), so the logged sum is exact;
+int8 becomes float32 too, and a float64 value keeps float64 through the sync (probe
+ddpprobe/probes/logged_metrics.py).
 
 **CPU tensors over NCCL** (GPU only): a process group created with ``backend="nccl"`` has no CPU backend,
 so a collective on a CPU tensor raises "No backend type associated with device type cpu": a
@@ -23,11 +25,12 @@ result.py ``_ResultMetric.update``, ``_ResultCollection.log``; torchmetrics/metr
 ``gather_all_tensors``; torch/distributed/distributed_c10d.py ``all_reduce``.
 """
 
+import numpy
 import pytest
 import torch
 
 from ddpprobe.plugin.runif import run_if
-from ddpprobe.probes import precision
+from ddpprobe.probes import logged_metrics, precision
 from tests.support import oracle
 
 NO_CPU_BACKEND = "No backend type associated with device type cpu"
@@ -140,3 +143,55 @@ def test_cpu_tensors_synced_over_an_nccl_process_group_raise_while_the_same_metr
         )
     on_device = [rec["syncs"]["on_device"] for rec in world.records]
     assert on_device == [{"values": values, "dtype": "float32"}] * world_size, oracle.side_by_side("on GPU", on_device)
+
+
+@pytest.mark.mirrors("tests_pytorch/core/test_metric_result_integration.py::test_metric_result_dtype_promotion")
+def test_a_float64_value_stays_float64_through_the_sync(run_world, semantics):
+    """Rank r logs the float64 tensor ``1 + (r+1) * 1e-10`` with ``sync_dist=True``: the synced epoch value
+    in ``callback_metrics`` is a float64 tensor holding the exact mean ``1 + 1.5e-10``, which float32
+    would round to 1.0. Mirrors Lightning's tests_pytorch/core/test_metric_result_integration.py::
+    test_metric_result_dtype_promotion (one process). Source: result.py ``_ResultMetric.update`` (float32
+    and float64 kept; other dtypes cast to the default float dtype)."""
+    world_size = 2
+    world = run_world(logged_metrics.validate_inference, world_size, n=4, batch_size=2)
+
+    exact = oracle.mean(logged_metrics.float64_value(r) for r in range(world_size))
+    as_float32 = float(numpy.float32(exact))
+    oracle.assert_distinct(float64_excess_in_1e10=(exact - 1) * 1e10, float32_excess_in_1e10=(as_float32 - 1) * 1e10)
+    got = [(rec["dtypes"]["f64"], rec["callback_metrics"]["f64"]) for rec in world.records]
+    assert all(d == "torch.float64" for d, _ in got), oracle.side_by_side("dtype, value", got)
+    assert [v for _, v in got] == pytest.approx([exact] * world_size, rel=0, abs=1e-13), (
+        oracle.side_by_side("f64", got) + f"  expected {exact!r}, float32 gives {as_float32!r}"
+    )
+    semantics.number("synced float64 value minus 1", got[0][1] - 1.0, vs=("in float32", as_float32 - 1.0))
+
+
+@pytest.mark.mirrors(
+    "tests_pytorch/core/test_metric_result_integration.py::test_metric_result_precision_no_lower_than_float32",
+    "tests_pytorch/core/test_metric_result_integration.py::test_metric_result_respects_dtype",
+)
+def test_int8_and_bfloat16_values_are_cast_to_float32_before_the_sync(run_world, semantics):
+    """Rank r logs the int8 tensor ``r + 1`` and the bfloat16 tensor ``1 + r * 2**-7`` with
+    ``sync_dist=True``: both reach ``callback_metrics`` as float32 means computed in float32, 1.5 (an int8
+    mean would truncate to 1) and ``1 + 2**-8`` (which bfloat16 cannot hold: it would round to 1.0 or
+    ``1 + 2**-7``). (The int tensor's cast warning: test_log_reductions.py.) Mirrors
+    Lightning's tests_pytorch/core/test_metric_result_integration.py::
+    test_metric_result_precision_no_lower_than_float32 and ::test_metric_result_respects_dtype (one
+    process). Source: result.py ``_ResultMetric.update`` (``value.to(_get_default_dtype())`` for any
+    dtype other than float32 and float64)."""
+    world_size = 2
+    world = run_world(logged_metrics.validate_inference, world_size, n=4, batch_size=2)
+
+    int_mean = oracle.mean(r + 1 for r in range(world_size))
+    bf16_mean = oracle.mean(logged_metrics.bfloat16_value(r) for r in range(world_size))
+    oracle.assert_distinct(float_mean=int_mean, truncated=float(int(int_mean)))
+    bf16_rounded = float(torch.tensor(bf16_mean).to(torch.bfloat16))
+    oracle.assert_distinct(float32_in_2e8=bf16_mean * 2**8, bfloat16_in_2e8=bf16_rounded * 2**8)
+    got = [{k: (rec["dtypes"][k], rec["callback_metrics"][k]) for k in ("i8", "bf16")} for rec in world.records]
+    want = {"i8": ("torch.float32", int_mean), "bf16": ("torch.float32", bf16_mean)}
+    assert got == [want] * world_size, oracle.side_by_side("dtype, value", got) + f"  expected {want}"
+    semantics.number(
+        "synced bfloat16 mean minus 1, in 2**-8",
+        (got[0]["bf16"][1] - 1) * 2**8,
+        vs=("in bfloat16", (bf16_rounded - 1) * 2**8),
+    )

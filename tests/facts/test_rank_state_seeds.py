@@ -27,7 +27,7 @@ import sys
 import pytest
 import torch
 
-from ddpprobe.probes import rank_state
+from ddpprobe.probes import rank_state, samplers_per_loader
 from tests.support import oracle
 
 SEED = 7
@@ -176,3 +176,42 @@ def test_reseeding_with_the_global_rank_in_on_train_start_gives_each_rank_its_ow
     assert all(noise[a] != noise[b] for a, b in _pairs(noise)), oracle.side_by_side("noise", noise)
     start = [rec["train_start_weight"] for rec in records]
     assert start == [records[0]["initial_weight"]] * world_size, oracle.side_by_side("train_start_weight", start)
+
+
+@pytest.mark.mirrors(
+    "tests_pytorch/trainer/test_dataloaders.py::test_auto_add_worker_init_fn_distributed",
+    "tests_fabric/utilities/test_seed.py::test_pl_worker_init_function",
+)
+@pytest.mark.parametrize("workers", [False, True])
+def test_dataloader_workers_draw_numpy_stdlib_and_torch_numbers_unique_per_rank_only_with_seed_everything_workers(
+    run_world, semantics, workers
+):
+    """Two DataLoader workers per rank after ``seed_everything(7, workers=...)``, each item drawing from
+    NumPy's, the standard library's and torch's global generator inside its worker. torch seeds all three
+    in each worker from ``base_seed + worker_id``, so the two workers of a rank always draw differently;
+    but ``base_seed`` comes from the rank's own generator, seeded alike on every rank, so with
+    ``workers=False`` rank 1's workers draw exactly rank 0's numbers, for all three generators. With
+    ``workers=True`` Lightning's ``pl_worker_init_function`` mixes the global rank in, and no number repeats
+    across (rank, worker). Mirrors Lightning's tests_pytorch/trainer/test_dataloaders.py::
+    test_auto_add_worker_init_fn_distributed (NumPy draws, 2 GPUs) and tests_fabric/utilities/test_seed.py::
+    test_pl_worker_init_function (one process). Source: lightning_fabric/utilities/seed.py
+    ``pl_worker_init_function``; pytorch_lightning/trainer/connectors/data_connector.py
+    ``_auto_add_worker_init_fn``; torch/utils/data/_utils/worker.py ``_worker_loop`` (seeds ``random``,
+    torch and NumPy)."""
+    world_size = 2
+    world = run_world(samplers_per_loader.worker_draws, world_size, seed=7, workers=workers)
+
+    draws = [rec["draws"] for rec in world.records]
+    for rank_draws in draws:
+        by_worker = {d["worker"]: d for d in rank_draws}
+        assert sorted(by_worker) == [0, 1], oracle.side_by_side("workers", draws)
+        for generator in ("numpy", "stdlib", "torch"):
+            assert by_worker[0][generator] != by_worker[1][generator], oracle.side_by_side(generator, draws)
+    if workers:
+        for generator in ("numpy", "stdlib", "torch"):
+            values = [d[generator] for rank_draws in draws for d in rank_draws]
+            assert len(set(values)) == len(values), oracle.side_by_side(generator, draws)
+    else:
+        assert draws == [draws[0]] * world_size, oracle.side_by_side("draws", draws)
+    same = sum(d == draws[0] for d in draws)
+    semantics.number(f"ranks drawing rank 0's worker numbers (workers={workers})", same, vs=("ranks", world_size))

@@ -8,7 +8,9 @@ dtype, so the float quotient is cast back to the input's dtype: an int64 mean is
 bool mean is True wherever any rank held True. The returned tensor *is* the input, so the rank's own value is
 gone. ``DDPStrategy.reduce`` (pytorch_lightning/strategies/ddp.py) returns a non-tensor as given, unreduced;
 ``Fabric.all_reduce`` (lightning_fabric/fabric.py) first turns numbers into tensors (bool -> uint8,
-int -> int32, float -> float32: lightning_fabric/utilities/apply_func.py ``CONVERSION_DTYPES``).
+int -> int32, float -> float32: lightning_fabric/utilities/apply_func.py ``CONVERSION_DTYPES``), and walks
+collections, reducing (or gathering) each tensor and leaving other leaves as they are (``Fabric.all_reduce``,
+``all_gather``).
 
 Rank ``r`` reduces the ``r``-th entry of each table below (``ddpprobe/probes/outside_log_reductions.py``);
 the expected values are the tables' sums and means computed here, on data where the exact mean, the mean
@@ -19,7 +21,7 @@ import math
 
 import pytest
 
-from ddpprobe.probes import outside_log_reductions
+from ddpprobe.probes import outside_log_reductions, strategy_and_fabric_collectives
 from tests.support import oracle
 
 #: ``[rank] -> [a positive, a negative]`` int64 entry: sums 7, -7 (W=2) and 8, -8 (W=3), none a multiple of W.
@@ -266,3 +268,26 @@ def test_fabric_all_reduce_turns_numbers_into_int32_float32_uint8_tensors_and_tr
         for rank_got in got:
             assert rank_got["dtype"] == "float32", oracle.side_by_side(op, got)
             assert rank_got["value"] == pytest.approx(want, rel=1e-6), oracle.side_by_side(op, got) + f"  {want}"
+
+
+@pytest.mark.mirrors("tests_fabric/test_fabric.py::test_all_reduce", "tests_fabric/test_fabric.py::test_all_gather")
+def test_fabric_all_reduce_and_all_gather_walk_collections_and_leave_other_leaves_alone(run_world, semantics):
+    """``fabric.all_reduce({"a": r+1, "b": [2(r+1)], "s": "text"})`` returns the dict with each tensor
+    averaged (the default op, ``"mean"``: 1.5 and 3.0 at W=2) and the string untouched; ``reduce_op="sum"``
+    gives 3.0; ``fabric.all_gather`` of ``{"a": r, "b": [[r, r]]}`` stacks each leaf to shape (W, ...).
+    Mirrors Lightning's tests_fabric/test_fabric.py::test_all_reduce and ::test_all_gather (mocked
+    strategy). Source: lightning_fabric/fabric.py ``Fabric.all_reduce`` and ``all_gather``
+    (``apply_to_collection``)."""
+    world_size = 2
+    world = run_world(strategy_and_fabric_collectives.fabric_collectives_and_loaders, world_size)
+
+    values = [r + 1.0 for r in range(world_size)]
+    oracle.assert_distinct(mean=oracle.mean(values), sum=sum(values), rank0=values[0])
+    want = {
+        "all_reduce": {"a": oracle.mean(values), "b": [2 * oracle.mean(values)], "s": "text"},
+        "all_reduce_sum": sum(values),
+        "all_gather": {"a": [float(r) for r in range(world_size)], "b": [[[r, r] for r in range(world_size)]]},
+    }
+    got = [rec["collections"] for rec in world.records]
+    assert got == [want] * world_size, oracle.side_by_side("collections", got) + f"  expected {want}"
+    semantics.number("all_reduce default of 1 and 2", got[0]["all_reduce"]["a"], vs=("sum", sum(values)))

@@ -1,4 +1,5 @@
-"""Several validation dataloaders: keys, padding and sync per ``dataloader_idx``, and what the epoch end sees.
+"""Several validation dataloaders: keys, padding and sync per ``dataloader_idx``, and what the epoch end sees;
+in training, every loader of a ``CombinedLoader`` gets its own ``DistributedSampler``.
 
 ``trainer.validate(model, dataloaders=[loader_0, loader_1])`` runs the loaders one after the other and
 calls ``validation_step(batch, batch_idx, dataloader_idx)``. Each loader gets its own
@@ -15,7 +16,7 @@ value computed over the wrong loader, or over both, shows.
 
 import pytest
 
-from ddpprobe.probes import dataloaders, log_spec
+from ddpprobe.probes import dataloaders, log_spec, samplers_per_loader
 from tests.support import oracle
 
 FIRSTS = [0, 10]
@@ -158,3 +159,33 @@ def test_on_validation_epoch_end_runs_once_after_every_dataloader_idx_and_sees_t
         assert held == own, oracle.side_by_side(f"loader {k} outputs held", held) + f"  expected {own}"
         assert all(len(h) < n for h in held), oracle.side_by_side(f"loader {k} outputs held", held)
     semantics.number("on_validation_epoch_end calls", calls[0], vs=("dataloaders", len(sizes)))
+
+
+@pytest.mark.mirrors(
+    "tests_pytorch/utilities/test_combined_loader.py::test_combined_data_loader_with_max_size_cycle_and_ddp",
+    "tests_pytorch/utilities/test_combined_loader.py::test_combined_data_loader_validation_test",
+)
+def test_every_loader_of_a_combined_loader_gets_its_own_shuffling_distributed_sampler(run_world, semantics):
+    """Training on ``CombinedLoader({"a": ..., "b": ...})`` (``max_size_cycle``): each inner loader gets
+    its own ``DistributedSampler(shuffle=True)``, the ``RandomSampler`` subclass of ``b`` replaced too, so
+    each rank's epoch has ceil(ceil(N/W) / batch size) steps of each loader instead of ceil(N / batch
+    size), and each key's ids are torch's ``DistributedSampler`` shard of that loader's dataset. Mirrors
+    Lightning's tests_pytorch/utilities/test_combined_loader.py::
+    test_combined_data_loader_with_max_size_cycle_and_ddp and ::test_combined_data_loader_validation_test
+    (Trainers built in one process). Source: data_connector.py ``_prepare_dataloader`` per flattened
+    loader; pytorch_lightning/utilities/combined_loader.py ``CombinedLoader``."""
+    n_a, n_b, batch_size, world_size = 8, 6, 2, 2
+    world = run_world(samplers_per_loader.fit_combined, world_size, n_a=n_a, n_b=n_b, batch_size=batch_size)
+
+    expected = []
+    for r in range(world_size):
+        a = oracle.batches(oracle.distributed_sampler_ids(n_a, world_size, r, 0), batch_size)
+        b = oracle.batches(oracle.distributed_sampler_ids(n_b, world_size, r, 0), batch_size)
+        expected.append([{"a": x, "b": y} for x, y in zip(a, b)])
+    assert len(expected[0]) != -(-n_a // batch_size), "data do not discriminate: sharded and whole lengths coincide"
+    steps = [rec["steps"] for rec in world.records]
+    assert steps == expected, oracle.side_by_side("steps", steps) + f"  expected {expected}"
+    samplers = [(rec["samplers"], rec["shuffle"]) for rec in world.records]
+    want = ({"a": "DistributedSampler", "b": "DistributedSampler"}, {"a": True, "b": True})
+    assert samplers == [want] * world_size, oracle.side_by_side("samplers", samplers)
+    semantics.number("steps per rank", len(steps[0]), vs=("unsharded", -(-n_a // batch_size)))

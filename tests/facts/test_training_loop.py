@@ -4,12 +4,15 @@
   rank holds the same parameters although each rank computed its loss on its own shard.
   Source: torch/nn/parallel/distributed.py (the reducer's gradient all_reduce, divided by the world
   size); Lightning wraps the module in it in pytorch_lightning/strategies/ddp.py ``DDPStrategy._setup_model``.
+  So do ``manual_backward`` in manual optimization, which runs the backward through the DDP-wrapped module
+  (pytorch_lightning/core/module.py ``manual_backward`` -> ``strategy.backward``), and automatic
+  optimization with ``DDPStrategy(static_graph=True)``.
 - **Buffers** (batch norm's ``running_mean``/``running_var``) are *not* averaged: DDP broadcasts rank
   0's buffers at the start of each forward (``broadcast_buffers``/``forward_sync_buffers`` default
   ``True``), then every rank updates them with its own batch. ``Trainer(sync_batchnorm=True)`` swaps in
   ``SyncBatchNorm``, which computes the statistics over the global batch — on GPUs only.
 - **The training sampler** is a shuffling ``DistributedSampler`` whatever the user's ``DataLoader``
-  says (unless ``Trainer(overfit_batches=...)``: tests/facts/test_samplers_per_loader.py), seeded with
+  says (unless ``Trainer(overfit_batches=...)``: tests/facts/test_samplers_rewrapped.py), seeded with
   ``PL_GLOBAL_SEED`` (0 without ``seed_everything``) and reshuffled every epoch by ``set_epoch``;
   validation keeps the user's order.
 - **Epoch-level ``self.log(..., sync_dist=True)``** from ``training_step`` is already reduced over the
@@ -27,7 +30,7 @@ import pytest
 
 from ddpprobe import RankFailed
 from ddpprobe.plugin.runif import run_if
-from ddpprobe.probes import training
+from ddpprobe.probes import gradients_and_weights, training
 from ddpprobe.probes.training import INIT_BIAS, INIT_WEIGHT, regression_x, regression_y
 from tests.support import oracle
 
@@ -318,7 +321,7 @@ def test_the_training_sampler_shuffles_whatever_the_user_loader_says_and_reshuff
     """For the training dataloader Lightning asks for a shuffling ``DistributedSampler`` unless
     ``overfit_batches`` is set (``_process_dataloader`` passes ``shuffle=True`` for the training stage,
     ``_get_distributed_sampler`` makes it ``shuffle and not overfit_batches``: the overfit_batches fact of
-    test_samplers_per_loader.py; ``_is_dataloader_shuffled`` is consulted only for validation/test), so a
+    test_samplers_rewrapped.py; ``_is_dataloader_shuffled`` is consulted only for validation/test), so a
     user's ``DataLoader(shuffle=False)`` is shuffled too, and a user's ``shuffle=True`` gives exactly the
     same order (its ``RandomSampler`` is replaced).
     The seed is ``PL_GLOBAL_SEED``, 0 without ``seed_everything``, and the fit loop calls
@@ -488,3 +491,131 @@ def test_the_distributed_sampler_warning_fires_for_validate_and_test_but_not_for
         sum("Using `DistributedSampler`" in w["message"] for w in rank.record["warnings"]["fit"]) for rank in world
     ]
     assert in_fit == [0] * world_size, oracle.side_by_side("DistributedSampler warnings in fit", in_fit)
+
+
+def _prediction(params, sample_id: int, offset: float) -> float:
+    w0, w1, b = params
+    x = regression_x(sample_id)
+    return w0 * x[0] + w1 * x[1] + b + offset
+
+
+def _mse_gradient(params, ids) -> list:
+    """Gradient ``[dw0, dw1, db]`` of the mean squared error of ``w . x + b`` against ``y`` over ``ids``."""
+    errors = [(_prediction(params, i, 0.0) - regression_y(i), regression_x(i)) for i in ids]
+    return [
+        2 * oracle.mean(e * x[0] for e, x in errors),
+        2 * oracle.mean(e * x[1] for e, x in errors),
+        2 * oracle.mean(e for e, _ in errors),
+    ]
+
+
+def _manual_steps(n, world_size, batch_size, steps, lr, init, combine) -> tuple:
+    """SGD over the first ``steps`` batches of each rank's shuffled shard; the gradient of each step is
+    the ranks' gradients combined by ``combine`` (``"mean"``, ``"sum"``, or ``"local"``: each rank its own,
+    returned for rank 0). Returns ``(gradient at each step, params after each step)``."""
+    batches = [
+        oracle.batches(oracle.distributed_sampler_ids(n, world_size, r, 0), batch_size) for r in range(world_size)
+    ]
+    params, grads, trajectory = list(init), [], []
+    for k in range(steps):
+        per_rank = [_mse_gradient(params, batches[r][k]) for r in range(world_size)]
+        if combine == "mean":
+            grad = [sum(col) / world_size for col in zip(*per_rank)]
+        elif combine == "sum":
+            grad = [sum(col) for col in zip(*per_rank)]
+        else:
+            grad = per_rank[0]
+        params = [p - lr * g for p, g in zip(params, grad)]
+        grads.append(grad)
+        trajectory.append(params)
+    return grads, trajectory
+
+
+@pytest.mark.mirrors(
+    "tests_pytorch/strategies/test_ddp_integration.py::test_ddp_gradients_synced",
+    "tests_pytorch/trainer/optimization/test_manual_optimization.py::test_step_with_optimizer_closure_with_different_frequencies_ddp",
+)
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_manual_backward_averages_gradients_over_ranks_before_the_optimizer_step(run_world, semantics, world_size):
+    """With ``automatic_optimization = False``, the gradient a rank reads right after
+    ``self.manual_backward(loss)`` is already the mean over ranks of each rank's own gradient (each on
+    its own shuffled shard), the same on every rank, so every rank's ``optimizer.step()`` leaves the same
+    parameters; not the rank's own gradient, nor the sum. Mirrors Lightning's
+    tests_pytorch/strategies/test_ddp_integration.py::test_ddp_gradients_synced (manual optimization case)
+    and trainer/optimization/test_manual_optimization.py::
+    test_step_with_optimizer_closure_with_different_frequencies_ddp, both on 2 GPUs only. Source:
+    pytorch_lightning/core/module.py ``LightningModule.manual_backward``; torch/nn/parallel/distributed.py
+    (the reducer's averaged all_reduce)."""
+    n, batch_size, steps, lr = 12, 2, 2, 0.1
+    world = run_world(gradients_and_weights.fit_manual, world_size, n=n, batch_size=batch_size, max_steps=steps, lr=lr)
+
+    init = world.records[0]["init"]
+    expected_grads, expected_params = _manual_steps(n, world_size, batch_size, steps, lr, init, "mean")
+    summed, _ = _manual_steps(n, world_size, batch_size, steps, lr, init, "sum")
+    local, _ = _manual_steps(n, world_size, batch_size, steps, lr, init, "local")
+    oracle.assert_distinct(mean=expected_grads[0][0], sum=summed[0][0], rank0_local=local[0][0])
+    grads = [rec["grads"] for rec in world.records]
+    for r, got in enumerate(grads):
+        assert [g for step in got for g in step] == pytest.approx(
+            [g for step in expected_grads for g in step], rel=1e-5, abs=1e-6
+        ), oracle.side_by_side("gradient after manual_backward", grads) + f"  expected (mean) {expected_grads}"
+    params = [rec["params"] for rec in world.records]
+    assert all(p == params[0] for p in params), oracle.side_by_side("params after each step", params)
+    assert [v for step in params[0] for v in step] == pytest.approx(
+        [v for step in expected_params for v in step], rel=1e-5, abs=1e-6
+    )
+    semantics.number("dw0 after manual_backward, step 1", grads[0][0][0], vs=("rank 0's own gradient", local[0][0]))
+
+
+@run_if(min_gpus=2, backend="nccl")
+@pytest.mark.mirrors("tests_pytorch/strategies/test_ddp_integration.py::test_ddp_gradients_synced")
+def test_manual_backward_averages_gradients_over_two_gpus(run_world, semantics):
+    """test_training_loop.py::test_manual_backward_averages_gradients_over_ranks_before_the_optimizer_step
+    at W=2 over NCCL. Mirrors tests_pytorch/strategies/test_ddp_integration.py::test_ddp_gradients_synced."""
+    test_manual_backward_averages_gradients_over_ranks_before_the_optimizer_step(run_world, semantics, 2)
+
+
+@pytest.mark.mirrors("tests_pytorch/strategies/test_ddp_integration.py::test_ddp_gradients_synced")
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_with_static_graph_true_automatic_optimization_averages_every_steps_gradients_over_ranks(
+    run_world, semantics, world_size
+):
+    """``DDPStrategy(static_graph=True)`` with automatic optimization: the wrapper Lightning builds holds
+    ``static_graph=True``, and the gradient every rank holds before ``optimizer.step()`` (read in
+    ``on_before_optimizer_step``) is, from the first step on, the mean over ranks of each rank's own
+    gradient on its shuffled shard, computed here from the data; not the rank's own gradient, nor the
+    sum; so the ranks' parameters stay equal. (Under manual optimization the same option lost the
+    averaging before 2.6.0: tests/facts/test_manual_optimization_static_graph.py.) Mirrors Lightning's
+    tests_pytorch/strategies/test_ddp_integration.py::test_ddp_gradients_synced (2 GPUs; automatic
+    optimization with ``static_graph`` on and off). Source: pytorch_lightning/strategies/ddp.py
+    ``DDPStrategy._setup_model`` (the strategy's kwargs passed to ``DistributedDataParallel``);
+    torch/nn/parallel/distributed.py (``static_graph``: the first iteration's all_reduce delayed to the end
+    of the backward)."""
+    n, batch_size, steps, lr = 18, 2, 3, 0.1
+    world = run_world(
+        gradients_and_weights.fit_automatic,
+        world_size,
+        static_graph=True,
+        n=n,
+        batch_size=batch_size,
+        max_steps=steps,
+        lr=lr,
+    )
+
+    init = world.records[0]["init"]
+    expected_grads, expected_params = _manual_steps(n, world_size, batch_size, steps, lr, init, "mean")
+    summed, _ = _manual_steps(n, world_size, batch_size, steps, lr, init, "sum")
+    local, _ = _manual_steps(n, world_size, batch_size, steps, lr, init, "local")
+    oracle.assert_distinct(mean=expected_grads[0][0], sum=summed[0][0], rank0_local=local[0][0])
+    assert [rec["static_graph"] for rec in world.records] == [True] * world_size
+    grads = [rec["grads"] for rec in world.records]
+    for got in grads:
+        assert [g for step in got for g in step] == pytest.approx(
+            [g for step in expected_grads for g in step], rel=1e-5, abs=1e-6
+        ), oracle.side_by_side("gradient before optimizer.step()", grads) + f"  expected (mean) {expected_grads}"
+    params = [rec["params"] for rec in world.records]
+    assert all(p == params[0] for p in params), oracle.side_by_side("params after each step", params)
+    assert [v for step in params[0] for v in step] == pytest.approx(
+        [v for step in expected_params for v in step], rel=1e-5, abs=1e-6
+    )
+    semantics.number("dw0 at step 1, static_graph=True", grads[0][0][0], vs=("rank 0's own gradient", local[0][0]))

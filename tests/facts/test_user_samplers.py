@@ -1,5 +1,5 @@
 """Samplers the user picks: ``use_distributed_sampler=False``, a user's ``DistributedSampler`` or unrepeated
-sampler, and ``trainer.test`` next to ``trainer.validate``.
+sampler, and ``trainer.test`` next to ``trainer.validate``; each rank's own loader, empty on some ranks or all.
 
 Lightning swaps in its own ``DistributedSampler`` only when all of these hold: ``use_distributed_sampler``
 is on, the run is distributed, the loader's sampler is not already a ``DistributedSampler`` and the
@@ -10,7 +10,7 @@ rank. Sample ``i`` has value ``i * i`` (ddpprobe/probes/data.py); the probe logs
 
 import pytest
 
-from ddpprobe.probes import log_spec, samplers
+from ddpprobe.probes import log_spec, samplers, samplers_per_loader
 from tests.support import oracle, upstream
 
 SYNCED = [log_spec("v", sync_dist=True)]
@@ -201,3 +201,35 @@ def test_trainer_test_pads_and_warns_like_validate_when_n_does_not_divide_by_wor
     ]
     assert warned == [1] + [0] * (world_size - 1), oracle.side_by_side("trainer.test() warnings", warned)
     semantics.number("synced test mean", got[0], vs=("single-process mean", single_process))
+
+
+#: Lightning's warning when every rank's loader is empty, a ``UserWarning`` (``rank_zero_warn``'s default) on
+#: rank 0 (pytorch_lightning/utilities/data.py ``has_len_all_ranks``).
+ZERO_LENGTH_WARNING = "Total length of `DataLoader` across ranks is zero. Please make sure this was your intention."
+
+
+@pytest.mark.mirrors("tests_pytorch/trainer/test_dataloaders.py::test_warning_on_zero_len_dataloader")
+def test_loader_lengths_are_summed_over_ranks_an_all_empty_world_warns_once_and_one_empty_rank_raises_alone(
+    run_world, semantics
+):
+    """``trainer.validate`` with ``use_distributed_sampler=False`` and each rank's own loader: Lightning
+    all-reduces the loaders' lengths first. When every rank's loader is empty, rank 0 alone warns "Total
+    length of `DataLoader` across ranks is zero" and validation runs no batch; when only rank 1's is empty
+    (rank 0 has 4 samples), rank 1 alone raises ``RuntimeError: `DataLoader` within local rank has zero
+    length`` and rank 0 validates its two batches. Mirrors Lightning's tests_pytorch/trainer/
+    test_dataloaders.py::test_warning_on_zero_len_dataloader (one process). Source:
+    pytorch_lightning/utilities/data.py ``has_len_all_ranks`` (``strategy.reduce(local_length, "sum")``)."""
+    world_size = 2
+    empty = run_world(samplers_per_loader.validate_lengths, world_size, lengths=[0, 0])
+    one_empty = run_world(samplers_per_loader.validate_lengths, world_size, lengths=[4, 0])
+
+    warning = {"category": "UserWarning", "message": ZERO_LENGTH_WARNING}
+    warned = [sum(w == warning for w in rec["warnings"]) for rec in empty.records]
+    assert warned == [1, 0], oracle.side_by_side("zero-length warnings", warned)
+    assert [(rec["seen"], rec["raised"]) for rec in empty.records] == [([], None)] * world_size
+    outcome = [(rec["seen"], rec["raised"]) for rec in one_empty.records]
+    assert outcome == [(oracle.batches([0, 1, 2, 3], 2), None), ([], "RuntimeError")], oracle.side_by_side(
+        "seen, raised", outcome
+    )
+    assert "within local rank has zero length" in one_empty.records[1]["message"], one_empty.records[1]["message"]
+    semantics.number("ranks warning when every loader is empty", sum(warned), vs=("world size", world_size))

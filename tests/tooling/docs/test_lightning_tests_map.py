@@ -7,16 +7,26 @@ them (``--backend gloo``), with the ``integration`` marker let in, so a misspelt
 Every named fact must run on this machine or skip for a GPU reason (``run_if`` CUDA devices or
 ``--backend nccl``) or, on another Lightning release, for its release range; never for another reason.
 
-A fact's provenance is its ``@pytest.mark.mirrors("tests_pytorch/...py::test_name", ...)`` marker, not its
-file: the page is checked against the markers of every fact under tests/facts. A fact that mirrors a
-Lightning test is named in a row whose "Lightning test" cell names each test it mirrors (a cell "same
-test" means the row above's), and every row naming a marked fact names one of that fact's tests.
+A fact's provenance is its ``@pytest.mark.mirrors("tests_pytorch/...py::test_name", ..., row=N)`` marker, not its
+file, and the page's fact column is generated from the markers of every fact under tests/facts: a marked fact
+is named in every row whose "Lightning test" cell lists a test it mirrors (a cell "same test" lists the row
+above's), or, where such a test is listed in several rows, in the rows ``row`` (an int or a tuple) picks. The
+entries of a row that name no marked fact are the page's own, kept as written. To rewrite the column and the
+count after a marked fact is added, moved or renamed, run from the repository root::
+
+    python -m tests.tooling.docs.test_lightning_tests_map --write
 """
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import difflib
 import pathlib
 import re
+import sys
+
+import pytest
 
 from ddpprobe.plugin import runif
 
@@ -80,45 +90,143 @@ def problems(text: str, collected: set) -> list:
     return found
 
 
-def lightning_cells(text: str) -> dict:
-    """``{row number: its "Lightning test" cell}``, a cell starting "same test" replaced by the row above's."""
-    cells, previous = {}, ""
+#: One Lightning test named in a "Lightning test" cell: ``dir/test_x.py::test_y``, or ``::test_y`` of the file named
+#: before it in the cell.
+LIGHTNING_TEST = re.compile(r"(?P<file>[\w./]*test_\w+\.py)?::(?P<test>test_\w+)")
+
+
+def lightning_tests(cell: str, previous: tuple = ()) -> tuple:
+    """``((file, test), ...)`` a "Lightning test" cell names; ``file`` as the cell spells it (a path suffix). A
+    cell starting "same test" names the tests of the row above, ``previous``."""
+    if cell.startswith("same test"):
+        return previous
+    found, file = [], ""
+    for m in LIGHTNING_TEST.finditer(cell):
+        file = m["file"] or file
+        found.append((file, m["test"]))
+    return tuple(found)
+
+
+def lightning_rows(text: str) -> dict:
+    """``{row number: ((file, test), ...)}``, the Lightning tests each row of the page names."""
+    found, previous = {}, ()
     for line in text.splitlines():
         m = ROW.match(line)
         if m:
-            cell = line.split(" | ")[2]
-            previous = previous if cell.startswith("same test") else cell
-            cells[int(m["number"])] = previous
-    return cells
-
-
-def _test_name(target: str) -> str:
-    """``test_y`` of ``tests_pytorch/.../test_x.py::test_y[params]``."""
-    return target.split("::", 1)[1].split("[", 1)[0]
-
-
-def provenance_problems(text: str, mirrors: dict) -> list:
-    """What disagrees between the page ``text`` and ``mirrors`` (``{(path, function): [Lightning tests]}``, every
-    fact with a ``mirrors`` marker): a marked fact the page does not name, a mirrored test no row naming the
-    fact lists, a row naming a marked fact without listing any test it mirrors. Empty when they agree."""
-    found = []
-    cells = lightning_cells(text)
-    rows_of: dict = {}
-    for number, cell in rows(text):
-        for m in NAMED.finditer(cell):
-            rows_of.setdefault((m["path"], m["name"]), set()).add(number)
-    for fact, targets in sorted(mirrors.items()):
-        named_in = sorted(rows_of.get(fact, ()))
-        if not named_in:
-            found.append(f"{fact[0]}::{fact[1]} mirrors {targets} but no row names it")
-            continue
-        for target in targets:
-            if not any(_test_name(target) in cells[n] for n in named_in):
-                found.append(f"{fact[0]}::{fact[1]} mirrors {target}, which rows {named_in} do not list")
-        for n in named_in:
-            if not any(_test_name(target) in cells[n] for target in targets):
-                found.append(f"row {n} names {fact[0]}::{fact[1]}, which mirrors none of its tests ({targets})")
+            previous = lightning_tests(line.split(" | ")[2], previous)
+            found[int(m["number"])] = previous
     return found
+
+
+def _lists(pairs: tuple, target: str) -> bool:
+    """Whether the cell's ``pairs`` name ``target`` (``tests_pytorch/dir/test_x.py::test_y[params]``)."""
+    path, name = target.split("[", 1)[0].split("::", 1)
+    return any(test == name and (path == file or path.endswith("/" + file)) for file, test in pairs)
+
+
+@dataclasses.dataclass(frozen=True)
+class Mirror:
+    """A fact with a ``@pytest.mark.mirrors(*targets, row=...)`` marker, as the page names it.
+
+    Attributes:
+        path, name: ``tests/facts/test_x.py`` and the function's name.
+        targets: the Lightning tests it mirrors (``tests_pytorch/...py::test_y``).
+        rows: the marker's ``row`` (an int or a tuple of them), the rows it belongs to where a test it mirrors is
+            listed in several rows (Lightning tests that assert several semantics); empty when not given.
+        note: what the entry says after the fact: ``(integration)`` for a fact the default run leaves out,
+            ``(GPU, NCCL)`` for one that needs ``--backend nccl``.
+    """
+
+    path: str
+    name: str
+    targets: tuple
+    rows: tuple = ()
+    note: str = ""
+
+    @property
+    def entry(self) -> str:
+        return f"`{self.path}::{self.name}`" + (f" {self.note}" if self.note else "")
+
+    @property
+    def gpu(self) -> bool:
+        return self.note.startswith("(GPU")
+
+
+def placement(text: str, mirrors: list) -> tuple:
+    """Where each fact of ``mirrors`` (:class:`Mirror`, in the facts' collection order) belongs on the page
+    ``text``: every row whose "Lightning test" cell lists a test it mirrors, or, where its marker gives
+    ``row``, those rows. Returns ``({row number: [Mirror]}, [problem])``; a problem is a mirrored test no row
+    lists, a test listed in several rows without ``row`` to choose, or a ``row`` that lists none of its tests."""
+    tests_of = lightning_rows(text)
+    placed: dict = {}
+    found = []
+    for fact in mirrors:
+        label = f"{fact.path}::{fact.name}"
+        listing = {target: [n for n, pairs in tests_of.items() if _lists(pairs, target)] for target in fact.targets}
+        for target, numbers in listing.items():
+            if not numbers:
+                found.append(f"{label} mirrors {target}, which no row lists")
+            elif len(numbers) > 1 and not fact.rows:
+                found.append(f"{label} mirrors {target}, listed in rows {numbers}: say which with row=")
+        wrong = [n for n in fact.rows if not any(n in numbers for numbers in listing.values())]
+        if wrong:
+            found.append(f"{label}: row= names rows {wrong}, which list none of its tests {list(fact.targets)}")
+        rows = fact.rows or sorted({n for numbers in listing.values() for n in numbers})
+        for target, numbers in listing.items():
+            if numbers and fact.rows and not set(numbers) & set(fact.rows):
+                found.append(f"{label} mirrors {target}, listed in rows {numbers}, none of its row= {list(rows)}")
+        for n in rows:
+            placed.setdefault(n, []).append(fact)
+    return placed, found
+
+
+def _entries(cell: str) -> list:
+    """The ``"; "``-separated entries of a "stated by" cell (a ``;`` inside parentheses stays in its entry)."""
+    entries, depth, start = [], 0, 0
+    for i, char in enumerate(cell):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if depth == 0 and cell.startswith("; ", i):
+            entries.append(cell[start:i])
+            start = i + 2
+    return entries + [cell[start:]]
+
+
+#: What may stand before a marked fact in its entry (pages written before the notes were generated said
+#: "NCCL twin `...`").
+LABELS = ("", "NCCL twin ", "GPU ")
+
+
+def _marked_entry(entry: str, marked: set) -> bool:
+    """An entry that states a marked fact: the page's generated part, rewritten by :func:`render`."""
+    first = NAMED.search(entry)
+    return first is not None and (first["path"], first["name"]) in marked and entry[: first.start()] in LABELS
+
+
+def render(text: str, mirrors: list) -> str:
+    """The page ``text`` with its fact column brought up to date with ``mirrors`` (:class:`Mirror`): in each row,
+    the entries naming a marked fact are replaced by the facts :func:`placement` puts there (those that run here
+    first, then the row's other entries as written, then those that need GPUs), and the count sentence is
+    recomputed. Rows no marked fact belongs to keep their cell."""
+    placed, _ = placement(text, mirrors)
+    marked = {(fact.path, fact.name) for fact in mirrors}
+    lines = []
+    for line in text.splitlines():
+        m = ROW.match(line)
+        if m:
+            number = int(m["number"])
+            kept = [e for e in _entries(m["stated"]) if e.strip() and not _marked_entry(e, marked)]
+            facts = placed.get(number, [])
+            cell = "; ".join([f.entry for f in facts if not f.gpu] + kept + [f.entry for f in facts if f.gpu])
+            line = line[: m.start("stated")] + cell + line[m.end("stated") :]
+        lines.append(line)
+    page = "\n".join(lines) + ("\n" if text.endswith("\n") else "")
+    table = rows(page)
+    stating = sum(1 for _, cell in table if NAMED.search(cell))
+    count = (
+        f"<!-- parity-count -->\n**{stating} of the {len(table)} rows name a fact** (`tests/facts/...::name`, without"
+        f" its parameters); {len(table) - stating} give the reason\nnone does.\n<!-- /parity-count -->"
+    )
+    return COUNT.sub(lambda _: count, page, count=1)
 
 
 class _Items:
@@ -143,16 +251,14 @@ _COLLECTED: dict = {}
 def _all_facts(pytester) -> dict:
     """``_collect`` of every ``tests/facts/test_*.py``, once per process."""
     if not _COLLECTED:
-        facts = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests" / "facts").glob("test_*.py"))
-        _COLLECTED.update(_collect(pytester, facts))
+        _COLLECTED.update(_collect(pytester, _fact_files()))
     return _COLLECTED
 
 
-def _collect(pytester, paths) -> dict:
-    """``{(path, function): [collected items]}`` of the fact files ``paths``, as the default run collects
-    them with ``--backend gloo`` and the ``integration`` marker let in."""
-    capture = _Items()
-    pytester.inline_run(
+def collect_arguments(paths) -> list:
+    """The collection of the fact files ``paths`` as the default run collects them, with ``--backend gloo`` and
+    the ``integration`` marker let in."""
+    return [
         "--collect-only",
         "-q",
         "-p",
@@ -166,12 +272,26 @@ def _collect(pytester, paths) -> dict:
         "-c",
         str(ROOT / "pyproject.toml"),
         *(str(ROOT / p) for p in sorted(paths)),
-        plugins=[capture],
-    )
+    ]
+
+
+def _fact_files() -> list:
+    return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests" / "facts").glob("test_*.py"))
+
+
+def _by_function(items) -> dict:
+    """``{(path, function): [collected items]}``, in collection order."""
     found: dict = {}
-    for item in capture.items:
+    for item in items:
         found.setdefault(_function(item), []).append(item)
     return found
+
+
+def _collect(pytester, paths) -> dict:
+    """``{(path, function): [collected items]}`` of the fact files ``paths`` (:func:`collect_arguments`)."""
+    capture = _Items()
+    pytester.inline_run(*collect_arguments(paths), plugins=[capture])
+    return _by_function(capture.items)
 
 
 def test_every_row_names_facts_that_exist_or_the_reason_none_does(pytester):
@@ -228,40 +348,112 @@ def test_a_misspelt_fact_a_missing_row_a_row_without_reason_and_a_wrong_count_ar
     assert any(p.startswith("the count says") for p in found), found
 
 
-def _mirrors(collected: dict) -> dict:
-    """``{(path, function): [Lightning tests]}`` of the collected facts carrying a ``mirrors`` marker."""
-    found = {}
-    for key, items in collected.items():
-        marks = [m for item in items[:1] for m in item.iter_markers("mirrors")]
-        if marks:
-            found[key] = sorted({target for m in marks for target in m.args})
+#: The environment a fact's note is judged in: a machine without GPUs, ``--backend gloo``.
+_CPU = runif.RunEnvironment(backend="gloo", cuda_devices=0)
+
+
+def mirrors_of(collected: dict) -> list:
+    """The :class:`Mirror` of each collected fact carrying a ``mirrors`` marker, in collection order."""
+    found = []
+    for (path, name), items in collected.items():
+        marks = list(items[0].iter_markers("mirrors"))
+        if not marks:
+            continue
+        rows_given = [m.kwargs["row"] for m in marks if "row" in m.kwargs]
+        rows_given = sorted({n for r in rows_given for n in ((r,) if isinstance(r, int) else r)})
+        kinds = {kind for kind, _ in runif.unmet(runif.requirements_of(items[0]), _CPU)}
+        if kinds & {runif.DEVICES, runif.BACKEND}:
+            note = "(GPU, NCCL)"
+        elif items[0].get_closest_marker("integration") is not None:
+            note = "(integration)"
+        else:
+            note = ""
+        targets = tuple(sorted({target for m in marks for target in m.args}))
+        found.append(Mirror(path, name, targets, tuple(rows_given), note))
     return found
 
 
-def test_every_fact_that_mirrors_a_lightning_test_is_named_in_the_row_of_that_test(pytester):
-    """Every fact under tests/facts with ``@pytest.mark.mirrors(...)`` is named on the page in a row whose
-    Lightning-test cell lists each test it mirrors, and no row names a marked fact for a test the fact does
-    not mirror: the page's fact column agrees with the facts' own provenance."""
+def test_the_fact_column_is_generated_from_the_mirrors_markers(pytester):
+    """Every fact under tests/facts with ``@pytest.mark.mirrors(...)`` is named in the rows whose Lightning-test
+    cell lists a test it mirrors (or the rows its ``row=`` picks), and nowhere else; the page is what
+    ``python -m tests.tooling.docs.test_lightning_tests_map --write`` writes from the markers."""
     text = PAGE.read_text(encoding="utf-8")
-    mirrors = _mirrors(_all_facts(pytester))
+    mirrors = mirrors_of(_all_facts(pytester))
 
     assert mirrors, "no fact carries a mirrors marker"
-    found = provenance_problems(text, mirrors)
-    assert not found, "docs/lightning-tests.md against the mirrors markers:\n  " + "\n  ".join(found)
+    _, found = placement(text, mirrors)
+    assert not found, "the mirrors markers against docs/lightning-tests.md:\n  " + "\n  ".join(found)
+    fresh = render(text, mirrors)
+    if fresh != text:
+        diff = difflib.unified_diff(text.splitlines(), fresh.splitlines(), "page", "from the markers", lineterm="")
+        pytest.fail(
+            "docs/lightning-tests.md is stale:\n"
+            + "\n".join(diff)
+            + "\nupdate it with: python -m tests.tooling.docs.test_lightning_tests_map --write",
+            pytrace=False,
+        )
 
 
-def test_a_fact_mirroring_an_unlisted_test_or_named_in_the_wrong_row_is_reported():
-    """The provenance check can fail: a marked fact given one more Lightning test that its row does not list,
-    and a marked fact moved into another row, are each reported."""
+def test_a_marked_fact_is_written_into_its_rows_and_a_stale_or_unplaceable_one_is_reported():
+    """The generator on a page of three rows (the second "same test"): a marked fact goes to the row of its
+    test, replacing its old entry in another row while the rows' other entries stay; a fact mirroring a test
+    two rows list needs ``row=``; a test no row lists, and a ``row=`` listing none of its tests, are reported."""
+    page = (
+        "<!-- parity-count -->\n**2 of the 4 rows name a fact** (`tests/facts/...::name`, without its parameters);"
+        " 2 give the reason\nnone does.\n<!-- /parity-count -->\n\n"
+        "| # | Semantic | Lightning test | Stated by |\n| --- | --- | --- | --- |\n"
+        "| 1 | a | dir/test_a.py::test_one | `tests/facts/test_f.py::test_fact`; `tests/facts/test_h.py::test_y` |\n"
+        "| 2 | b | same test | `tests/facts/test_h.py::test_z` |\n"
+        "| 3 | c | test_b.py::test_two, ::test_three | `tests/facts/test_g.py::test_x` (kept; as written) |\n"
+        "| 4 | d | test_c.py::test_four | Not stated: a reason long enough |\n"
+    )
+    fact = Mirror("tests/facts/test_f.py", "test_fact", ("tests_pytorch/dir/test_b.py::test_three",))
+    twin = Mirror(
+        "tests/facts/test_f.py", "test_twin", ("tests_pytorch/x/dir/test_a.py::test_one",), (2,), "(GPU, NCCL)"
+    )
+
+    assert placement(page, [fact, twin])[1] == []
+    written = render(page, [fact, twin])
+    assert rows(written) == [
+        (1, "`tests/facts/test_h.py::test_y`"),
+        (2, "`tests/facts/test_h.py::test_z`; `tests/facts/test_f.py::test_twin` (GPU, NCCL)"),
+        (3, "`tests/facts/test_f.py::test_fact`; `tests/facts/test_g.py::test_x` (kept; as written)"),
+        (4, "Not stated: a reason long enough"),
+    ], rows(written)
+    assert render(written, [fact, twin]) == written
+    assert "**3 of the 4 rows name a fact**" in written and "; 1 give the reason" in written, written
+
+    ambiguous = Mirror("tests/facts/test_f.py", "test_fact", ("tests_pytorch/dir/test_a.py::test_one",))
+    assert any("say which with row=" in p for p in placement(page, [ambiguous])[1])
+    nowhere = Mirror("tests/facts/test_f.py", "test_fact", ("tests_pytorch/dir/test_a.py::test_nobody_lists",))
+    assert any("no row lists" in p for p in placement(page, [nowhere])[1])
+    wrong_row = Mirror("tests/facts/test_f.py", "test_fact", ("tests_pytorch/dir/test_a.py::test_one",), (3,))
+    assert any("row= names rows [3]" in p for p in placement(page, [wrong_row])[1])
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.tooling.docs.test_lightning_tests_map",
+        description="Show (or --write into docs/lightning-tests.md) the fact column the mirrors markers give.",
+    )
+    parser.add_argument("--write", action="store_true", help="rewrite docs/lightning-tests.md")
+    args = parser.parse_args(argv)
+    capture = _Items()
+    code = pytest.main(collect_arguments(_fact_files()), plugins=[capture])
+    if code != 0 or not capture.items:
+        print(f"collection failed (pytest exit code {code})", file=sys.stderr)
+        return 1
     text = PAGE.read_text(encoding="utf-8")
-    (number, cell), *_ = [(n, c) for n, c in rows(text) if NAMED.search(c)]
-    first = NAMED.search(cell)
-    fact = (first["path"], first["name"])
-    listed = lightning_cells(text)[number]
-    target = "tests_pytorch/x/test_x.py::" + re.search(r"(test_\w+)", listed.split("::", 1)[1])[1]
-    assert not provenance_problems(text, {fact: [target]})
+    mirrors = mirrors_of(_by_function(capture.items))
+    placed, found = placement(text, mirrors)
+    for problem in found:
+        print(problem, file=sys.stderr)
+    fresh = render(text, mirrors)
+    sys.stdout.writelines(difflib.unified_diff(text.splitlines(True), fresh.splitlines(True), "page", "markers"))
+    if args.write and not found:
+        PAGE.write_text(fresh, encoding="utf-8")
+    return 1 if found else 0
 
-    found = provenance_problems(text, {fact: [target, "tests_pytorch/x/test_x.py::test_nobody_lists"]})
-    assert any("test_nobody_lists" in p for p in found), found
-    found = provenance_problems(text, {fact: ["tests_pytorch/x/test_x.py::test_nobody_lists"]})
-    assert any(p.startswith(f"row {number} names") for p in found), found
+
+if __name__ == "__main__":
+    sys.exit(main())
