@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Optional
 
 from ddpprobe import hazards
-from ddpprobe.contract import SINGLE_PROCESS_STEP, breaks, compare_first_step
+from ddpprobe.contract import SINGLE_PROCESS_SCHEDULE, SINGLE_PROCESS_STEP, breaks, compare_first_step
 
 
 def _first_step_record(states: list) -> Optional[dict]:
@@ -31,13 +31,64 @@ def contract_evidence(worlds) -> dict:
         single_first = _first_step_record(worlds.first_step.traces[0].get("states") or [])
         first_step = compare_first_step(world_first, single_first, worlds.world_size).to_dict()
         first_step["reference_samples"] = worlds.first_step_samples
+    trajectory = []
+    if worlds.stage == "fit" and recorded:
+        trajectory = schedule_lengths(worlds.single.traces[0].get("states") or [], states[0])
     return {
+        "world_size": worlds.world_size,
+        "trajectory": trajectory,
         "recorded": recorded,
         "records": len(states[0]) if states else 0,
         "hooks": [states[0][0].get("hook"), states[0][-1].get("hook")] if recorded else [],
         "breaks": [b.to_dict() for b in breaks(states)] if recorded else [],
         "first_step": first_step,
     }
+
+
+#: A scheduler's planned length, by the name its ``state_dict`` gives it (OneCycleLR, CosineAnnealingLR, LinearLR and
+#: PolynomialLR, ConstantLR).
+PLANNED_LENGTH = ("total_steps", "T_max", "total_iters")
+
+
+def _planned_and_taken(states: list) -> dict:
+    """``{scheduler field: (planned length, optimizer steps taken)}`` from a run's last record."""
+    last = next((r for r in reversed(states) if r.get("boundary") != "first_step"), None)
+    if last is None:
+        return {}
+    fields = last.get("fields") or {}
+    taken = fields.get("trainer.global_step")
+    out = {}
+    for path, value in fields.items():
+        if path.startswith("scheduler[") and path.rsplit(".", 1)[-1] in PLANNED_LENGTH and isinstance(taken, int):
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and taken > 0:
+                out[path] = (value, taken)
+    return out
+
+
+def schedule_lengths(single_states: list, world_states: list) -> list:
+    """``[{"field", "single", "world"}]``: each LR scheduler whose planned length (``PLANNED_LENGTH``) stands to the
+    optimizer steps taken otherwise at W=N (rank 0) than in one process, with ``[planned, taken]`` of each run: a
+    schedule one process runs to its end that the ranks stop part way through (or run past)."""
+    one, world = _planned_and_taken(single_states), _planned_and_taken(world_states)
+    out = []
+    for field in sorted(set(one) & set(world)):
+        (p1, t1), (pn, tn) = one[field], world[field]
+        if abs(p1 / t1 - pn / tn) > 1e-6 * max(p1 / t1, pn / tn):
+            out.append({"field": field, "single": [p1, t1], "world": [pn, tn]})
+    return out
+
+
+def schedule_text(item: dict, world_size: int) -> str:
+    """``"scheduler[0].total_steps plans 4 steps where each rank takes 2; one process plans 4 and takes 4"``."""
+    (p1, t1), (pn, tn) = item["single"], item["world"]
+    return (
+        f"{item['field']} plans {pn:g} steps where each of the {world_size} ranks takes {tn}; one process plans {p1:g} "
+        f"and takes {t1}: the ranks' schedule ends at {tn / pn:.0%} of its length, one process's at {t1 / p1:.0%}"
+    )
+
+
+def _numbers(values: list) -> str:
+    return "[" + ", ".join(format(v, ".6g") for v in values) + "]"
 
 
 def show(value) -> str:
@@ -108,8 +159,11 @@ def contract_findings(contract: dict) -> list:
     for i, root in enumerate(roots):
         under = [f"then {break_text(b)}" for b in later] if i == 0 else []
         out.append({"problem": break_text(root), "consequences": under})
+    size = (contract.get("first_step") or {}).get("world_size") or contract.get("world_size") or 0
+    if not roots:
+        out += [{"problem": schedule_text(t, size), "consequences": []} for t in contract.get("trajectory") or []]
     text = first_step_text(contract.get("first_step") or {}) if contract.get("first_step") else None
-    if text and out and _before_first_step(roots[0]):
+    if text and out and roots and _before_first_step(roots[0]):
         out[0]["consequences"].append(f"then {text}")
     elif text:
         out.append({"problem": text, "consequences": []})
@@ -142,6 +196,12 @@ def contract_lines(contract: dict) -> list:
             lines += [("  ", text) for text in _row_lines(item)]
     if contract.get("recorded") and not items:
         lines.append(("", f"every field the contract says must be equal was equal on every rank ({_span(contract)})"))
+    size = contract.get("world_size") or 0
+    for item in contract.get("trajectory") or []:
+        lines.append(("", schedule_text(item, size)))
+        row = SINGLE_PROCESS_SCHEDULE
+        lines.append(("  ", f"The contract ({row.name}): {row.keeps_it} (shown by {'; '.join(row.facts)})"))
+        lines.append(("  ", f"{hazards.NO_FIX}: no registry entry's evidence holds for this field"))
     first = contract.get("first_step")
     roots = [b for b in items if not b.get("root")]
     if first:

@@ -74,6 +74,16 @@ def _repeated(case: _Case) -> Optional[tuple]:
     c = case.counts
     if c is None or c.unsharded or not c.duplicates:
         return None
+    repeated = ", ".join(f"{k} x{v}" for k, v in c.duplicated.items())
+    if c.missing_vs_single:
+        # DistributedSampler repeats samples only to fill the last round, after every sample ran once.
+        return (
+            f"repeated and missing samples: the ranks ran {sum(c.samples)} samples, {c.duplicates} of them repeats "
+            f"({repeated}), while {c.missing_vs_single} sample(s) of the single-process run ran on no rank: not "
+            "DistributedSampler's padding, which repeats samples only after every sample ran once; the ranks did not "
+            "shard one set (see the DDP contract's datasets)",
+            [],
+        )
     cause = hazards.cause(
         "repeated_samples",
         total=sum(c.samples),

@@ -24,7 +24,15 @@ from ddpprobe.contract._compare import MISSING, Break, aligned, breaks, differs
 from ddpprobe.contract._recorder import gradient_fields, state_recorder
 from ddpprobe.contract._single import FirstStep, compare_first_step, not_comparable_reason
 from ddpprobe.contract._state import BOUNDARIES, dataset_value, object_value, snapshot, tensor_value
-from ddpprobe.contract._table import CONTRACT, EQUAL, MAY_DIFFER, SINGLE_PROCESS_STEP, ContractRow, row_for
+from ddpprobe.contract._table import (
+    CONTRACT,
+    EQUAL,
+    MAY_DIFFER,
+    SINGLE_PROCESS_SCHEDULE,
+    SINGLE_PROCESS_STEP,
+    ContractRow,
+    row_for,
+)
 
 __all__ = [
     "BOUNDARIES",
@@ -32,6 +40,7 @@ __all__ = [
     "EQUAL",
     "MAY_DIFFER",
     "MISSING",
+    "SINGLE_PROCESS_SCHEDULE",
     "SINGLE_PROCESS_STEP",
     "Break",
     "ContractRow",

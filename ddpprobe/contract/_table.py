@@ -219,3 +219,21 @@ SINGLE_PROCESS_STEP = ContractRow(
         + "test_what_ddp_keeps_equal.py::test_the_first_step_of_w_ranks_equals_one_process_on_all_their_samples_only_for_a_loss_averaged_over_the_batch",
     ),
 )
+
+
+#: What an LR schedule must keep: its planned length against the optimizer steps taken, as in one process
+#: (ddpprobe/audit/_contract.py compares the two runs' last records).
+SINGLE_PROCESS_SCHEDULE = ContractRow(
+    "a schedule's length against the steps taken equals one process's",
+    "scheduler*",
+    EQUAL,
+    ("end",),
+    "each rank runs 1/W of the batches, and trainer.num_training_batches and estimated_stepping_batches count the "
+    "rank's shard, so a schedule sized by them ends where one process's ends; one sized "
+    "by a loader the module builds itself (its own train_dataloader(), the dataset's length) plans W times the "
+    "steps the ranks take, and a setting computed from the world size departs from one process's by design",
+    (
+        F
+        + "test_what_ddp_keeps_equal.py::test_the_trainer_counts_the_ranks_shard_so_a_schedule_sized_by_the_modules_own_loader_stops_part_way",
+    ),
+)

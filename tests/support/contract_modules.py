@@ -190,3 +190,36 @@ class SyncedCount(_Regression):
 
 def make_synced_count():
     return SyncedCount()
+
+
+class OwnLoaderCycle(_Regression):
+    """Sizes a ``OneCycleLR`` by ``len(self.train_dataloader())``, a loader the module builds itself (all 4 batches):
+    under DDP each rank takes 2 steps, so the cycle stops half way where one process ends it."""
+
+    def train_dataloader(self):
+        return DataLoader(_data(), batch_size=4)
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.05)
+        total = len(self.train_dataloader())
+        scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.05, total_steps=total)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+class StepsCycle(OwnLoaderCycle):
+    """``OwnLoaderCycle`` sized by ``trainer.estimated_stepping_batches`` (the rank's own count): one process's cycle
+    over the fraction of training done."""
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.05)
+        total = int(self.trainer.estimated_stepping_batches)
+        scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.05, total_steps=total)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def make_own_loader_cycle():
+    return OwnLoaderCycle()
+
+
+def make_steps_cycle():
+    return StepsCycle()

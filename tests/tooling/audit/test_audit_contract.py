@@ -21,9 +21,9 @@ TIMEOUT = 60.0
 
 
 @functools.lru_cache(maxsize=None)
-def _audit(model: str):
+def _audit(model: str, data: bool = True):
     skip_unless_runnable("gloo", 2)
-    return audit(f"{M}:{model}", f"{M}:make_data", world_size=2, stage="fit", timeout=TIMEOUT)
+    return audit(f"{M}:{model}", f"{M}:make_data" if data else None, world_size=2, stage="fit", timeout=TIMEOUT)
 
 
 def _roots(result) -> list:
@@ -113,3 +113,20 @@ def test_a_module_with_dropout_is_not_compared_with_one_process_and_is_no_proble
     first = result.contract["first_step"]
     assert first["status"] == "not comparable" and "Dropout" in first["reason"]
     assert result.exit_code == 0, result.problems
+
+
+def test_a_schedule_sized_by_the_modules_own_loader_plans_more_steps_than_the_ranks_take():
+    """``OwnLoaderCycle``: a ``OneCycleLR`` sized by the module's own loader (4 batches) while each rank takes 2 steps;
+    one process plans 4 and takes 4. The audit names the scheduler's planned length and both runs' steps, with the
+    contract row and its fact."""
+    result = _audit("make_own_loader_cycle", data=False)
+
+    assert result.contract["trajectory"] == [{"field": "scheduler[0].total_steps", "single": [4, 4], "world": [4, 2]}]
+    text = " ".join(result.format().split())
+    assert contract.SINGLE_PROCESS_SCHEDULE.facts[0] in text
+    assert "scheduler[0].total_steps plans 4 steps where each of the 2 ranks takes 2" in " ".join(result.problems)
+
+
+def test_a_schedule_sized_by_the_trainers_count_follows_one_process_over_training():
+    result = _audit("make_steps_cycle", data=False)
+    assert result.contract["trajectory"] == [] and result.exit_code == 0, result.problems
