@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import ast
 import os
+import re
+import sys
 
 import pytest
 
@@ -24,7 +26,7 @@ def _defined_tests(path: str) -> set:
     return {node.name for node in tree.body if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")}
 
 
-ROWS = [*contract.CONTRACT.values(), contract.SINGLE_PROCESS_STEP]
+ROWS = [*contract.CONTRACT.values(), contract.SINGLE_PROCESS_STEP, contract.SINGLE_PROCESS_SCHEDULE]
 
 
 @pytest.mark.parametrize("fact", sorted({f for row in ROWS for f in row.facts}))
@@ -227,3 +229,44 @@ def test_a_snapshot_of_a_single_process_fit_records_the_documented_fields():
     assert batch_end["loader.train[0].dataset"]["len"] == 4  # the loaders are built after on_fit_start
     first = next(r for r in records if r["boundary"] == "first_step")
     assert first["fields"]["grad.layer.bias"]["values"] == [2.0]
+
+
+DOC = os.path.join(REPO, "docs", "audit.md")
+BEGIN, END = "<!-- contract -->", "<!-- /contract -->"
+
+
+def table() -> str:
+    """docs/audit.md's table of the contract's rows (rewrite it with
+    ``python -m tests.tooling.contract.test_contract --write``)."""
+    lines = [
+        "| row | fields | equal on every rank | what DDP and Lightning do | shown by |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for row in ROWS:
+        patterns = (row.pattern,) if isinstance(row.pattern, str) else row.pattern
+        where = "may differ" if row.rule == contract.MAY_DIFFER else ", ".join(row.boundaries)
+        facts = "<br>".join(f"`{os.path.basename(f.partition('::')[0])}::{f.partition('::')[2]}`" for f in row.facts)
+        lines.append(f"| {row.name} | {', '.join(f'`{p}`' for p in patterns)} | {where} | {row.keeps_it} | {facts} |")
+    return "\n".join(lines)
+
+
+def _section(text: str) -> str:
+    found = re.search(re.escape(BEGIN) + r"\n(.*?)\n" + re.escape(END), text, re.S)
+    return found.group(1) if found else ""
+
+
+def test_the_table_of_the_contract_in_docs_audit_md_is_current():
+    with open(DOC, encoding="utf-8") as handle:
+        assert _section(handle.read()) == table(), "docs/audit.md's contract table is stale: run --write"
+
+
+if __name__ == "__main__":
+    if "--write" in sys.argv:
+        with open(DOC, encoding="utf-8") as handle:
+            text = handle.read()
+        new = f"{BEGIN}\n{table()}\n{END}"
+        text = re.sub(re.escape(BEGIN) + r".*?" + re.escape(END), lambda _: new, text, flags=re.S)
+        with open(DOC, "w", encoding="utf-8") as handle:
+            handle.write(text)
+    else:
+        print(table())
