@@ -43,6 +43,10 @@ rank. Every fix line names the fact test that shows the fix works; where no fact
 evidence is printed.
 
 Command line: ``python -m ddpprobe audit mypkg.models:make_model --data mypkg.data:make_data``.
+
+The path from records to report is one pipeline in four rooms, each a subpackage: ``worlds`` (run the worlds),
+``evidence`` (what the records prove), ``causes`` (the contract and the registry: verdicts and causes) and
+``report`` (the result and its text); this module is the entry point and the public names.
 """
 
 from __future__ import annotations
@@ -51,15 +55,8 @@ import os
 import sys
 from typing import Callable, Optional, Union
 
-from ddpprobe.audit._experiment import (
-    EXPERIMENT_DIFFERS,
-    EXPERIMENT_DIVERGENT,
-    EXPERIMENT_EQUAL,
-    EXPERIMENT_LOCAL,
-)
-from ddpprobe.audit._fixes import FIXES
-from ddpprobe.audit._inputs import AuditInputError, _ref, check_options, preflight
-from ddpprobe.audit._kinds import (
+from ddpprobe.audit.causes._fixes import FIXES
+from ddpprobe.audit.causes._kinds import (
     FLOORED_COUNT_ISSUE,
     NO_VALUE,
     NO_VALUE_ON_SOME,
@@ -77,7 +74,14 @@ from ddpprobe.audit._kinds import (
     TRAINED_APART,
     KeyRow,
 )
-from ddpprobe.audit._result import AuditResult
+from ddpprobe.audit.evidence._experiment import (
+    EXPERIMENT_DIFFERS,
+    EXPERIMENT_DIVERGENT,
+    EXPERIMENT_EQUAL,
+    EXPERIMENT_LOCAL,
+)
+from ddpprobe.audit.report._result import AuditResult
+from ddpprobe.audit.worlds._inputs import AuditInputError, _ref, check_options, preflight
 
 __all__ = [
     "AuditInputError",
@@ -157,7 +161,7 @@ def audit(
             or ``world_size`` below 2; raised before any world starts.
         ddpprobe.WorldError: the single-process world failed (the module cannot run at all).
     """
-    from ddpprobe.audit._run import assemble, run_worlds
+    from ddpprobe.audit.worlds._run import assemble, run_worlds
 
     settings = check_options(stage, world_size, limit_batches, max_epochs, seed, backend, timeout)
     model_ref, data_ref = _ref(model_factory, "model"), _ref(data_factory, "data")

@@ -222,7 +222,7 @@ SINGLE_PROCESS_STEP = ContractRow(
 
 
 #: What an LR schedule must keep: its planned length against the optimizer steps taken, as in one process
-#: (ddpprobe/audit/_contract.py compares the two runs' last records).
+#: (ddpprobe/audit/causes/_contract.py compares the two runs' last records).
 SINGLE_PROCESS_SCHEDULE = ContractRow(
     "a schedule's length against the steps taken equals one process's",
     "scheduler*",

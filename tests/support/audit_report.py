@@ -85,8 +85,8 @@ def guarded_stage(
     """Scenario: ``model_ref()`` run for ``stage`` on ``data_ref()`` (None: the module's own dataloaders) with
     ``CollectiveGuard(timeout=guard_timeout)`` (the factories as the audit takes them, ``"module:function"``).
     Record: ``callback_metrics``, ``checks``."""
-    from ddpprobe.audit._inputs import resolve_ref
-    from ddpprobe.audit._loaders import as_loaders
+    from ddpprobe.audit.worlds._inputs import resolve_ref
+    from ddpprobe.audit.worlds._loaders import as_loaders
     from ddpprobe.guard import CollectiveGuard
     from ddpprobe.probes.common import ddp_trainer, floats, seed_everything
 

@@ -1,4 +1,4 @@
-"""A logged value explained by arithmetic (ddpprobe/audit/_arithmetic.py): the relation of the ranks' recorded
+"""A logged value explained by arithmetic (ddpprobe/audit/evidence/_arithmetic.py): the relation of the ranks' recorded
 values that reproduces a value that differs from single-process or between the ranks, named with the collective
 that made it. Tested on numbers written by hand and on modules written for it
 (tests/support/contract_modules.py): a validation error all-reduced with MAX where a mean was meant, and a count
@@ -8,7 +8,8 @@ import functools
 
 import pytest
 
-from ddpprobe.audit import _arithmetic, audit
+from ddpprobe.audit import audit
+from ddpprobe.audit.evidence import _arithmetic
 from tests.support.worlds import skip_unless_runnable
 
 pytestmark = pytest.mark.not_a_fact("tests the audit's arithmetic explanations, not a fact about DDP")

@@ -61,7 +61,7 @@ def _replayed_lr(seed: int) -> float:
 
 
 def test_each_rank_draws_from_the_audits_seed_plus_its_rank_so_rank_0_draws_what_the_single_process_draws():
-    """The audit's ranks draw as processes do (ddpprobe/audit/_scenario.py ``_draw_as_a_process``): rank r's
+    """The audit's ranks draw as processes do (ddpprobe/audit/worlds/_scenario.py ``_draw_as_a_process``): rank r's
     generators start at ``seed + r`` (seed 0 by default), so the ranks draw apart, rank 0 draws what the single
     process draws, and every run of the audit draws the same."""
     result = _audit("make_random_lr")

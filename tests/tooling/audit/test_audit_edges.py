@@ -9,8 +9,9 @@ import time
 
 import pytest
 
-from ddpprobe.audit import NOT_STORED, AuditInputError, AuditResult, _verdict, audit
-from ddpprobe.audit._worlds import Worlds
+from ddpprobe.audit import NOT_STORED, AuditInputError, AuditResult, audit
+from ddpprobe.audit.causes import _verdict
+from ddpprobe.audit.worlds._worlds import Worlds
 
 pytestmark = pytest.mark.not_a_fact("tests the audit's and the launcher's input handling, not a fact about DDP")
 

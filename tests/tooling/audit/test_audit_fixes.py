@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from ddpprobe.audit._fixes import FIXES
+from ddpprobe.audit.causes._fixes import FIXES
 
 pytestmark = pytest.mark.not_a_fact("tests the audit's advice, not a fact about DDP")
 

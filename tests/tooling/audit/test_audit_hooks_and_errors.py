@@ -1,17 +1,17 @@
-"""Which ranks ran each hook, and which error came first (ddpprobe/audit/_hooks.py, ``first_own_error`` in
-ddpprobe/audit/_divergence.py): a collective made in a hook some ranks never enter names the hook, the ranks that
-entered it and the fact that shows who runs it, with the divergence and the errors it caused under it; when ranks
-raise, the rank whose own code raised first, outside a collective, is the problem, and its peers' errors while
-waiting for it are its consequences. Each rule is tested on hand-written traces and on a module written for it
-(tests/support/contract_modules.py), with a module where it must stay silent."""
+"""Which ranks ran each hook, and which error came first (ddpprobe/audit/evidence/_hooks.py,
+``first_own_error`` in ddpprobe/audit/evidence/_sequences.py): a collective made in a hook some ranks never enter
+names the hook, the ranks that entered it and the fact that shows who runs it, with the divergence and the errors
+it caused under it; when ranks raise, the rank whose own code raised first, outside a collective, is the problem,
+and its peers' errors while waiting for it are its consequences. Each rule is tested on hand-written traces and on
+a module written for it (tests/support/contract_modules.py), with a module where it must stay silent."""
 
 import functools
 
 import pytest
 
 from ddpprobe.audit import audit
-from ddpprobe.audit._divergence import first_own_error
-from ddpprobe.audit._hooks import WHO_RUNS, collectives_in_hooks_some_ranks_skip
+from ddpprobe.audit.evidence._hooks import WHO_RUNS, collectives_in_hooks_some_ranks_skip
+from ddpprobe.audit.evidence._sequences import first_own_error
 from tests.support.worlds import skip_unless_runnable
 
 pytestmark = pytest.mark.not_a_fact("tests the audit's reading of hooks and errors, not a fact about DDP")

@@ -19,7 +19,7 @@ import pytest
 
 from ddpprobe import hazards
 from ddpprobe.audit import RANK_DIVERGENT, audit
-from ddpprobe.audit._kinds import TRAINED_APART_LOCAL
+from ddpprobe.audit.causes._kinds import TRAINED_APART_LOCAL
 from tests.support.worlds import skip_unless_runnable
 
 pytestmark = pytest.mark.not_a_fact("tests the audit's explanations, not a fact about DDP")

@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from ddpprobe._lightning import pl
 from ddpprobe.audit import SYNCED_EQUAL, audit
-from ddpprobe.audit._kinds import PROBLEMS, RANK_LOCAL_AGREE, RANK_LOCAL_DIFFERS, RANK_LOCAL_SAME
+from ddpprobe.audit.causes._kinds import PROBLEMS, RANK_LOCAL_AGREE, RANK_LOCAL_DIFFERS, RANK_LOCAL_SAME
 from tests.support.worlds import skip_unless_runnable
 
 pytestmark = pytest.mark.not_a_fact("tests the audit's verdicts, not a fact about DDP")

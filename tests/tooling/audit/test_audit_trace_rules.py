@@ -1,14 +1,18 @@
 """The audit's rules on recorded evidence, without launching a world: how per-rank traces become counts
-and a first divergence (ddpprobe/audit/_evidence.py), and how the recomputed synced mean names the
-floored-count bug (ddpprobe/audit/_verdict.py). The events are written by hand in the format of
+and a first divergence (ddpprobe/audit/evidence/), and how the recomputed synced mean names the
+floored-count bug (ddpprobe/audit/causes/_verdict.py). The events are written by hand in the format of
 ddpprobe/trace/."""
 
 import pytest
 
 from ddpprobe import audit as ddp_audit
-from ddpprobe.audit import FLOORED_COUNT_ISSUE, _evidence, _verdict
-from ddpprobe.audit._keys import Reference
-from ddpprobe.audit._worlds import Worlds
+from ddpprobe.audit import FLOORED_COUNT_ISSUE
+from ddpprobe.audit.causes import _verdict
+from ddpprobe.audit.evidence import _counts
+from ddpprobe.audit.evidence._keys import Reference
+from ddpprobe.audit.evidence._sequences import first_divergence, sequence
+from ddpprobe.audit.worlds._worlds import Worlds
+from ddpprobe.trace import split_trace
 
 pytestmark = pytest.mark.not_a_fact("tests the audit's rules, not a fact about DDP")
 
@@ -34,7 +38,7 @@ def _rank(collectives=(), batches=(), stage="end"):
     for i, ids in enumerate(batches):
         events.append({"event": "batch", "stage": "val", "batch_idx": i, "size": len(ids), "ids": list(ids)})
     events.append({"event": "stage", "status": stage})
-    return _evidence.split(events)
+    return split_trace(events)
 
 
 def test_a_collective_one_rank_never_enters_is_the_first_divergence_naming_who_waits():
@@ -42,7 +46,7 @@ def test_a_collective_one_rank_never_enters_is_the_first_divergence_naming_who_w
         _rank([("all_reduce", [], "a", "done"), ("all_reduce", [], "a", "pending")], stage=None),
         _rank([("all_reduce", [], "a", "done")]),
     ]
-    found = _evidence.first_divergence([_evidence.sequence(r, False) for r in ranks], [r["stage"] for r in ranks])
+    found = first_divergence([sequence(r, False) for r in ranks], [r["stage"] for r in ranks])
     assert (found["kind"], found["index"], found["ranks"], found["absent"]) == ("missing", 1, [0], [1])
     assert "rank(s) [0] waited there" in found["message"] and "its stage finished" in found["message"]
 
@@ -52,10 +56,10 @@ def test_the_same_all_reduce_under_different_keys_is_a_divergence_and_a_shape_mi
     keys = [_rank([same, same]), _rank([same, ("all_reduce", [], "b", "done")])]
     shapes = [_rank([same, same]), _rank([same, ("all_reduce", [3], "a", "done")])]
     for ranks, kind in ((keys, "keys"), (shapes, "mismatch")):
-        found = _evidence.first_divergence([_evidence.sequence(r, False) for r in ranks], ["end", "end"])
+        found = first_divergence([sequence(r, False) for r in ranks], ["end", "end"])
         assert (found["kind"], found["index"], found["ranks"], found["absent"]) == (kind, 1, [0, 1], []), found
     same = [_rank([("all_reduce", [], "a", "done")])] * 2
-    assert _evidence.first_divergence([_evidence.sequence(r, False) for r in same], ["end", "end"]) is None
+    assert first_divergence([sequence(r, False) for r in same], ["end", "end"]) is None
 
 
 def test_a_step_sync_paired_with_an_epoch_sync_of_the_same_key_is_a_divergence_of_purpose():
@@ -65,7 +69,7 @@ def test_a_step_sync_paired_with_an_epoch_sync_of_the_same_key_is_a_divergence_o
     for r, levels in enumerate((["step", "step", "step"], ["step", "step", "epoch"])):
         for entry, level in zip(ranks[r]["collectives"], levels):
             entry["sync"] = level
-    found = _evidence.first_divergence([_evidence.sequence(r, False) for r in ranks], ["end", "end"])
+    found = first_divergence([sequence(r, False) for r in ranks], ["end", "end"])
     assert (found["kind"], found["index"], found["ranks"]) == ("purpose", 2, [0, 1]), found
     assert "rank 0's all_reduce float32 [] (self.log step sync of 'v'" in found["message"], found["message"]
     assert "paired with rank 1's all_reduce float32 [] (self.log epoch sync of 'v'" in found["message"]
@@ -73,9 +77,9 @@ def test_a_step_sync_paired_with_an_epoch_sync_of_the_same_key_is_a_divergence_o
 
 def test_counts_name_repeats_only_when_a_sample_ran_twice_and_unsharded_when_every_rank_ran_all():
     single = _rank(batches=[[0, 1, 2], [3, 4]])
-    padded = _evidence.counts([_rank(batches=[[0, 2], [4]]), _rank(batches=[[1, 3], [0]])], single, "val")
-    uneven = _evidence.counts([_rank(batches=[[0, 2], [4]]), _rank(batches=[[1, 3]])], single, "val")
-    unsharded = _evidence.counts([_rank(batches=[[0, 1, 2], [3, 4]])] * 2, single, "val")
+    padded = _counts.counts([_rank(batches=[[0, 2], [4]]), _rank(batches=[[1, 3], [0]])], single, "val")
+    uneven = _counts.counts([_rank(batches=[[0, 2], [4]]), _rank(batches=[[1, 3]])], single, "val")
+    unsharded = _counts.counts([_rank(batches=[[0, 1, 2], [3, 4]])] * 2, single, "val")
     assert (padded.samples, padded.duplicates, padded.duplicated, padded.unsharded) == ([3, 3], 1, {"0": 2}, False)
     assert (uneven.samples, uneven.duplicates, uneven.missing_vs_single) == ([3, 2], 0, 0)
     assert unsharded.unsharded and unsharded.samples == [5, 5]
@@ -90,9 +94,9 @@ def test_a_sample_is_repeated_only_when_two_ranks_ran_it_in_the_same_run_of_the_
         events = [{"event": "batch", "stage": "val", "sanity": True, "epoch": 0, "size": 1, "ids": [r]}]
         for epoch in (0, 1):
             events.append({"event": "batch", "stage": "val", "epoch": epoch, "size": 2, "ids": shards[r]})
-        return _evidence.split(events)
+        return split_trace(events)
 
-    found = _evidence.counts([rank(0), rank(1)], None, "val")
+    found = _counts.counts([rank(0), rank(1)], None, "val")
     assert (found.samples, found.duplicates, found.epochs, found.sanity_batches) == ([2, 2], 0, [2, 2], [1, 1])
 
 
@@ -107,7 +111,7 @@ def test_the_floored_count_bug_is_named_only_when_the_recomputed_floored_mean_is
         [{"key": "v", "on_epoch": True, "on_step": False, "value": 5.0, "batch_size": 1}],
     ]
     calls = [{"hook": "validation_step", "reduce_fx": "mean", "sync_dist": True, "metric_object": False}]
-    counts = _evidence.counts(
+    counts = _counts.counts(
         [_rank(batches=[[0, 1], [2, 3]]), _rank(batches=[[4]])], _rank(batches=[[0, 1, 2, 3, 4]]), "val"
     )
     cause, fixes, _ = _verdict.differs_cause("v", calls, 3.25, 2.6, logs, [], counts, 2, "validate", None, 1e-5, 1e-6)

@@ -5,16 +5,16 @@ collectives (the audit half of test_trace_words.py; the same hole patterns).
 
 Fed, for each entry, to the worlds in which the audit words it:
 
-- ``first_divergence`` (ddpprobe/audit/_divergence.py): the divergence's message, where the entry is on
+- ``first_divergence`` (ddpprobe/audit/evidence/_sequences.py): the divergence's message, where the entry is on
   some ranks only (``_missing``, also as the last collective of a rank that never entered the next),
   against a collective of another op or shape (``_mismatch``), against a ``self.log`` sync of another key
   (``_keys``) or of another purpose (``_purpose``);
-- ``diagnose`` (ddpprobe/audit/_culprit.py): the culprit's explanation (``culprit``, ``_alone_hazard``,
+- ``diagnose`` (ddpprobe/audit/evidence/_culprit.py): the culprit's explanation (``culprit``, ``_alone_hazard``,
   ``_pairing``, ``_uneven_calls``, a count that follows the ranks' shards);
-- ``_trace_section`` (ddpprobe/audit/_format.py): the report's trace section, the divergence with its
+- ``_trace_section`` (ddpprobe/audit/report/_format.py): the report's trace section, the divergence with its
   explanation and its fix or no-fix line;
 - the lone reads of the logged metrics (``lone_reads``): ``read_cause`` (_format.py) and the finding
-  ``findings`` (ddpprobe/audit/_findings.py) words for them.
+  ``findings`` (ddpprobe/audit/causes/_findings.py) words for them.
 
 The whole report is checked in one test, and ``_uneven_calls``, ``_alone_hazard``'s registry cause,
 ``read_cause`` and the lone read's finding each also on its own, over every entry that reaches it: a field an
@@ -28,11 +28,12 @@ import types
 
 import pytest
 
-from ddpprobe.audit import _culprit, _format
-from ddpprobe.audit._culprit import diagnose
-from ddpprobe.audit._divergence import first_divergence, lone_reads, sequence
-from ddpprobe.audit._findings import findings
-from ddpprobe.audit._format import read_cause
+from ddpprobe.audit.causes._findings import findings
+from ddpprobe.audit.evidence import _culprit
+from ddpprobe.audit.evidence._culprit import diagnose
+from ddpprobe.audit.evidence._sequences import first_divergence, lone_reads, sequence
+from ddpprobe.audit.report import _format
+from ddpprobe.audit.report._format import read_cause
 from tests.tooling.trace.test_trace_words import CALLS, _holes
 
 SOURCES = ("self.log", "torchmetrics", "user", "library", "internal", "gradient", None)

@@ -4,8 +4,8 @@ keys stored under no name) and of keys the ranks agree on without a sync of thei
 from __future__ import annotations
 
 from ddpprobe import hazards
-from ddpprobe.audit._keys import _Inputs, _Key
-from ddpprobe.audit._kinds import NOT_STORED, RANK_DIVERGENT, RANK_DIVERGENT_MEANING, SOME_RANKS_ONLY
+from ddpprobe.audit.causes._kinds import NOT_STORED, RANK_DIVERGENT, RANK_DIVERGENT_MEANING, SOME_RANKS_ONLY
+from ddpprobe.audit.evidence._keys import _Inputs, _Key
 
 
 def _some_ranks_only(ins: _Inputs, key: _Key) -> tuple:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Callable, Optional, Union
 
-from ddpprobe.audit._errors import AuditInputError
-from ddpprobe.audit._stages import STAGES
+from ddpprobe.audit.worlds._errors import AuditInputError
+from ddpprobe.audit.worlds._stages import STAGES
 
 __all__ = ["AuditInputError", "MAX_SEED", "STAGES", "check_options", "preflight", "resolve_ref"]
 
@@ -107,7 +107,7 @@ def _own_error(what: str, ref: str, exc: BaseException) -> str:
     """The factory's own error as it raised it, with the traceback's frames in the user's own files."""
     import traceback
 
-    from ddpprobe.audit._format import user_frames
+    from ddpprobe.audit.report._format import user_frames
 
     frames = user_frames(traceback.format_exception(exc))
     where = ("\n" + "\n".join("  " + line for line in frames)) if frames else ""
@@ -229,7 +229,7 @@ def preflight(model_ref: str, data_ref: Optional[str], stage: str) -> str:
             f"{exc}: the model {model_ref} needs {package}; run the audit in a fresh process "
             "(python -m ddpprobe audit ...)"
         ) from None
-    from ddpprobe.audit._loaders import as_loaders, has_loader, no_loader_error, runnable_stages
+    from ddpprobe.audit.worlds._loaders import as_loaders, has_loader, no_loader_error, runnable_stages
 
     missing = missing_step(type(model), stage)
     if missing:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import collections
 
 from ddpprobe import hazards
-from ddpprobe.audit._values import close
+from ddpprobe.audit.evidence._values import close
 
 #: Verdicts of the values a module writes to ``self.logger.experiment`` itself.
 EXPERIMENT_DIVERGENT = "rank-divergent: each rank wrote its own value, the logger got rank 0's"
@@ -68,7 +68,7 @@ def experiment_rows(worlds, rtol: float = 1e-5, atol: float = 1e-6) -> list:
     comparing what each rank's code wrote (only rank 0's reaches the logger) with the single process.
 
     Args:
-        worlds: the audit's :class:`~ddpprobe.audit._worlds.Worlds`: the W=1 rank's and each W=N rank's
+        worlds: the audit's :class:`~ddpprobe.audit.worlds._worlds.Worlds`: the W=1 rank's and each W=N rank's
             ``experiment_attempts``, each W=N rank's traced collectives (to say whether any ran in the hook),
             the W=N counts, and the ``self.all_gather`` calls that returned non-tensor leaves unchanged (a
             value written from their hook gets no all_gather fix).
@@ -147,7 +147,7 @@ def experiment_rows(worlds, rtol: float = 1e-5, atol: float = 1e-6) -> list:
 def _unmoved_note(row: dict, unmoved) -> None:
     """A value written from a hook whose ``self.all_gather`` returned leaves unchanged: say so, and drop the
     all_gather fix (gathering again would not move them either)."""
-    from ddpprobe.audit._evidence import unmoved_text
+    from ddpprobe.audit.evidence._counts import unmoved_text
 
     here = [u for u in unmoved if u["hook"] == row["hook"]]
     if not here or not row["problem"]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from ddpprobe.audit._values import close
+from ddpprobe.audit.evidence._values import close
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,10 +93,10 @@ class _Key:
 
 @dataclasses.dataclass
 class _Inputs:
-    """What every key's verdict reads besides the key itself: the audit's :class:`~ddpprobe.audit._worlds.Worlds`
+    """What every key's verdict reads besides the key itself: the audit's :class:`~ddpprobe.audit.worlds._worlds.Worlds`
     and the tolerance for two values being equal."""
 
-    worlds: object  # ddpprobe.audit._worlds.Worlds
+    worlds: object  # ddpprobe.audit.worlds._worlds.Worlds
     rtol: float
     atol: float
 

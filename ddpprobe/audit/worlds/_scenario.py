@@ -18,11 +18,11 @@ import torch
 from torch.utils.data import DataLoader
 
 from ddpprobe._lightning import pl
-from ddpprobe.audit import _reference
-from ddpprobe.audit._errors import AuditInputError
-from ddpprobe.audit._inputs import resolve_ref
-from ddpprobe.audit._loaders import as_loaders, describe
-from ddpprobe.audit._stages import TRAINER_LOADERS
+from ddpprobe.audit.worlds import _reference
+from ddpprobe.audit.worlds._errors import AuditInputError
+from ddpprobe.audit.worlds._inputs import resolve_ref
+from ddpprobe.audit.worlds._loaders import as_loaders, describe
+from ddpprobe.audit.worlds._stages import TRAINER_LOADERS
 from ddpprobe.contract import state_recorder
 from ddpprobe.hazards import REMOVED_HOOKS
 from ddpprobe.launch import RankInfo
@@ -238,7 +238,7 @@ def audit_rank(
         weights: a ``state_dict`` file (``weights.pt`` of a ``fit``) loaded into the model before ``stage``
             runs, so a single process can validate the weights a distributed ``fit`` trained; the data
             factory's validation loader is used (stage ``"validate"`` only).
-        reference: the trace folder of a distributed ``fit`` (ddpprobe/audit/_reference.py): this single process
+        reference: the trace folder of a distributed ``fit`` (ddpprobe/audit/worlds/_reference.py): this single process
             loads its initial weights and makes one optimizer step on its ranks' first batches put together
             (stage ``"fit"``, ``world_size`` of that run in ``limit_batches``' place is not needed: the folder holds
             one batch file per rank).

@@ -7,8 +7,8 @@ import dataclasses
 from typing import Optional
 
 from ddpprobe import hazards
-from ddpprobe.audit._kinds import FLOORED_COUNT_ISSUE
-from ddpprobe.audit._values import _key_logs, _weighted, close
+from ddpprobe.audit.causes._kinds import FLOORED_COUNT_ISSUE
+from ddpprobe.audit.evidence._values import _key_logs, _weighted, close
 
 #: Integer dtypes whose mean ``strategy.reduce`` truncates (tests/facts/test_reductions_outside_log.py).
 INTEGER_DTYPES = ("int64", "int32", "int16", "int8", "uint8")
@@ -340,7 +340,7 @@ def differs_cause(
 
     Args:
         world_logs: per rank, the ``log`` trace events of the W=N run; ``single_logs``: those at W=1.
-        counts: the :class:`~ddpprobe.audit._evidence.Counts` of the key's loop, or None.
+        counts: the :class:`~ddpprobe.audit.evidence._counts.Counts` of the key's loop, or None.
 
     Returns:
         ``(cause, fixes, evidence)``. A cause is named only when the records prove it (each rule of

@@ -8,7 +8,7 @@ import json
 import math
 from typing import Optional
 
-from ddpprobe.audit._kinds import KeyRow
+from ddpprobe.audit.causes._kinds import KeyRow
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,7 +32,7 @@ class AuditResult:
         logger_metrics: what Lightning sent to the logger in the W=N run (``[{"step", "metrics"}]``,
             rank 0 only, as with any Lightning logger).
         sync_dist_warnings: Lightning's "It is recommended to use sync_dist=True" warnings (W=N, rank 0).
-        counts: ``{loop: Counts.to_dict()}`` (ddpprobe/audit/_evidence.py): batches and samples each W=N rank's
+        counts: ``{loop: Counts.to_dict()}`` (ddpprobe/audit/evidence/_counts.py): batches and samples each W=N rank's
             loop really ran, duplicates across ranks, whether every rank ran every sample, the sampler.
         trace: the W=N collective trace (``TRACE_SCHEMA`` below): ``{"level", "ranks", "first_divergence"}``.
         world_error: ``{"type", "message"}`` when the W=N world failed (a rank died, raised outside the
@@ -50,15 +50,15 @@ class AuditResult:
             single process validated the W=N weights (then validation keys are compared with that run and
             training keys only across ranks), else None.
         callbacks: each ``ModelCheckpoint`` / ``EarlyStopping``'s state at the end of the stage, per W=N rank
-            (``ddpprobe.audit._callbacks.callback_rows``: ``{"callback", "monitor", "fields", "differs"}``).
+            (``ddpprobe.audit.evidence._callbacks.callback_rows``: ``{"callback", "monitor", "fields", "differs"}``).
         unmoved: the ``self.all_gather`` calls that returned non-tensor leaves unchanged
-            (``ddpprobe.audit._evidence.unmoved_leaves``: ``{"hook", "call_site", "leaves", "ranks"}``).
-        contract: the DDP contract's evidence (ddpprobe/audit/_contract.py ``contract_evidence``):
+            (``ddpprobe.audit.evidence._counts.unmoved_leaves``: ``{"hook", "call_site", "leaves", "ranks"}``).
+        contract: the DDP contract's evidence (ddpprobe/audit/causes/_contract.py ``contract_evidence``):
             ``{"recorded", "breaks", "first_step"}``: the must-be-equal state fields that differ between the
             W=N ranks, each where first (``ddpprobe.contract.Break.to_dict``), and after a ``fit`` the first
             optimizer step against one process on the same samples (``ddpprobe.contract.FirstStep.to_dict``).
         skipped_hooks: each hook in which some W=N rank made a collective and which another rank, going past it,
-            never entered (ddpprobe/audit/_hooks.py): ``{"hook", "ranks", "collectives", "runs_on", "fact"}``.
+            never entered (ddpprobe/audit/evidence/_hooks.py): ``{"hook", "ranks", "collectives", "runs_on", "fact"}``.
 
     The ``trace`` schema (version 1): ``level`` is ``"flight_recorder"`` when every rank left torch's
     Flight Recorder entries (the backend's own sequence, DDP's gradient all_reduces included) or
@@ -99,23 +99,23 @@ class AuditResult:
 
     @property
     def findings(self) -> list:
-        """The problems grouped by root cause (ddpprobe/audit/_findings.py): ``[{"problem", "consequences"}]``,
+        """The problems grouped by root cause (ddpprobe/audit/causes/_findings.py): ``[{"problem", "consequences"}]``,
         the ranks' divergence (or the world's failure) first with the problems it caused listed under it."""
-        from ddpprobe.audit._findings import findings
+        from ddpprobe.audit.causes._findings import findings
 
         return findings(self)
 
     @property
     def consequence_keys(self) -> list:
         """The logged keys whose problem is a consequence of the ranks' divergence or the world's failure."""
-        from ddpprobe.audit._findings import consequence_keys
+        from ddpprobe.audit.causes._findings import consequence_keys
 
         return consequence_keys(self)
 
     @property
     def hazards(self) -> list:
         """The registry entries (ddpprobe/hazards/) this report names as a cause, in its order."""
-        from ddpprobe.audit._findings import named_hazards
+        from ddpprobe.audit.causes._findings import named_hazards
 
         return named_hazards(self)
 
@@ -123,7 +123,7 @@ class AuditResult:
     def culprit_key(self) -> Optional[str]:
         """The logged key whose sync is the culprit of the ranks' divergence (its values are what the mispaired
         collectives returned), or None."""
-        from ddpprobe.audit._findings import culprit_key
+        from ddpprobe.audit.causes._findings import culprit_key
 
         return culprit_key(self)
 
@@ -164,7 +164,7 @@ class AuditResult:
 
     def format(self) -> str:
         """The plain-text report the command line prints."""
-        from ddpprobe.audit._format import format_result
+        from ddpprobe.audit.report._format import format_result
 
         return format_result(self)
 

@@ -56,7 +56,7 @@ PROBLEMS = (
 
 #: What a rank-divergent value means downstream. Source: lightning_fabric/loggers/logger.py
 #: ``rank_zero_experiment`` and every logger's ``@rank_zero_only log_metrics``. What callbacks monitoring it
-#: did is read from their recorded state (ddpprobe/audit/_callbacks.py), not assumed.
+#: did is read from their recorded state (ddpprobe/audit/evidence/_callbacks.py), not assumed.
 RANK_DIVERGENT_MEANING = "each rank keeps its own shard's value; the logger writes rank 0's value only"
 
 

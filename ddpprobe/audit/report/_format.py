@@ -230,8 +230,8 @@ def _lone_reads(result) -> list:
 
 def read_cause(read: dict) -> str:
     """The registry's cause of one lone read (``trace["lone_reads"]``), worded as the culprit's read is
-    (``read_numbers`` in ddpprobe/audit/_culprit.py: a read without a key runs the logged metrics' sync)."""
-    from ddpprobe.audit._culprit import read_numbers
+    (``read_numbers`` in ddpprobe/audit/evidence/_culprit.py: a read without a key runs the logged metrics' sync)."""
+    from ddpprobe.audit.evidence._culprit import read_numbers
 
     return hazards.cause("metrics_read_on_some_ranks", **read_numbers(read, read["ranks"]))
 
@@ -251,7 +251,7 @@ def _reads_lines(reads: list, lines: list) -> list:
 def _callbacks_section(result) -> list:
     if not result.callbacks:
         return []
-    from ddpprobe.audit._callbacks import describe
+    from ddpprobe.audit.evidence._callbacks import describe
 
     lines = ["", "callbacks at the end of the stage (each rank's own state):"]
     for row in result.callbacks:
@@ -268,7 +268,7 @@ def _callbacks_section(result) -> list:
 
 
 def _contract_section(result) -> list:
-    from ddpprobe.audit._contract import contract_lines
+    from ddpprobe.audit.causes._contract import contract_lines
 
     lines = contract_lines(result.contract or {})
     if not lines:
@@ -333,7 +333,7 @@ def _experiment_section(result) -> list:
 
 def _findings(result) -> list:
     """What the stage raised, unsharded sets, Lightning's sync_dist warnings."""
-    from ddpprobe.audit._findings import raised_groups
+    from ddpprobe.audit.causes._findings import raised_groups
 
     lines = []
     for places, info in raised_groups(result):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Optional
 
 from ddpprobe import hazards
-from ddpprobe.audit._culprit import diagnose
+from ddpprobe.audit.evidence._culprit import diagnose
 from ddpprobe.trace import describe_collective
 
 #: Flight Recorder dtype names (c10's) in torch's spelling, as the Python-level trace writes them.

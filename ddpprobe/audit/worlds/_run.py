@@ -1,6 +1,6 @@
 """Running the audit's worlds and assembling their records into an :class:`~ddpprobe.audit.AuditResult`.
 
-Each world is a :func:`ddpprobe.run_world` of ``ddpprobe.audit._scenario.audit_rank``: the single process
+Each world is a :func:`ddpprobe.run_world` of ``ddpprobe.audit.worlds._scenario.audit_rank``: the single process
 (W=1), the distributed run (W=N) and, after a ``fit`` whose weights trained differently at W=1, a single
 process validating the weights the distributed run trained (``same_weights``), so validation values are
 compared on the same weights. Each rank writes its trace into a folder of the audit's own.
@@ -14,17 +14,17 @@ import shutil
 import tempfile
 from typing import Callable, Optional
 
-from ddpprobe.audit import _evidence
-from ddpprobe.audit._callbacks import callback_rows
-from ddpprobe.audit._contract import apart_cause, contract_evidence, weights_apart
-from ddpprobe.audit._experiment import experiment_rows
-from ddpprobe.audit._hooks import collectives_in_hooks_some_ranks_skip
-from ddpprobe.audit._inputs import AuditInputError
-from ddpprobe.audit._kinds import RANK_DIVERGENT, SYNCED_DIFFERS
-from ddpprobe.audit._result import AuditResult
-from ddpprobe.audit._values import padding_duplicates
-from ddpprobe.audit._verdict import rows
-from ddpprobe.audit._worlds import World, Worlds
+from ddpprobe.audit.causes._contract import apart_cause, contract_evidence, weights_apart
+from ddpprobe.audit.causes._kinds import RANK_DIVERGENT, SYNCED_DIFFERS
+from ddpprobe.audit.causes._verdict import rows
+from ddpprobe.audit.evidence._callbacks import callback_rows
+from ddpprobe.audit.evidence._experiment import experiment_rows
+from ddpprobe.audit.evidence._hooks import collectives_in_hooks_some_ranks_skip
+from ddpprobe.audit.evidence._sequences import trace_summary
+from ddpprobe.audit.evidence._values import padding_duplicates
+from ddpprobe.audit.report._result import AuditResult
+from ddpprobe.audit.worlds._inputs import AuditInputError
+from ddpprobe.audit.worlds._worlds import World, Worlds
 from ddpprobe.hazards import REMOVED_HOOKS
 from ddpprobe.trace import FLIGHT_RECORDER_ENV, read_trace, split_trace
 
@@ -39,7 +39,7 @@ def run_one(params: dict, size: int, root: str, settings, progress: Optional[Cal
         ddpprobe.WorldError: the single-process world (``size == 1``) failed: the module cannot run at all.
         AuditInputError: a factory returned something the audit cannot run (found in the ranks).
     """
-    from ddpprobe.audit._scenario import WEIGHTS_FILE, audit_rank, trace_path
+    from ddpprobe.audit.worlds._scenario import WEIGHTS_FILE, audit_rank, trace_path
     from ddpprobe.launch import WorldError, run_world
 
     if progress is not None:
@@ -107,9 +107,10 @@ def run_worlds(params: dict, world_size: int, settings, progress: Optional[Calla
 
 
 def _first_step(params: dict, world: World, root: str, settings, progress) -> Optional[World]:
-    """W=1 stepping once on the W=N ranks' first batches from their initial weights (ddpprobe/audit/_reference.py),
-    or None where the W=N run saved no batches (it made no training step, or a batch torch cannot save)."""
-    from ddpprobe.audit._reference import FIRST_BATCH, INITIAL_WEIGHTS
+    """W=1 stepping once on the W=N ranks' first batches from their initial weights
+    (ddpprobe/audit/worlds/_reference.py), or None where the W=N run saved no batches (it made no training step,
+    or a batch torch cannot save)."""
+    from ddpprobe.audit.worlds._reference import FIRST_BATCH, INITIAL_WEIGHTS
     from ddpprobe.launch import WorldError
 
     folder = world.folder
@@ -133,7 +134,7 @@ def _validates(world: World) -> bool:
 def _trace_only(rank: dict) -> dict:
     """What is known of a rank that gave no record (it died, or was still running when its world was
     ended): the ``self.log`` calls, values and stage error its trace holds; nothing else was recorded."""
-    from ddpprobe.audit._scenario import _summarise_calls
+    from ddpprobe.audit.worlds._scenario import _summarise_calls
 
     error = rank["stage_error"]
     return {
@@ -192,7 +193,7 @@ def assemble(worlds: Worlds, inputs: dict, rtol: float, atol: float) -> AuditRes
             {w["message"] for w in first.get("warnings") or [] if SYNC_DIST_HINT in w["message"]}
         ),
         counts={kind: c.to_dict() for kind, c in worlds.counts.items()},
-        trace=_evidence.trace_summary(world.traces, worlds.stage, worlds.shards),
+        trace=trace_summary(world.traces, worlds.stage, worlds.shards),
         world_error=world.error,
         predictions=[rec.get("predictions") for rec in world.records] if worlds.stage == "predict" else None,
         experiment_rows=experiment_rows(worlds, rtol, atol),

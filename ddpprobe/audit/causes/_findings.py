@@ -5,9 +5,9 @@ problem is a finding of its own. Pure Python, on an :class:`~ddpprobe.audit.Audi
 
 from __future__ import annotations
 
-from ddpprobe.audit._contract import contract_findings, weights_apart
-from ddpprobe.audit._hooks import hook_text
-from ddpprobe.audit._kinds import NO_VALUE, NO_VALUE_ON_SOME, NOT_IN_WORLD, SOME_RANKS_ONLY
+from ddpprobe.audit.causes._contract import contract_findings, weights_apart
+from ddpprobe.audit.causes._kinds import NO_VALUE, NO_VALUE_ON_SOME, NOT_IN_WORLD, SOME_RANKS_ONLY
+from ddpprobe.audit.evidence._hooks import hook_text
 
 #: Verdicts a key gets because the stage did not complete on some ranks, not because of how it was logged.
 CONSEQUENCE_VERDICTS = (NO_VALUE, NO_VALUE_ON_SOME, NOT_IN_WORLD)
@@ -63,8 +63,8 @@ def raised_groups(result) -> list:
 def findings(result) -> list:
     """``[{"problem": str, "consequences": [str]}]``: the root causes, the ranks' divergence (or the world's
     failure) first with what it took down, then every other problem. A collective made in a hook some ranks never
-    entered (ddpprobe/audit/_hooks.py) comes before all: the divergence, the world's failure and the ranks' errors
-    it explains are listed under it."""
+    entered (ddpprobe/audit/evidence/_hooks.py) comes before all: the divergence, the world's failure and the ranks'
+    errors it explains are listed under it."""
     found = _findings(result)
     skipped = getattr(result, "skipped_hooks", None) or []
     if not skipped:
@@ -171,7 +171,7 @@ def _findings(result) -> list:
 
 
 def _apart_keys(result) -> set:
-    """The keys whose cause is the ranks' different weights (ddpprobe/audit/_contract.py ``apart_cause``)."""
+    """The keys whose cause is the ranks' different weights (ddpprobe/audit/causes/_contract.py ``apart_cause``)."""
     return {r.key for r in result.rows if r.cause and r.cause.startswith("the ranks held different parameters")}
 
 

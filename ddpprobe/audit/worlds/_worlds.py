@@ -1,7 +1,7 @@
 """The worlds one audit ran, as one value: :class:`World` (one world's records, traces and prints) and
 :class:`Worlds` (the single process, the distributed run, and after a ``fit`` trained apart, the single
 process validating the distributed run's weights), with what the verdicts read from them computed once:
-the per-loop :class:`~ddpprobe.audit._counts.Counts`, the reference run each key is compared with, each
+the per-loop :class:`~ddpprobe.audit.evidence._counts.Counts`, the reference run each key is compared with, each
 rank's collectives, log events and how its stage ended, the shards' recorded lengths, the ``all_gather``
 leaves that came back unchanged. Pure Python on recorded events."""
 
@@ -11,9 +11,9 @@ import dataclasses
 import functools
 from typing import Optional
 
-from ddpprobe.audit._counts import counts, shards_of, unmoved_leaves
-from ddpprobe.audit._keys import Reference
-from ddpprobe.audit._stages import STAGE_LOOP
+from ddpprobe.audit.evidence._counts import counts, shards_of, unmoved_leaves
+from ddpprobe.audit.evidence._keys import Reference
+from ddpprobe.audit.worlds._stages import STAGE_LOOP
 
 
 def empty_trace() -> dict:
@@ -68,7 +68,7 @@ class Worlds:
         compared_with: the :class:`Reference` to compare keys with, where given (hand-built worlds of the
             tests); by default built from the worlds (:attr:`reference`).
         first_step: after a ``fit``, W=1 making one optimizer step on the W=N ranks' first batches put
-            together, from the W=N initial weights (ddpprobe/audit/_reference.py), else None.
+            together, from the W=N initial weights (ddpprobe/audit/worlds/_reference.py), else None.
     """
 
     single: World

@@ -7,7 +7,7 @@ import re
 from typing import Optional
 
 from ddpprobe import hazards
-from ddpprobe.audit._stages import STAGE_LOOP, loop_of_hook
+from ddpprobe.audit.worlds._stages import STAGE_LOOP, loop_of_hook
 from ddpprobe.trace import describe_collective
 
 
@@ -154,7 +154,7 @@ def shard_lengths(world: list, loop: str, shards: Optional[list] = None) -> Opti
     their shard holds no more); None where neither is known."""
     if shards and all(isinstance(n, int) for n in shards):
         return list(shards)
-    from ddpprobe.audit._counts import last_run
+    from ddpprobe.audit.evidence._counts import last_run
 
     ran = [len(last_run(rank["batches"], loop)) for rank in world]
     if not any(ran):

@@ -6,10 +6,8 @@ from __future__ import annotations
 from typing import Optional
 
 from ddpprobe import hazards
-from ddpprobe.audit._differs import differs_cause
-from ddpprobe.audit._divergent import _not_stored, _rank_divergent, _some_ranks_only, _synced_by
-from ddpprobe.audit._keys import _Inputs, _Key
-from ddpprobe.audit._kinds import (
+from ddpprobe.audit.causes._differs import differs_cause
+from ddpprobe.audit.causes._kinds import (
     NO_VALUE,
     NO_VALUE_ON_SOME,
     NOT_AT_SINGLE,
@@ -28,7 +26,9 @@ from ddpprobe.audit._kinds import (
     TRAINED_APART_LOCAL,
     KeyRow,
 )
-from ddpprobe.audit._values import _step_values, applicable, as_float, loader_kind
+from ddpprobe.audit.causes._rank_local import _not_stored, _rank_divergent, _some_ranks_only, _synced_by
+from ddpprobe.audit.evidence._keys import _Inputs, _Key
+from ddpprobe.audit.evidence._values import _step_values, applicable, as_float, loader_kind
 
 
 def _trained_apart_cause(ins: _Inputs) -> str:
@@ -173,7 +173,7 @@ def _rank_local_agreeing(ins: _Inputs, key: _Key, ref_logs: Optional[list], foun
 def _with_unmoved(ins: _Inputs, key: _Key, found: tuple) -> tuple:
     """``found`` with the ``self.all_gather`` calls of the key's hooks that returned leaves unchanged named
     in the cause (for a key that is not synced by ``sync_dist`` or a Metric)."""
-    from ddpprobe.audit._evidence import unmoved_text
+    from ddpprobe.audit.evidence._counts import unmoved_text
 
     verdict, cause, names, evidence = found
     here = [u for u in ins.unmoved if u["hook"] in key.hooks]
@@ -187,7 +187,7 @@ def _with_unmoved(ins: _Inputs, key: _Key, found: tuple) -> tuple:
 def _with_arithmetic(ins: _Inputs, key: _Key, verdict: str, cause: str) -> str:
     """``cause`` with the relation of the ranks' recorded values that gives the key's value (ddpprobe/audit/
     _arithmetic.py), for a key that differs from single-process or between the ranks."""
-    from ddpprobe.audit import _arithmetic
+    from ddpprobe.audit.evidence import _arithmetic
 
     text = ""
     if verdict == SYNCED_DIFFERS and key.per_rank and key.per_rank[0] is not None:
@@ -276,7 +276,7 @@ def rows(worlds, rtol: float = 1e-5, atol: float = 1e-6) -> list:
     for each key logged with ``on_step=True``).
 
     Args:
-        worlds: the audit's :class:`~ddpprobe.audit._worlds.Worlds` (its reference run, each W=N rank's
+        worlds: the audit's :class:`~ddpprobe.audit.worlds._worlds.Worlds` (its reference run, each W=N rank's
             records, log events, collectives, counts, how its stage ended and the ``all_gather`` leaves
             that came back unchanged).
         rtol, atol: tolerance for "equal" (float32 sums in a different order differ by ~1e-7 relative).
