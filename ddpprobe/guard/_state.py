@@ -77,18 +77,23 @@ def take(trainer, module, boundary: str, hook: str, fields: tuple) -> dict:
     """This rank's record at ``boundary`` (``{"boundary", "hook", "step", "epoch", "fields"}``, the contract's
     record shape) holding only the fields of ``fields`` that must be equal there. Reads only."""
     state = snapshot(trainer, module, prefixes(fields, trainer)) if fields else {}
-    compared = {}
-    for path, value in state.items():
-        row = row_for(path)
-        if row is not None and row.must_be_equal(boundary):
-            compared[path] = value
     return {
         "boundary": boundary,
         "hook": hook,
         "step": int(trainer.global_step),
         "epoch": int(trainer.current_epoch),
-        "fields": compared,
+        "fields": must_be_equal(state, boundary),
     }
+
+
+def must_be_equal(state: dict, boundary: str) -> dict:
+    """The fields of ``state`` (``{path: value}``) whose contract row says they must be equal at ``boundary``."""
+    out = {}
+    for path, value in state.items():
+        row = row_for(path)
+        if row is not None and row.must_be_equal(boundary):
+            out[path] = value
+    return out
 
 
 def entry(n: int, rank: int, record: dict) -> dict:
