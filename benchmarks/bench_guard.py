@@ -23,10 +23,21 @@ hook boundaries only (no comm hook) and with the full guard (every bucket checke
   reduced), an upper bound of the cost of checking DDP's all-reduces bucket by bucket (the full guard
   also checks Lightning's few collectives of setup and teardown).
 
+And one world per world size runs ``tests/support/guard_state_cost.py:timed_state``: ``trainer.fit`` of a
+``Linear(1000, 1000)`` (1,001,000 parameters, SGD with momentum) for ``--state-epochs`` epochs of 2 batches per
+rank, without the guard, with hook boundaries only (``collectives=False, state=False``) and with boundaries and
+the state checks (``collectives=False, state=True``), alternating; then
+
+- per state check: (state - boundaries only) / (the state checks: start, the first step, each epoch's end, end);
+- the digest per boundary: the state check's own work at an epoch's end (snapshot of the contract's fields,
+  the must-be-equal filter, the digest), no store request, median of 20;
+- the collectives each mode's fit made (the default process group's sequence number): the state checks add none.
+
 Usage (from the repository root)::
 
-    python benchmarks/bench_guard.py                 # W = 2 and 4, 150 batches, 2 rounds: under a minute
+    python benchmarks/bench_guard.py                 # W = 2 and 4, 150 batches, 2 rounds: a few minutes
     python benchmarks/bench_guard.py --batches 300 --repeats 3
+    python benchmarks/bench_guard.py --only state    # the state checks alone
 
 The figures are wall times on whatever else the machine runs: on a shared machine they are upper bounds.
 """
@@ -43,7 +54,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from ddpprobe import run_world  # noqa: E402
-from tests.support import guarded  # noqa: E402
+from tests.support import guard_state_cost, guarded  # noqa: E402
 from tests.tooling.trace import gradient_modules  # noqa: E402
 
 
@@ -83,11 +94,32 @@ def measure_fit(world_size: int, batches: int, repeats: int) -> dict:
     }
 
 
+def measure_state(world_size: int, epochs: int, repeats: int) -> dict:
+    records = run_world(
+        guard_state_cost.timed_state, world_size, epochs=epochs, batches=2, repeats=repeats, timeout=600
+    ).records
+    t = {mode: _median_of_slowest(records, mode) for mode in guard_state_cost.MODES}
+    checks, collectives = records[0]["checks"], records[0]["collectives"]
+    state_checks = checks["state"] - checks["boundaries"]
+    return {
+        "params": records[0]["params"],
+        "seconds": t,
+        "state_checks": state_checks,
+        "collectives": collectives,
+        "per_state_check_ms": (t["state"] - t["boundaries"]) / state_checks * 1e3,
+        "digest_ms": max(rec["digest_ms"] for rec in records),
+        "fields": records[0]["fields"],
+        "record_bytes": records[0]["record_bytes"],
+    }
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batches", type=int, default=150)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--state-epochs", type=int, default=10)
+    parser.add_argument("--only", choices=["collectives", "state"], default=None)
     args = parser.parse_args(argv)
     print(
         f"CPython {platform.python_version()}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}; "
@@ -95,6 +127,10 @@ def main(argv=None) -> None:
     )
     started = time.monotonic()
     for world_size in args.world_sizes:
+        if args.only != "collectives":
+            _print_state(world_size, measure_state(world_size, args.state_epochs, args.repeats))
+        if args.only == "state":
+            continue
         m = measure(world_size, args.batches, args.repeats)
         s, c = m["seconds"], m["checks"]
         print(
@@ -115,6 +151,17 @@ def main(argv=None) -> None:
             f"{f['per_bucket_ms']:.3f} ms"
         )
     print(f"total {time.monotonic() - started:.0f} s")
+
+
+def _print_state(world_size: int, m: dict) -> None:
+    s, c = m["seconds"], m["collectives"]
+    print(
+        f"W={world_size}: state checks on {m['params']:,} parameters: fit {s['off']:.2f} s unguarded, "
+        f"{s['boundaries']:.2f} s boundaries only, {s['state']:.2f} s with {m['state_checks']} state checks; "
+        f"per state check {m['per_state_check_ms']:.1f} ms, of which the digest {m['digest_ms']:.1f} ms "
+        f"({m['fields']} fields, a {m['record_bytes']} byte record sent only when digests differ); collectives "
+        f"per fit: {c['off']} unguarded, {c['boundaries']} boundaries only, {c['state']} with the state checks"
+    )
 
 
 if __name__ == "__main__":

@@ -16,13 +16,18 @@ raises ``CollectiveMismatch`` on every rank, naming each rank's side in the word
 ``PeerFailed`` naming its error; a peer that does not arrive within the guard's timeout is named with its
 last check (``GuardTimeout``). All are ``GuardError``. The guard makes no collective of its own.
 
+At the start of each stage, after the first optimizer step, at each epoch's end and at the end, every rank
+also posts a digest of the state the DDP contract says must be equal on every rank (ddpprobe/contract/:
+optimizer settings, parameters, module attributes ...); a difference raises ``StateDiverged`` on every
+rank, naming the field and each rank's value (``CollectiveGuard(state=False)`` turns it off).
+
 Layout: ``_callback.py`` (the callback and the wrappers), ``_exchange.py`` (the store protocol),
-``_entries.py`` (what a rank posts, the comparison, the error text), ``_errors.py`` (the errors, and how
-an uncaught one is printed: once, message first). See docs/guard.md for what it catches, what it costs,
-how it scales and what it cannot see.
+``_entries.py`` (what a rank posts, the comparison, the error text), ``_state.py`` (the state checks),
+``_errors.py`` (the errors, and how an uncaught one is printed: once, message first). See docs/guard.md
+for what it catches, what it costs, how it scales and what it cannot see.
 """
 
 from ddpprobe.guard._callback import CollectiveGuard
-from ddpprobe.guard._errors import CollectiveMismatch, GuardError, GuardTimeout, PeerFailed
+from ddpprobe.guard._errors import CollectiveMismatch, GuardError, GuardTimeout, PeerFailed, StateDiverged
 
-__all__ = ["CollectiveGuard", "CollectiveMismatch", "GuardError", "GuardTimeout", "PeerFailed"]
+__all__ = ["CollectiveGuard", "CollectiveMismatch", "GuardError", "GuardTimeout", "PeerFailed", "StateDiverged"]

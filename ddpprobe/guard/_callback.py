@@ -18,7 +18,7 @@ import torch.distributed
 
 from ddpprobe import trace
 from ddpprobe._lightning import pl
-from ddpprobe.guard import _entries
+from ddpprobe.guard import _entries, _state
 from ddpprobe.guard._errors import CollectiveMismatch, install_excepthook
 from ddpprobe.guard._exchange import Exchange
 from ddpprobe.trace import CallClassifier, _gradients
@@ -135,7 +135,7 @@ def _stops_at_max_steps(trainer, hook: str) -> bool:
         return False
 
 
-class CollectiveGuard(pl.Callback):
+class CollectiveGuard(_state.StateHooks, pl.Callback):
     """Check, before each collective a rank makes from Python and at each hook boundary, that every rank
     is about to do the same thing; raise one clear error on every rank at the first difference.
 
@@ -166,12 +166,18 @@ class CollectiveGuard(pl.Callback):
             process-group timeout (docs/guard.md, "Lightning's slow steps").
         collectives: check every Python-level collective (default); ``False`` checks the hook boundaries
             only (cheaper; catches uneven batches and a peer that raised, not keys or metrics).
+        state: compare the DDP contract's must-be-equal fields (ddpprobe/contract/) at the start, after the
+            first optimizer step, at each epoch's end and at the end (ddpprobe/guard/_state.py): ``True``
+            (default) the fields of ``_state.DEFAULT_FIELDS``, ``False`` none, a tuple of path prefixes
+            (``("optimizer", "param.")``) those only. A digest crosses the store, no collective.
 
     Raises (on the ranks, from the hook or the collective where the difference shows):
         CollectiveMismatch: different collectives or boundaries at the same check, on every rank.
+        StateDiverged: a must-be-equal field differs between the ranks at a state check, on every rank.
         PeerFailed: a peer raised before the check (its error is named), on the ranks that wait for it.
         GuardTimeout: a peer did not arrive within ``timeout`` (named with its last check).
-        ValueError: ``timeout`` not a positive number below the process-group timeout (at ``setup``).
+        ValueError: ``timeout`` not a positive number below the process-group timeout (at ``setup``), or
+            ``state`` not True, False or a tuple of prefixes.
 
     Attributes:
         checks: number of checks this rank passed in the current or last stage.
@@ -180,13 +186,15 @@ class CollectiveGuard(pl.Callback):
     sub-group smaller than the world, and those of other threads, pass unchecked.
     """
 
-    def __init__(self, timeout: Optional[float] = None, collectives: bool = True):
+    def __init__(self, timeout: Optional[float] = None, collectives: bool = True, state=True):
         if timeout is not None and not (_seconds(timeout) is not None and _seconds(timeout) > 0):
             raise ValueError(f"CollectiveGuard(timeout={timeout!r}): use a positive number of seconds")
         if not isinstance(collectives, bool):
             raise ValueError(f"CollectiveGuard(collectives={collectives!r}): use True or False")
         self.timeout = None if timeout is None else _seconds(timeout)
         self.collectives = collectives
+        self.state = state
+        self._state_fields = _state.fields_option(state)
         self.checks = 0
         self._exchange: Optional[Exchange] = None
         self._listener = _GuardListener(self)
@@ -205,7 +213,7 @@ class CollectiveGuard(pl.Callback):
 
     def __getstate__(self) -> dict:
         # Only the settings cross a pickle (``strategy="ddp_spawn"`` sends the callbacks to new processes).
-        return {"timeout": self.timeout, "collectives": self.collectives}
+        return {"timeout": self.timeout, "collectives": self.collectives, "state": self.state}
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(**state)
@@ -341,6 +349,7 @@ class CollectiveGuard(pl.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         self._boundary("on_train_batch_end", trainer, batch_idx)
+        self._state_after_batch(trainer, pl_module)
 
     def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
         self._boundary("on_validation_batch_start", trainer, batch_idx, dataloader_idx)
@@ -362,12 +371,16 @@ class CollectiveGuard(pl.Callback):
 
     def on_train_epoch_end(self, trainer, pl_module):
         self._boundary("on_train_epoch_end", trainer)
+        self._state_check(trainer, pl_module, "train_epoch_end", "on_train_epoch_end")
 
     def on_validation_epoch_end(self, trainer, pl_module):
         self._boundary("on_validation_epoch_end", trainer)
+        if not trainer.sanity_checking:
+            self._state_check(trainer, pl_module, "val_epoch_end", "on_validation_epoch_end")
 
     def on_test_epoch_end(self, trainer, pl_module):
         self._boundary("on_test_epoch_end", trainer)
+        self._state_check(trainer, pl_module, "test_epoch_end", "on_test_epoch_end")
 
     def on_predict_epoch_end(self, trainer, pl_module, *args):
         self._boundary("on_predict_epoch_end", trainer)

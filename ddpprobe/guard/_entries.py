@@ -4,7 +4,8 @@ An *entry* is one JSON object a rank writes to the store before a check:
 
 ``kind``
     ``"collective"`` (about to call a ``torch.distributed`` collective), ``"boundary"`` (at a Lightning
-    hook boundary: setup, a batch's start or end, an epoch's end, teardown) or ``"raised"`` (this rank
+    hook boundary: setup, a batch's start or end, an epoch's end, teardown), ``"state"`` (a state check of
+    the DDP contract: ddpprobe/guard/_state.py ``entry``, with its ``record``) or ``"raised"`` (this rank
     raised; posted from ``on_exception`` or on the guard's own timeout).
 ``n``, ``rank``
     the check's sequence number (per rank, per ``Trainer`` stage) and the rank that posted it.
@@ -240,6 +241,8 @@ def _consequence(entries: list, waiting: str) -> str:
     the op, the source or destination rank, the dtype or shape, the reduce op or group, and last what each
     side's collective carries (:func:`_carries`)."""
     kinds = {e["kind"] for e in entries}
+    if "state" in kinds:  # a state check (ddpprobe/guard/_state.py) on some ranks, another check on the others
+        return f"The ranks are at different points of the run: their next collectives would not pair ({waiting})."
     # Only boundaries, some at a batch: the ranks are at different batches (or one has no next batch). A
     # collective on some ranks while the others are at a batch boundary is a collective they skipped, not
     # uneven batches (every rank reached that batch: its start boundary came first).

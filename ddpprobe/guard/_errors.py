@@ -52,6 +52,28 @@ class PeerFailed(GuardError):
         self.failed = failed
 
 
+class StateDiverged(GuardError):
+    """State the DDP contract says must be equal on every rank differs (ddpprobe/contract/: the optimizer's
+    settings, the parameters after a step, a module attribute before training ...), found at a state check of
+    ``CollectiveGuard(state=...)`` (ddpprobe/guard/_state.py) by the contract's own comparison
+    (:func:`ddpprobe.contract.breaks`). Raised on every rank.
+
+    Attributes:
+        breaks: each differing field as :meth:`ddpprobe.contract.Break.to_dict` (``field``, ``row``, ``facts``,
+            ``boundary``, ``hook``, ``step``, ``epoch``, ``per_rank``), in the contract's order.
+        field: the first one's path (``"optimizer[0].group[0].lr"``).
+        per_rank: its value on each rank, rank 0 first.
+        boundary: where it was first seen differing (``"start"``, ``"train_epoch_end"`` ...).
+    """
+
+    def __init__(self, message: str, check: int, sides: dict, breaks: list):
+        super().__init__(message, check, sides)
+        self.breaks = breaks
+        self.field = breaks[0]["field"]
+        self.per_rank = breaks[0]["per_rank"]
+        self.boundary = breaks[0]["boundary"]
+
+
 class GuardTimeout(GuardError):
     """A peer did not reach the check within the guard's timeout (it is in slow code, in a collective
     the guard does not check, or gone), named with its last known position.

@@ -23,7 +23,8 @@ has compared its digest, so a verdict still unset means they all agree) or write
 and waits (``store.wait``, server-side, no polling) for ``n/v``. That is five store requests per rank per
 check, four of them answered, whatever the world size; the store's server handles ``O(W)`` requests per
 check instead of ``O(W^2)`` entries. When the verdict is ``differ`` every rank writes its full entry,
-waits for all ``W`` of them and compares them as before (the first difference, in the audit's words).
+waits for all ``W`` of them and compares them as before (the first difference, in the audit's words; for a
+state check, the contract's comparison: ddpprobe/guard/_state.py ``diverged``).
 
 The last arrival deletes ``n/ref`` and ``n/a`` (every rank has used them), the previous check's verdict
 (every rank has read it: all are at ``n``) and its own position record (its position is in ``n/v``), so
@@ -49,7 +50,7 @@ from typing import Optional
 
 import torch.distributed
 
-from ddpprobe.guard import _entries
+from ddpprobe.guard import _entries, _state
 from ddpprobe.guard._errors import CollectiveMismatch, GuardError, GuardTimeout, PeerFailed
 
 #: Prefix of every key the guard writes in the world's store.
@@ -226,6 +227,11 @@ class Exchange:
     def _differ(self, n: int, entries: list) -> None:
         sides = {e["rank"]: text for e, text in zip(entries, _entries.side_texts(entries))}
         failed = {e["rank"]: e["error"] for e in entries if e["kind"] == "raised"}
+        if not failed and _state.same_check(entries):
+            error = _state.diverged(self._head(n), n, entries)
+            if error is None:  # the digests differ, yet no field breaks the contract (missing or unreadable)
+                return
+            raise error
         text = _entries.sides_text(entries)
         if failed:
             others = [e for e in entries if e["kind"] != "raised"]

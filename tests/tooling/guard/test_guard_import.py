@@ -1,7 +1,8 @@
 """What ``import ddpprobe.guard`` loads in a user's training job: the guard, the trace (it classifies each
-collective) and the hazard registry (the fix lines), and no other room of ddpprobe (the launcher, the
-probes, the audit, the card), the way a pytest-xdist worker's ``remote.py`` imports nothing of the
-controller. Checked in a fresh interpreter, since this test session has imported everything already.
+collective), the hazard registry (the fix lines) and the DDP contract (its state checks), and no other
+room of ddpprobe (the launcher, the probes, the audit, the card), the way a pytest-xdist worker's
+``remote.py`` imports nothing of the controller. Checked in a fresh interpreter, since this test session
+has imported everything already.
 """
 
 import json
@@ -16,10 +17,10 @@ pytestmark = [
 ]
 
 #: The guard's own modules.
-GUARD_MODULES = {f"ddpprobe.guard{m}" for m in ("", "._callback", "._entries", "._errors", "._exchange")}
+GUARD_MODULES = {f"ddpprobe.guard{m}" for m in ("", "._callback", "._entries", "._errors", "._exchange", "._state")}
 #: What else of ddpprobe it may load: the package itself, the choice of Lightning package, and these rooms.
 ALLOWED = {"ddpprobe", "ddpprobe._lightning"}
-ROOMS = ("ddpprobe.trace", "ddpprobe.hazards")
+ROOMS = ("ddpprobe.trace", "ddpprobe.hazards", "ddpprobe.contract")
 
 _LOADED = (
     "import json, sys, ddpprobe.guard; "
@@ -27,9 +28,10 @@ _LOADED = (
 )
 
 
-def test_import_ddpprobe_guard_loads_the_guard_the_trace_and_the_hazard_registry_only():
-    """A fresh ``python -c "import ddpprobe.guard"`` loads exactly the five guard modules, ``ddpprobe``
-    and ``ddpprobe._lightning``, and modules of ``ddpprobe.trace`` and ``ddpprobe.hazards``: nothing of
+def test_import_ddpprobe_guard_loads_the_guard_the_trace_the_hazard_registry_and_the_contract_only():
+    """A fresh ``python -c "import ddpprobe.guard"`` loads exactly the six guard modules, ``ddpprobe``
+    and ``ddpprobe._lightning``, and modules of ``ddpprobe.trace``, ``ddpprobe.hazards`` and
+    ``ddpprobe.contract`` (loaded without Lightning: ddpprobe/contract/__init__.py): nothing of
     ``ddpprobe.launch``, ``ddpprobe.probes``, ``ddpprobe.audit`` or ``ddpprobe.card`` (``ddpprobe``'s own
     ``run_world`` and errors are imported from the launcher on first use)."""
     out = subprocess.run([sys.executable, "-c", _LOADED], capture_output=True, text=True, timeout=120, check=True)
@@ -38,7 +40,7 @@ def test_import_ddpprobe_guard_loads_the_guard_the_trace_and_the_hazard_registry
     assert {m for m in loaded if m.startswith("ddpprobe.guard")} == GUARD_MODULES, sorted(loaded)
     others = {m for m in loaded - GUARD_MODULES - ALLOWED if not any(m == r or m.startswith(r + ".") for r in ROOMS)}
     assert others == set(), f"import ddpprobe.guard also loads {sorted(others)}"
-    assert {"ddpprobe.trace", "ddpprobe.hazards"} <= loaded, sorted(loaded)
+    assert {"ddpprobe.trace", "ddpprobe.hazards", "ddpprobe.contract"} <= loaded, sorted(loaded)
 
 
 def test_the_launchers_names_are_still_importable_from_ddpprobe():

@@ -1,0 +1,219 @@
+"""The guard's state checks: the DDP contract's must-be-equal fields (ddpprobe/contract/), compared at the
+boundaries of a run through the guard's store protocol, never through a collective.
+
+At each checked boundary a rank reads its state with :func:`ddpprobe.contract.snapshot` (narrowed to the
+guard's field prefixes), keeps the fields whose contract row (:func:`ddpprobe.contract.row_for`) says they
+must be equal there, and posts a ``state`` entry whose ``id`` holds a digest of them (:func:`entry`). Equal
+digests end the check like any other (ddpprobe/guard/_exchange.py: five store requests per rank); different
+ones make every rank post its entry in full, and every rank reads the ranks' records into the contract's one
+comparison, :func:`ddpprobe.contract.breaks` (the audit's), and raises the same :class:`StateDiverged`
+(:func:`diverged`).
+
+Boundaries (the names of ddpprobe/contract/_state.py ``BOUNDARIES``): ``start`` (``on_fit_start``, and
+``on_validation_start`` / ``on_test_start`` / ``on_predict_start`` of their own stages: after DDP's wrap,
+before any batch), ``train_batch_end`` after the first optimizer step only, ``train_epoch_end``,
+``val_epoch_end`` (not the sanity check's), ``test_epoch_end`` and ``end`` (``on_fit_end`` ...). Not
+``setup``: DDP has not broadcast rank 0's weights yet, and the module's own ``setup`` runs after the
+callbacks' (pytorch_lightning/trainer/call.py ``_call_setup_hook``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Optional
+
+from ddpprobe.contract import breaks, row_for, snapshot
+from ddpprobe.guard._errors import StateDiverged
+from ddpprobe.hazards import NO_FIX
+
+#: The field prefixes ``CollectiveGuard(state=True)`` reads: every row of the contract table but three, which
+#: correct runs break by design and the guard decides another way. The batch counts
+#: (``trainer.num_training_batches``, ``trainer.num_val_batches``): shards of different lengths are right where
+#: no collective pairs their batches (exact evaluation), and the guard's boundary checks stop them where one
+#: does. The datamodule's attributes: Lightning runs ``prepare_data`` on local rank 0 only
+#: (pytorch_lightning/trainer/connectors/data_connector.py), and what it records there differs by design.
+#: ``loader.`` is dropped where the Trainer does not shard (``use_distributed_sampler=False``): each rank then
+#: reads its own dataset on purpose (:func:`prefixes`).
+DEFAULT_FIELDS = (
+    "trainer.global_step",
+    "trainer.current_epoch",
+    "trainer.should_stop",
+    "trainer.accumulate_grad_batches",
+    "optimizer",
+    "scheduler",
+    "param.",
+    "buffer.",
+    "module.attr.",
+    "callback.",
+    "loader.",
+)
+
+
+def fields_option(state) -> Optional[tuple]:
+    """The field prefixes of ``CollectiveGuard(state=...)``: ``True`` :data:`DEFAULT_FIELDS`, ``False`` None (no
+    state check), a tuple or list of non-empty strings itself. Raises ``ValueError`` for anything else."""
+    if state is True:
+        return DEFAULT_FIELDS
+    if state is False:
+        return None
+    if isinstance(state, (tuple, list)) and state and all(isinstance(p, str) and p for p in state):
+        return tuple(state)
+    raise ValueError(
+        f"CollectiveGuard(state={state!r}): use True, False or a tuple of field prefixes such as "
+        '("optimizer", "param.") (the paths of ddpprobe/contract/_state.py)'
+    )
+
+
+def prefixes(fields: tuple, trainer) -> tuple:
+    """``fields`` less ``loader.`` where the Trainer does not shard with DistributedSampler."""
+    connector = getattr(trainer, "_accelerator_connector", None)
+    if getattr(connector, "use_distributed_sampler", True):
+        return fields
+    return tuple(f for f in fields if not f.startswith("loader"))
+
+
+def take(trainer, module, boundary: str, hook: str, fields: tuple) -> dict:
+    """This rank's record at ``boundary`` (``{"boundary", "hook", "step", "epoch", "fields"}``, the contract's
+    record shape) holding only the fields of ``fields`` that must be equal there. Reads only."""
+    state = snapshot(trainer, module, prefixes(fields, trainer)) if fields else {}
+    return {
+        "boundary": boundary,
+        "hook": hook,
+        "step": int(trainer.global_step),
+        "epoch": int(trainer.current_epoch),
+        "fields": must_be_equal(state, boundary),
+    }
+
+
+def must_be_equal(state: dict, boundary: str) -> dict:
+    """The fields of ``state`` (``{path: value}``) whose contract row says they must be equal at ``boundary``."""
+    out = {}
+    for path, value in state.items():
+        row = row_for(path)
+        if row is not None and row.must_be_equal(boundary):
+            out[path] = value
+    return out
+
+
+def entry(n: int, rank: int, record: dict) -> dict:
+    """The ``state`` entry of ``record``: its ``id`` holds the boundary, the hook and a digest of the compared
+    fields (BLAKE2b of their JSON), so the store protocol compares 16 hex digits per rank; the record itself
+    crosses the store only when the digests differ."""
+    blob = json.dumps(record["fields"], sort_keys=True, default=str).encode()
+    where = f"{record['hook']}, epoch {record['epoch']}, step {record['step']}"
+    return {
+        "kind": "state",
+        "n": n,
+        "rank": rank,
+        "id": ["state", record["boundary"], record["hook"], hashlib.blake2b(blob, digest_size=8).hexdigest()],
+        "fields": {"hook": record["hook"], "batch_idx": None},
+        "record": record,
+        "text": f"is at the state check of {record['boundary']} ({where})",
+    }
+
+
+def same_check(entries: list) -> bool:
+    """Every entry is a state check at the same boundary and hook (so only the state may differ)."""
+    return all(e["kind"] == "state" for e in entries) and len({tuple(e["id"][1:3]) for e in entries}) == 1
+
+
+def diverged(head: str, n: int, entries: list) -> Optional[StateDiverged]:
+    """The :class:`StateDiverged` of the ranks' state entries at one check (:func:`same_check`), from the
+    contract's :func:`~ddpprobe.contract.breaks`; None where no field breaks the contract though the digests
+    differ (a field missing or unreadable on some rank is no difference)."""
+    ordered = sorted(entries, key=lambda e: e["rank"])
+    found = [b.to_dict() for b in breaks([[e["record"]] for e in ordered])]
+    if not found:
+        return None
+    first = found[0]
+    where = f"{first['boundary']} ({first['hook']}, epoch {first['epoch']}, step {first['step']})"
+    lines = [f"{head}: state that must be equal on every rank differs, first at {where}:"]
+    lines += [
+        f"  {b['field']}: " + ", ".join(f"rank {r} {shown(v)}" for r, v in enumerate(b["per_rank"])) for b in found
+    ]
+    rows = {}
+    for b in found:
+        rows.setdefault(b["row"], b)
+    for b in rows.values():
+        lines.append(
+            f"The contract ({b['row']}): {b['rule']} at {b['boundary']}; {b['keeps_it']} (shown by "
+            f"{'; '.join(b['facts'])})"
+        )
+    lines += fix_lines(found)
+    return StateDiverged("\n".join(lines), n, {e["rank"]: e["text"] for e in ordered}, found)
+
+
+def fix_lines(found: list) -> list:
+    """The registry's fix for the differing fields: the registry (ddpprobe/hazards/) holds no entry whose
+    evidence is a state field yet, so, as the audit says for a contract break (ddpprobe/audit/_contract.py),
+    no proven fix applies."""
+    fields = ", ".join(b["field"] for b in found)
+    return [f"{NO_FIX}: no registry entry's evidence holds for {fields}"]
+
+
+def shown(value) -> str:
+    """A recorded value in a few characters: a number as itself (floats to 6 digits), a tensor by its values when
+    small, else by its norm and digest, a container by its type, length and digest."""
+    if isinstance(value, float):
+        return format(value, ".6g")
+    if isinstance(value, dict):
+        if "unreadable" in value:
+            return "unreadable"
+        if "values" in value:
+            return "[" + ", ".join(shown(v) for v in value["values"]) + "]"
+        if "norm" in value:
+            return f"norm {shown(value['norm'])} (digest {value['digest'][:8]})"
+        if "digest" in value:
+            size = f" of {value['len']}" if value.get("len") is not None else ""
+            return f"{value.get('type', 'tensor')}{size} (digest {value['digest'][:8]})"
+        if "type" in value:
+            return f"a {value['type']}"
+    if isinstance(value, list):
+        return "[" + ", ".join(shown(v) for v in value[:6]) + (", ..." if len(value) > 6 else "") + "]"
+    return "none" if value is None else repr(value) if isinstance(value, str) else str(value)
+
+
+class StateHooks:
+    """The state checks' hooks, mixed into ``CollectiveGuard`` (which holds ``_exchange``, ``_check`` and
+    ``_state_fields``): ``start`` and ``end`` of every stage here; the first optimizer step's batch end and the
+    epochs' ends from the guard's own hooks (``_state_after_batch``, ``_state_check``)."""
+
+    _state_fields: Optional[tuple] = None
+    _stepped = False
+
+    def _state_check(self, trainer, pl_module, boundary: str, hook: str) -> None:
+        if self._exchange is None or not self._state_fields:
+            return
+        ex = self._exchange
+        self._check(entry(ex.n, ex.rank, take(trainer, pl_module, boundary, hook, self._state_fields)))
+
+    def _state_after_batch(self, trainer, pl_module) -> None:
+        """``train_batch_end`` once, at the first batch end after an optimizer step (``global_step`` > 0)."""
+        if not self._stepped and trainer.global_step > 0:
+            self._stepped = True
+            self._state_check(trainer, pl_module, "train_batch_end", "on_train_batch_end")
+
+    def on_fit_start(self, trainer, pl_module):
+        self._stepped = False
+        self._state_check(trainer, pl_module, "start", "on_fit_start")
+
+    def on_validation_start(self, trainer, pl_module):
+        if trainer.state.fn != "fit":
+            self._state_check(trainer, pl_module, "start", "on_validation_start")
+
+    def on_test_start(self, trainer, pl_module):
+        self._state_check(trainer, pl_module, "start", "on_test_start")
+
+    def on_predict_start(self, trainer, pl_module):
+        self._state_check(trainer, pl_module, "start", "on_predict_start")
+
+    def on_fit_end(self, trainer, pl_module):
+        self._state_check(trainer, pl_module, "end", "on_fit_end")
+
+    def on_validation_end(self, trainer, pl_module):
+        if trainer.state.fn != "fit":
+            self._state_check(trainer, pl_module, "end", "on_validation_end")
+
+    def on_test_end(self, trainer, pl_module):
+        self._state_check(trainer, pl_module, "end", "on_test_end")
