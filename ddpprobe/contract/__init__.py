@@ -23,7 +23,7 @@ from __future__ import annotations
 from ddpprobe.contract._compare import MISSING, Break, aligned, breaks, differs
 from ddpprobe.contract._recorder import gradient_fields, state_recorder
 from ddpprobe.contract._single import FirstStep, compare_first_step, not_comparable_reason
-from ddpprobe.contract._state import BOUNDARIES, dataset_value, object_value, snapshot, tensor_value
+from ddpprobe.contract._state import BOUNDARIES, dataset_value, object_value, show, snapshot, tensor_value
 from ddpprobe.contract._table import (
     CONTRACT,
     EQUAL,
@@ -54,6 +54,7 @@ __all__ = [
     "not_comparable_reason",
     "object_value",
     "row_for",
+    "show",
     "snapshot",
     "state_recorder",
     "tensor_value",

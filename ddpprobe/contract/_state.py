@@ -316,3 +316,28 @@ def snapshot(trainer, module, fields: Optional[tuple] = None) -> dict:
     if fields is not None:
         out = {k: v for k, v in out.items() if any(k.startswith(f) for f in fields)}
     return out
+
+
+def show(value) -> str:
+    """A recorded value as reports write it: a number as itself (floats to 6 digits), a string quoted, a tensor by its
+    values when small, else by its norm and digest, a container by its type, length and digest, a field no rank
+    holds as ``(no such field)``. One wording for the audit and the guard."""
+    if isinstance(value, float):
+        return format(value, ".6g")
+    if isinstance(value, dict):
+        if "unreadable" in value:
+            return "unreadable"
+        if "values" in value:
+            return "[" + ", ".join(show(v) for v in value["values"]) + "]"
+        if "norm" in value:
+            return f"norm {show(value['norm'])} (digest {value['digest'][:8]})"
+        if "digest" in value:
+            size = f" of {value['len']}" if value.get("len") is not None else ""
+            return f"{value.get('type', 'tensor')}{size} (digest {value['digest'][:8]})"
+        if "type" in value:
+            return f"a {value['type']}"
+    if isinstance(value, list):
+        return "[" + ", ".join(show(v) for v in value[:6]) + (", ..." if len(value) > 6 else "") + "]"
+    if value == "(no such field)":
+        return value
+    return "none" if value is None else repr(value) if isinstance(value, str) else str(value)

@@ -23,7 +23,7 @@ import hashlib
 import json
 from typing import Optional
 
-from ddpprobe.contract import breaks, row_for, snapshot
+from ddpprobe.contract import breaks, row_for, show, snapshot
 from ddpprobe.guard._errors import StateDiverged
 from ddpprobe.hazards import NO_FIX
 
@@ -130,7 +130,7 @@ def diverged(head: str, n: int, entries: list) -> Optional[StateDiverged]:
     where = f"{first['boundary']} ({first['hook']}, epoch {first['epoch']}, step {first['step']})"
     lines = [f"{head}: state that must be equal on every rank differs, first at {where}:"]
     lines += [
-        f"  {b['field']}: " + ", ".join(f"rank {r} {shown(v)}" for r, v in enumerate(b["per_rank"])) for b in found
+        f"  {b['field']}: " + ", ".join(f"rank {r} {show(v)}" for r, v in enumerate(b["per_rank"])) for b in found
     ]
     rows = {}
     for b in found:
@@ -150,28 +150,6 @@ def fix_lines(found: list) -> list:
     no proven fix applies."""
     fields = ", ".join(b["field"] for b in found)
     return [f"{NO_FIX}: no registry entry's evidence holds for {fields}"]
-
-
-def shown(value) -> str:
-    """A recorded value in a few characters: a number as itself (floats to 6 digits), a tensor by its values when
-    small, else by its norm and digest, a container by its type, length and digest."""
-    if isinstance(value, float):
-        return format(value, ".6g")
-    if isinstance(value, dict):
-        if "unreadable" in value:
-            return "unreadable"
-        if "values" in value:
-            return "[" + ", ".join(shown(v) for v in value["values"]) + "]"
-        if "norm" in value:
-            return f"norm {shown(value['norm'])} (digest {value['digest'][:8]})"
-        if "digest" in value:
-            size = f" of {value['len']}" if value.get("len") is not None else ""
-            return f"{value.get('type', 'tensor')}{size} (digest {value['digest'][:8]})"
-        if "type" in value:
-            return f"a {value['type']}"
-    if isinstance(value, list):
-        return "[" + ", ".join(shown(v) for v in value[:6]) + (", ..." if len(value) > 6 else "") + "]"
-    return "none" if value is None else repr(value) if isinstance(value, str) else str(value)
 
 
 class StateHooks:

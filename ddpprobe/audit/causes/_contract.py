@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Optional
 
 from ddpprobe import hazards
-from ddpprobe.contract import SINGLE_PROCESS_SCHEDULE, SINGLE_PROCESS_STEP, breaks, compare_first_step
+from ddpprobe.contract import SINGLE_PROCESS_SCHEDULE, SINGLE_PROCESS_STEP, breaks, compare_first_step, show
 
 
 def _first_step_record(states: list) -> Optional[dict]:
@@ -89,28 +89,6 @@ def schedule_text(item: dict, world_size: int) -> str:
 
 def _numbers(values: list) -> str:
     return "[" + ", ".join(format(v, ".6g") for v in values) + "]"
-
-
-def show(value) -> str:
-    """A recorded value as the report writes it: a number to 6 digits, a tensor by its values (small) or its norm
-    and digest, a container by its type, length and digest."""
-    if isinstance(value, float):
-        return format(value, ".6g")
-    if isinstance(value, dict):
-        if "unreadable" in value:
-            return "unreadable"
-        if "values" in value:
-            return "[" + ", ".join(show(v) for v in value["values"]) + "]"
-        if "norm" in value:
-            return f"norm {show(value['norm'])} (#{value['digest'][:6]})"
-        if "digest" in value:
-            size = f" of {value['len']}" if value.get("len") is not None else ""
-            return f"{value.get('type', 'tensor')}{size} #{value['digest'][:6]}"
-        if "type" in value:
-            return f"a {value['type']}"
-    if isinstance(value, list):
-        return "[" + ", ".join(show(v) for v in value[:6]) + (", ..." if len(value) > 6 else "") + "]"
-    return "none" if value is None else str(value)
 
 
 def _per_rank(values: list) -> str:
