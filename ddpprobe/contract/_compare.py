@@ -52,6 +52,7 @@ class Break:
             "epoch": self.epoch,
             "per_rank": self.per_rank,
             "root": self.root,
+            "position": self.position,
         }
 
 

@@ -110,7 +110,7 @@ class _Reader:
         self.out["hooks"], self._hooks_closed = totals, True
 
     def on_state(self, event: dict) -> None:
-        self.out["states"].append({k: v for k, v in event.items() if k not in ("event", "t")})
+        self.out["states"].append({k: v for k, v in event.items() if k != "event"})
 
     def on_all_gather(self, event: dict) -> None:
         self.out["all_gathers"].append(event)

@@ -11,6 +11,35 @@ from ddpprobe import hazards
 from ddpprobe.contract import SINGLE_PROCESS_SCHEDULE, SINGLE_PROCESS_STEP, breaks, compare_first_step, show
 
 
+def hooks_before(traces: list, states0: list, position: int) -> list:
+    """``[{"hook", "ranks", "runs_on", "fact"}]``: the hooks some W=N ranks entered and the others never did, first
+    entered before rank 0's record at ``position`` was taken (what ran on some ranks only just before a field first
+    differed; ``runs_on`` and ``fact`` from the registry of who runs a hook, else None)."""
+    from ddpprobe.audit.evidence._hooks import WHO_RUNS
+
+    when = states0[position].get("t") if 0 <= position < len(states0) else None
+    if when is None:
+        return []
+    out = []
+    hooks = sorted(set().union(*((t.get("hooks") or {}) for t in traces)))
+    for hook in hooks:
+        ranks = [r for r, t in enumerate(traces) if hook in (t.get("hooks") or {})]
+        times = [(traces[r].get("hook_times") or {}).get(hook) for r in ranks]
+        if len(ranks) == len(traces) or not times or any(t is None or t > when for t in times):
+            continue
+        runs_on, fact = WHO_RUNS.get(hook, (None, None))
+        out.append({"hook": hook, "ranks": ranks, "runs_on": runs_on, "fact": fact})
+    return out
+
+
+def _after_hooks_text(item: dict) -> str:
+    parts = []
+    for h in item.get("after_hooks") or []:
+        who = f": {h['runs_on']} (shown by {h['fact']})" if h["runs_on"] else ""
+        parts.append(f"before this record only rank(s) {h['ranks']} ran {h['hook']}{who}")
+    return "; ".join(parts)
+
+
 def _first_step_record(states: list) -> Optional[dict]:
     return next((s for s in states if s.get("boundary") == "first_step"), None)
 
@@ -34,13 +63,17 @@ def contract_evidence(worlds) -> dict:
     trajectory = []
     if worlds.stage == "fit" and recorded:
         trajectory = schedule_lengths(worlds.single.traces[0].get("states") or [], states[0])
+    found = [b.to_dict() for b in breaks(states)] if recorded else []
+    for item in found:
+        if not item["root"]:
+            item["after_hooks"] = hooks_before(worlds.world.traces, states[0], item["position"])
     return {
         "world_size": worlds.world_size,
         "trajectory": trajectory,
         "recorded": recorded,
         "records": len(states[0]) if states else 0,
         "hooks": [states[0][0].get("hook"), states[0][-1].get("hook")] if recorded else [],
-        "breaks": [b.to_dict() for b in breaks(states)] if recorded else [],
+        "breaks": found,
         "first_step": first_step,
     }
 
@@ -102,7 +135,8 @@ def _where(item: dict) -> str:
 
 def break_text(item: dict) -> str:
     """``"<field> differs between the ranks from <hook> (epoch e, step s): rank 0 .., rank 1 .."``."""
-    return f"{item['field']} differs between the ranks from {_where(item)}: {_per_rank(item['per_rank'])}"
+    hooks = "".join(f" (only rank(s) {h['ranks']} ran {h['hook']} before it)" for h in item.get("after_hooks") or [])
+    return f"{item['field']} differs between the ranks from {_where(item)}{hooks}: {_per_rank(item['per_rank'])}"
 
 
 def first_step_text(first: dict) -> Optional[str]:
@@ -156,7 +190,9 @@ def _before_first_step(item: dict) -> bool:
 
 def _row_lines(item: dict) -> list:
     facts = "; ".join(item["facts"])
+    hooks = _after_hooks_text(item)
     return [
+        *([hooks[0].upper() + hooks[1:]] if hooks else []),
         f"The contract ({item['row']}): {item['rule']} at this boundary; {item['keeps_it']} (shown by {facts})",
         f"{hazards.NO_FIX}: no registry entry's evidence holds for this field",
     ]
@@ -198,7 +234,7 @@ def contract_lines(contract: dict) -> list:
         elif first["status"] == "equal":
             lines.append(("", "the first optimizer step's gradient equals one process's on the same samples"))
         else:
-            lines.append(("", f"the first optimizer step is {first['status']} with one process: {first['reason']}"))
+            lines.append(("", f"the first optimizer step was not compared with one process: {first['reason']}"))
     return lines
 
 
@@ -209,15 +245,20 @@ def _span(contract: dict) -> str:
     return f"{contract.get('records')} records, from {hooks[0]} to {hooks[-1]}"
 
 
+#: The contract rows whose fields feed every value a rank computes: when they differ, so may any logged value.
+FEEDS_VALUES = {"parameters": "parameters", "buffers": "buffers", "datasets": "datasets"}
+
+
 def weights_apart(contract: dict) -> Optional[dict]:
-    """The first break of a parameter (``param.*``), where the ranks' weights first differed, or None."""
-    return next((b for b in contract.get("breaks") or [] if b["field"].startswith("param.")), None)
+    """The first break of a field that feeds every value a rank computes (its parameters, buffers or dataset:
+    :data:`FEEDS_VALUES`), or None."""
+    return next((b for b in contract.get("breaks") or [] if b["row"] in FEEDS_VALUES), None)
 
 
 def apart_cause(item: dict) -> str:
-    """A key row's cause where the ranks held different weights (:func:`weights_apart`)."""
+    """A key row's cause where the ranks held different parameters, buffers or datasets (:func:`weights_apart`)."""
     return (
-        f"the ranks held different parameters from {_where(item)} on ({item['field']}; see the DDP contract), so "
-        "their values differ for that reason alone and no sync of them is the single process's; mend the "
-        "contract's first break first"
+        f"the ranks held different {FEEDS_VALUES[item['row']]} from {_where(item)} on ({item['field']}; see the DDP "
+        "contract), so their values also differ for that reason and no sync of them would be the single process's; "
+        "mend the contract's first break first"
     )

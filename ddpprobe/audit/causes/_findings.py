@@ -158,7 +158,7 @@ def _findings(result) -> list:
         else:
             raised_findings.append(text)
     contract = contract_findings(getattr(result, "contract", None) or {})
-    if contract and weights_apart(getattr(result, "contract", None) or {}) and result.stage == "fit":
+    if contract and weights_apart(getattr(result, "contract", None) or {}):
         moved = [f for f in out if f["problem"].split(":")[0] in _apart_keys(result)]
         contract[0]["consequences"] += [f["problem"] for f in moved]
         out = [f for f in out if f not in moved]
@@ -171,8 +171,9 @@ def _findings(result) -> list:
 
 
 def _apart_keys(result) -> set:
-    """The keys whose cause is the ranks' different weights (ddpprobe/audit/causes/_contract.py ``apart_cause``)."""
-    return {r.key for r in result.rows if r.cause and r.cause.startswith("the ranks held different parameters")}
+    """The keys whose cause is the ranks' different parameters, buffers or datasets (ddpprobe/audit/causes/_contract.py
+    ``apart_cause``)."""
+    return {r.key for r in result.rows if r.cause and r.cause.startswith("the ranks held different ")}
 
 
 def _plain(texts: list) -> list:

@@ -58,6 +58,20 @@ def own_epoch_values(world_logs: list, key: str, reduce_fx: str = "mean") -> tup
     return values, weights
 
 
+#: The relations a ``self.log`` sync with each ``reduce_fx`` can give (Lightning's mean is weighted by batch size).
+_SYNC_GIVES = {"mean": ("mean", "weighted mean"), "sum": ("sum",), "max": ("max",), "min": ("min",)}
+#: The relation each ``torch.distributed`` reduce op computes.
+_OP_GIVES = {"SUM": "sum", "MAX": "max", "MIN": "min", "AVG": "mean"}
+
+
+def _relation_value(name: str, values: list, weights: Optional[list]) -> float:
+    if name == "weighted mean" and weights and sum(weights) > 0:
+        return sum(v * w for v, w in zip(values, weights)) / sum(weights)
+    return {"mean": sum(values) / len(values), "sum": sum(values), "max": max(values), "min": min(values)}.get(
+        name, sum(values) / len(values)
+    )
+
+
 def _numbers(values: list) -> str:
     return "[" + ", ".join(format(v, ".6g") for v in values) + "]"
 
@@ -66,9 +80,20 @@ def explain_synced(target: float, world_logs: list, collectives: list, key: str,
     """For a key synced by ``self.log``: ``"the logged X is the <relation> of the ranks' own values [..] (made by
     <collective>)"``, or "" where no relation holds."""
     values, weights = own_epoch_values(world_logs, key, reduce_fx)
-    found = relations(target, values, weights, close)
-    if not found:
+    found = [
+        r
+        for r in relations(target, values, weights, close)
+        if r in _SYNC_GIVES.get(reduce_fx, ("mean", "weighted mean"))
+    ]
+    if any(v is None for v in values):
         return ""
+    if not found:
+        expected = _SYNC_GIVES.get(reduce_fx, ("mean", "weighted mean"))[-1]
+        return (
+            f"the ranks' own values {_numbers(values)} do not give the logged {target:.6g} by the sync's reduce_fx "
+            f"{reduce_fx!r} (their {expected} is {_relation_value(expected, values, weights):.6g}): the sync reduced "
+            "other values than the ranks' own epoch values (cause not shown)"
+        )
     made = next(
         (
             f"{c['op']} {c.get('reduce_op') or ''}".rstrip() + f" (self.log's {c.get('sync') or ''} sync of {key!r})"
@@ -100,11 +125,20 @@ def explain_own_collective(target: float, collectives: list, hooks: list, close)
         if not out or not close(out[0], target):
             continue
         inputs = [rank[index]["values"][0] if index < len(rank) else None for rank in firsts]
+        if any(v is None for v in inputs):
+            return ""
         found = relations(target, inputs, None, close)
-        relation = f"the {found[0]} of the ranks' inputs {_numbers(inputs)}" if found else f"from the inputs {inputs}"
+        gives = _OP_GIVES.get(c.get("reduce_op") or "")
+        if c.get("op") == "all_reduce" and gives:
+            found = [f for f in found if f == gives]
+        relation = (
+            f": the {found[0]} of the ranks' inputs {_numbers(inputs)}"
+            if found
+            else f" from the inputs {_numbers(inputs)}"
+        )
         op = f"{c['op']} {c.get('reduce_op') or ''}".rstrip()
         mean = f"; their mean is {sum(inputs) / len(inputs):.6g}" if "mean" not in (found[:1] or [""])[0] else ""
-        return f"the logged {target:.6g} is what {op} at {c.get('call_site')} returned: {relation}{mean}"
+        return f"the logged {target:.6g} is what {op} at {c.get('call_site')} returned{relation}{mean}"
     return ""
 
 

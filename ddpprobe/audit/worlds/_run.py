@@ -205,8 +205,8 @@ def assemble(worlds: Worlds, inputs: dict, rtol: float, atol: float) -> AuditRes
     )
     # A key the ranks' divergence took down is its consequence: the divergence's note carries the fix.
     apart = weights_apart(result.contract)
-    if apart is not None and worlds.stage == "fit":
-        # Values of a module whose weights differ per rank: the contract's break explains them.
+    if apart is not None:
+        # Values of ranks whose parameters, buffers or datasets differ: the contract's break explains them.
         explained = [
             dataclasses.replace(r, cause=apart_cause(apart), fixes=[], hazards=[])
             if r.problem and r.verdict in (RANK_DIVERGENT, SYNCED_DIFFERS) and r.level != "step"
