@@ -117,6 +117,7 @@ UNLISTED = {
     "test_reductions_outside_log.py::test_strategy_reduce_writes_the_result_into_the_input_tensor_and_a_clone_keeps_it": "no entry: the trace records the all_reduce, not that the module keeps the tensor it passed and so lost its own value",
     "test_reductions_outside_log.py::test_strategy_reduce_returns_a_python_number_unreduced": "no entry: a Python number makes no collective, so the trace holds no evidence of the call",
     "test_reductions_outside_log.py::test_fabric_all_reduce_turns_numbers_into_int32_float32_uint8_tensors_and_truncates_integer_means": "Fabric, not the Trainer: the audit runs LightningModules under a Trainer",
+    "test_reductions_outside_log.py::test_fabric_all_reduce_and_all_gather_walk_collections_and_leave_other_leaves_alone": "Fabric, not the Trainer: the audit runs LightningModules under a Trainer",
 }  # fmt: skip
 
 MODULES_TIMEOUT, HANG_TIMEOUT = 40.0, 12.0
