@@ -286,16 +286,17 @@ def test_fit_compares_validation_values_on_the_same_weights_and_does_not_blame_l
 
 
 def test_a_module_with_its_own_dataloaders_is_audited_without_a_data_factory():
-    """Lightning's own ``BoringModel`` (pytorch_lightning/demos/boring_classes.py) defines
-    ``val_dataloader``: ``audit(model)`` without a data factory validates it on that loader, each rank
-    running its ``DistributedSampler`` shard of the 64 samples, and finds nothing wrong."""
+    """Lightning's own ``BoringModel`` (pytorch_lightning/demos/boring_classes.py, written out in
+    tests/support/boring.py so that it imports on every release) defines ``val_dataloader``: ``audit(model)``
+    without a data factory validates it on that loader, each rank running its ``DistributedSampler`` shard
+    of the 64 samples, and finds nothing wrong."""
     from torch.utils.data import DistributedSampler
 
     skip_unless_runnable("gloo", 2)
     world_size = 2
-    result = audit("pytorch_lightning.demos.boring_classes:BoringModel", world_size=world_size, timeout=TIMEOUT)
+    result = audit("tests.support.boring:BoringModel", world_size=world_size, timeout=TIMEOUT)
 
-    from pytorch_lightning.demos.boring_classes import BoringModel
+    from tests.support.boring import BoringModel
 
     loader = BoringModel().val_dataloader()
     shards = [len(DistributedSampler(loader.dataset, world_size, r, shuffle=False)) for r in range(world_size)]
