@@ -13,7 +13,7 @@ The releases (``ddpprobe/card/releases.py``): the last 1.x and the last patch of
 ``pytorch-lightning``, and the newest of those for ``lightning``, read from ``pip index versions`` when
 this file loads (a pinned list, with a line on stderr, when the index cannot be asked).
 
-Regenerate everything, one release after another (about 25 minutes on 2 CPU cores, environments included)::
+Regenerate everything, one release after another (at least 26 minutes on 2 quiet CPU cores: docs/versions.md)::
 
     pip install -e ".[matrix]"          # nox and uv
     nox                                 # = nox -s facts matrix
