@@ -13,9 +13,9 @@ The releases (``ddpprobe/card/releases.py``): the last 1.x and the last patch of
 ``pytorch-lightning``, and the newest of those for ``lightning``, read from ``pip index versions`` when
 this file loads (a pinned list, with a line on stderr, when the index cannot be asked).
 
-Regenerate everything (about 1-2 minutes per release on 2 CPU cores)::
+Regenerate everything, one release after another (at least 26 minutes on 2 quiet CPU cores: docs/versions.md)::
 
-    pip install -e ".[matrix]"          # or: pip install nox
+    pip install -e ".[matrix]"          # nox and uv
     nox                                 # = nox -s facts matrix
     nox -s versions                     # the sessions' releases, one a line
 
@@ -25,7 +25,10 @@ One release, or only some tests, then the table from whatever JSON files exist::
     nox -s "facts(lightning==2.6.6)"
     nox -s matrix
 
-``nox -r`` reuses the environments of an earlier run (pip then finds everything installed: seconds).
+Environments are made with uv where it is installed (``venv_backend="uv|virtualenv"``: seconds a release
+from uv's cache; pip otherwise) and reused by the next run (``reuse_venv = "yes"``): an install then only
+adds what changed (a new pin, a new requirement); the project itself is installed editable, so code changes
+need no install. ``nox --reuse-venv=no`` makes every environment afresh.
 """
 
 from __future__ import annotations
@@ -33,6 +36,9 @@ from __future__ import annotations
 import importlib.util
 import os
 import pathlib
+import shlex
+import subprocess
+import sys
 
 import nox
 
@@ -59,16 +65,22 @@ RELEASES = [("pytorch-lightning", v) for v in releases("pytorch-lightning")] + [
 #: The import package each distribution is run as (``DDPPROBE_LIGHTNING``, ddpprobe/_lightning.py).
 IMPORT_NAME = {"pytorch-lightning": "pytorch_lightning", "lightning": "lightning"}
 
-#: One torch build for every version, installed first, so no step pulls another (e.g. a CUDA) build.
+#: One torch build for every version, pinned in the install of each release, so nothing pulls another (e.g. a
+#: CUDA) build.
 TORCH = os.environ.get("DDPPROBE_MATRIX_TORCH", "torch==2.13.0")
 
 #: Where each version's semantics card (Markdown + JSON) lands.
 OUT = pathlib.Path(".nox-out")
 
 #: Older releases ``import pkg_resources`` when imported (pytorch_lightning/__init__.py declares a
-#: namespace package with it; lightning_utilities' ``RequirementCache`` calls it). Recent setuptools no
-#: longer ship ``pkg_resources``, and torch 2.13 pulls a recent one, so such a release gets this one.
-PKG_RESOURCES_SETUPTOOLS = "setuptools<70"
+#: namespace package with it; lightning_utilities' ``RequirementCache`` calls it). setuptools 82 no longer
+#: ships ``pkg_resources`` and 80-81 warn with a ``UserWarning`` when it is imported (earlier ones with a
+#: ``DeprecationWarning``, hidden by default); 79 meets torch 2.13's ``setuptools>=77.0.3``, so a reused
+#: environment keeps it (no later install undoes it).
+PKG_RESOURCES_SETUPTOOLS = "setuptools<80"
+
+#: How the pytest-xdist workers of a ``facts`` session are counted (``-n``): one per core.
+WORKERS = os.environ.get("DDPPROBE_MATRIX_WORKERS", "auto")
 
 #: Prints "yes" when importing the package fails for want of ``pkg_resources`` (a feature check, not a
 #: version list, so a new release needs no entry anywhere else). ``{module}``: the import name.
@@ -85,6 +97,56 @@ else:
 
 nox.options.sessions = ["facts", "matrix"]
 nox.options.error_on_missing_interpreters = True
+# uv makes an environment and installs torch and Lightning in seconds from its cache; where uv is not
+# installed, virtualenv and pip do (minutes). An environment of an earlier run is reused, its installs
+# then add only what is missing.
+nox.options.default_venv_backend = "uv|virtualenv"
+nox.options.reuse_venv = "yes"
+
+#: pip's settings (``pip config list``: files and environment) and the uv variable of each. uv reads no pip
+#: configuration, so a machine whose pip finds wheels in a local folder or on an extra index (a CPU-only
+#: torch build, a mirror) gives the same places to uv. ``(variable, separator)``.
+_PIP_TO_UV = {
+    "index-url": ("UV_DEFAULT_INDEX", " "),
+    "extra-index-url": ("UV_INDEX", " "),
+    "find-links": ("UV_FIND_LINKS", ","),
+    "constraint": ("UV_CONSTRAINT", " "),
+    "cert": ("SSL_CERT_FILE", None),
+}
+
+
+def uv_environment(pip_config: str) -> dict:
+    """The uv variables that give uv what ``pip_config`` (the output of ``pip config list``, lines
+    ``global.find-links='/opt/wheels'``) gives pip, and pip's choice among indexes: the best version on
+    any of them (``UV_INDEX_STRATEGY=unsafe-best-match``; uv's default takes a package from the first
+    index that has it, so a local index holding only the newest Lightning would hide 1.9.5)."""
+    found: dict = {}
+    for line in pip_config.splitlines():
+        key, _, value = line.partition("=")
+        name = key.rpartition(".")[2]
+        if name in _PIP_TO_UV and value:
+            found[name] = shlex.split(value)[0].split()
+    variables = {"UV_INDEX_STRATEGY": "unsafe-best-match"}
+    for name, values in found.items():
+        variable, separator = _PIP_TO_UV[name]
+        variables[variable] = values[0] if separator is None else separator.join(values)
+    return variables
+
+
+def _uv_settings(session: nox.Session) -> None:
+    """Give this session's uv pip's places to look (:func:`uv_environment`), unless the caller set a uv
+    variable already, or the session installs with pip."""
+    if getattr(session.virtualenv, "venv_backend", None) != "uv":
+        return
+    try:
+        pip_config = subprocess.run(
+            [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, timeout=60
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        pip_config = ""
+    for variable, value in uv_environment(pip_config).items():
+        if variable not in os.environ:
+            session.env[variable] = value
 
 
 def _project_requirements() -> list:
@@ -120,11 +182,11 @@ def facts(session: nox.Session, distribution: str, version: str) -> None:
     error, internal error, no tests collected) fails the session.
     """
     module = IMPORT_NAME[distribution]
-    session.install(TORCH)
-    session.install(f"{distribution}=={version}", *_project_requirements())
+    _uv_settings(session)
+    # One resolution with torch pinned, so nothing pulls another (e.g. a CUDA) build.
+    session.install(TORCH, f"{distribution}=={version}", *_project_requirements())
     session.install("--no-deps", "-e", ".")
-    # Last, since torch 2.13 asks for setuptools>=77 and pip would upgrade it back: a release whose
-    # import needs ``pkg_resources`` (gone from recent setuptools) gets a setuptools that has it.
+    # A release whose import needs ``pkg_resources`` (gone from recent setuptools) gets a setuptools that has it.
     needs = session.run_install("python", "-c", _NEEDS_PKG_RESOURCES.format(module=module), silent=True)
     if needs is not None and needs.strip() == "yes":
         session.install(PKG_RESOURCES_SETUPTOOLS)
@@ -146,7 +208,7 @@ def facts(session: nox.Session, distribution: str, version: str) -> None:
         "-m",
         "pytest",
         "-n",
-        "auto",
+        WORKERS,
         "-p",
         "no:cacheprovider",
         "-q",
@@ -166,6 +228,7 @@ def matrix(session: nox.Session) -> None:
     if not cards:
         session.error(f"no {OUT}/semantics-*.json: run `nox -s facts` first")
     # ddpprobe.card.matrix needs only packaging and jsonschema: this environment has no torch or Lightning.
+    _uv_settings(session)
     session.install("packaging", "jsonschema>=4.18")
     session.install("--no-deps", "-e", ".")
     session.run(

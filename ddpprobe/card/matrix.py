@@ -1,7 +1,9 @@
 """The version matrix: semantics cards of several Lightning releases merged into one facts x releases table.
 
 ``noxfile.py`` runs the suite once per release (:mod:`ddpprobe.card.releases`), each run writing a card's
-JSON twin; :func:`build_matrix` merges them and :func:`render_matrix` writes ``docs/matrix.md``. A column is
+JSON twin; :func:`build_matrix` merges them and :func:`render_matrix` writes ``docs/matrix.md``: the facts'
+verdicts, and a column of the tooling's own tests per release (``tooling`` of each card: pytest's counts and
+every test that did not pass, with its reason). A column is
 one (distribution, version): ``pytorch-lightning`` releases, and the unified ``lightning`` package at the
 releases it ran, so a fact that differs between the two packages at the same release is listed as such.
 The cell words come from the card's schema (``x-cell`` of each outcome in ``schema.json``). Needs the
@@ -22,7 +24,7 @@ from typing import Optional
 
 from packaging.version import Version
 
-from ddpprobe.card.schema import OUTCOMES, SCHEMA, card_problems
+from ddpprobe.card.schema import OUTCOMES, SCHEMA, TEST_OUTCOMES, card_problems
 
 #: The cell of a fact a run did not have (the test did not exist in that release's run).
 ABSENT = "–"
@@ -87,10 +89,10 @@ def build_matrix(cards: list) -> dict:
 
     Returns:
         ``{"columns": [{"column", "distribution", "version", "torchmetrics", "torch", "python", "summary",
-        "generated"}], "topics": [{"module", "path", "topic", "rows": [{"nodeid", "function", "case",
+        "tooling", "generated"}], "topics": [{"module", "path", "topic", "rows": [{"nodeid", "function", "case",
         "fact", "cells": {column: {"outcome", "verdict", "detail"} | None}}]}]}``, columns by version,
         pytorch-lightning before lightning. Topics and rows keep the order of the newest card, then facts
-        only older cards have.
+        only older cards have. ``tooling`` is the card's (None for a card written before it had one).
     """
     by_column = {column_of(card): card for card in cards}
     columns = sorted(by_column, key=lambda c: _column_key(by_column[c]))
@@ -125,6 +127,7 @@ def build_matrix(cards: list) -> dict:
                 "torch": env["torch"],
                 "python": env["python"],
                 "summary": card["summary"],
+                "tooling": card.get("tooling"),
                 "generated": card["generated"],
             }
         )
@@ -208,6 +211,52 @@ def _reasons(rows: list, columns: list) -> list:
     return lines
 
 
+def tooling_failures(matrix: dict) -> int:
+    """How many tests of the tooling failed or errored, summed over the columns (0: the tooling holds on
+    every release)."""
+    return sum(
+        c["tooling"]["summary"]["failed"] + c["tooling"]["summary"]["error"] for c in matrix["columns"] if c["tooling"]
+    )
+
+
+def _tooling(matrix: dict) -> list:
+    """The tooling's counts per column, then every test that did not pass somewhere, with the reason per column."""
+    words = [w for w in TEST_OUTCOMES if w != "not_run"]
+    lines = [
+        "",
+        "## The tooling's own tests on each release",
+        "",
+        "Each session also ran the tests of ddpprobe itself (`tests/tooling/`: the launcher, the audit, the "
+        "guard, the trace, the card), which must pass on every release: a test skips only where the release "
+        "lacks the Lightning feature it needs, named in its reason (docs/versions.md lists them).",
+        "",
+        "| release | tests | " + " | ".join(words) + " | not run |",
+        "| --- | --- | " + " | ".join("---" for _ in words) + " | --- |",
+    ]
+    for c in matrix["columns"]:
+        t = c["tooling"]
+        if t is None:
+            lines.append(f"| {c['column']} | {ABSENT} | " + " | ".join(ABSENT for _ in words) + f" | {ABSENT} |")
+            continue
+        s = t["summary"]
+        cells = [f"**{s[w]}**" if s[w] and w in ("failed", "error", "xpassed") else str(s[w]) for w in words]
+        lines.append(f"| {c['column']} | {sum(s.values())} | " + " | ".join(cells) + f" | {s['not_run']} |")
+    by_test: dict = {}
+    for c in matrix["columns"]:
+        for entry in (c["tooling"] or {}).get("not_passed", []):
+            why = entry["detail"] or "no reason given"
+            if entry["outcome"] == "skipped":
+                why = why.split("; installed ")[0]
+            reason = f"{entry['outcome'].replace('_', ' ')}: {_md(_short(why))}"
+            by_test.setdefault(entry["nodeid"], {}).setdefault(reason, []).append(c["column"])
+    if by_test:
+        lines += ["", "The tests that did not pass everywhere, with the reason per release:", ""]
+        for nodeid, reasons in by_test.items():
+            lines.append(f"- `{nodeid}`")
+            lines += [f"  - {', '.join(cs)}: {why}" for why, cs in reasons.items()]
+    return lines
+
+
 def render_matrix(matrix: dict, command: str = "nox -s facts matrix") -> str:
     """The matrix as Markdown: the runs, a legend, the facts that differ between the two packages at the
     same release, the facts that differ across releases (each with the reason for every cell that is
@@ -235,6 +284,7 @@ def render_matrix(matrix: dict, command: str = "nox -s facts matrix") -> str:
             f"| {s['error'] + s['not_run']} |"
         )
     lines += ["", "Cells:", ""] + [f"- {cell}: {meaning}" for cell, meaning in legend()]
+    lines += _tooling(matrix)
 
     pairs = package_pairs(matrix)
     if pairs:
@@ -298,7 +348,7 @@ def main(argv=None) -> int:
         f"{out}: {sum(len(t['rows']) for t in matrix['topics'])} test cases x {len(matrix['columns'])} "
         f"columns ({', '.join(c['column'] for c in matrix['columns'])}); {len(differing_rows(matrix))} differ "
         f"across releases, {sum(len(package_differences(matrix, *p)[0]) for p in package_pairs(matrix))} between "
-        "the two packages"
+        f"the two packages; {tooling_failures(matrix)} tests of the tooling failed"
     )
     return 0
 

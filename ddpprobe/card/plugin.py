@@ -9,7 +9,8 @@ After the run this writes ``docs/semantics.md`` (:mod:`ddpprobe.card.markdown`),
 ``docs/semantics.json`` (``ddpprobe/card/schema.json``, checked before writing) and the sharding picture
 ``docs/semantics-sharding.svg`` (:mod:`ddpprobe.card.sharding`; ``--semantics-no-picture`` leaves it out).
 One row per test case; tests marked ``@pytest.mark.not_a_fact("reason")`` (tests of the tooling rather
-than of DDP) are listed apart under ``left_out``.
+than of DDP) are listed apart under ``left_out``, and how they ended under ``tooling`` (pytest's counts and
+every test that did not pass, with its reason: the version matrix's tooling column).
 
 Under pytest-xdist every worker attaches the fact's metadata (docstrings, parameters) to its set-up report
 as ``report.semantics_fact`` (pytest serialises extra report attributes for xdist) and numbers travel in
@@ -30,7 +31,7 @@ from ddpprobe.card import record
 from ddpprobe.card.environment import environment
 from ddpprobe.card.markdown import render_markdown
 from ddpprobe.card.record import SemanticsRecorder
-from ddpprobe.card.schema import OUTCOMES, SCHEMA, validate_card, verdict_words
+from ddpprobe.card.schema import OUTCOMES, SCHEMA, TEST_OUTCOME_OF, TEST_OUTCOMES, validate_card, verdict_words
 from ddpprobe.card.sharding import PICTURE_WORLD_SIZE, sharding_entry
 from ddpprobe.card.summary import order_topics
 
@@ -114,6 +115,20 @@ def fact_row(meta: dict, reports: dict, numbers: list) -> dict:
         "numbers": numbers,
         "duration_s": round(float(duration), 4),
     }
+
+
+def tooling_entry(reports_of: list) -> dict:
+    """The card's ``tooling``: how the left-out tests ended, from ``[(nodeid, {phase: report})]`` in
+    collection order; ``{"summary": {pytest outcome: count}, "not_passed": [{"nodeid", "outcome", "detail"}]}``."""
+    summary = {word: 0 for word in TEST_OUTCOMES}
+    not_passed = []
+    for nodeid, reports in reports_of:
+        code, detail = record.outcome_of(reports)
+        word = TEST_OUTCOME_OF[code]
+        summary[word] += 1
+        if word != "passed":
+            not_passed.append({"nodeid": nodeid, "outcome": word, "detail": detail})
+    return {"summary": summary, "not_passed": not_passed}
 
 
 class CardCollector:
@@ -204,6 +219,7 @@ class CardCollector:
             "summary": {code: sum(f["outcome"] == code for f in facts) for code in OUTCOMES},
             "topics": order_topics(list(topics.values())),
             "left_out": left_out,
+            "tooling": tooling_entry([(nodeid, self.reports.get(nodeid, {})) for nodeid in left_out]),
             "sharding": None if self.config.getoption("semantics_no_picture", False) else self._sharding(),
         }
 

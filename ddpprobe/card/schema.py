@@ -46,6 +46,22 @@ OUTCOMES: dict = {
 }
 
 
+#: How a test of the tooling (``not_a_fact``) can end, in pytest's words, in the schema's order
+#: (``$defs.test_outcome``): the card's ``tooling.summary`` keys and the version matrix's tooling columns.
+TEST_OUTCOMES: tuple = tuple(SCHEMA_DOCUMENT["$defs"]["test_outcome"]["enum"])
+
+#: The pytest word of each outcome code, for a test that states no fact.
+TEST_OUTCOME_OF: dict = {
+    "holds": "passed",
+    "does_not_hold": "failed",
+    "bug_present": "xfailed",
+    "bug_fixed": "xpassed",
+    "skipped": "skipped",
+    "error": "error",
+    "not_run": "not_run",
+}
+
+
 def verdict_words(outcome: str, detail: Optional[str]) -> str:
     """The verdict as the card shows it: ``"holds"``, ``"skipped: needs 8 GPUs"``.
 
@@ -101,6 +117,15 @@ def _consistency_problems(card: dict) -> list:
         counted = {code: sum(fact["outcome"] == code for _, fact in facts) for code in OUTCOMES}
         if counted != card["summary"]:
             problems.append(f"card.summary: does not count the facts' outcomes {counted}")
+    tooling = card.get("tooling")
+    if tooling is not None:
+        if set(tooling["summary"]) != set(TEST_OUTCOMES):
+            problems.append(f"card.tooling.summary: expected keys {', '.join(TEST_OUTCOMES)}")
+        elif sum(tooling["summary"].values()) != len(card["left_out"]):
+            problems.append(f"card.tooling.summary: counts {len(card['left_out'])} left-out tests differently")
+        elif len(tooling["not_passed"]) != len(card["left_out"]) - tooling["summary"]["passed"]:
+            problems.append("card.tooling.not_passed: expected one entry per left-out test that did not pass")
+
     if card["world_sizes"] != sorted(card["world_sizes"]):
         problems.append("card.world_sizes: expected sorted distinct ints")
     sharding = card["sharding"]

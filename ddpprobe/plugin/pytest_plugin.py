@@ -164,7 +164,7 @@ def pytest_addoption(parser) -> None:
 def pytest_configure(config) -> None:
     config.addinivalue_line(
         "markers",
-        "run_if(min_gpus=0, backend=None, lightning=None): run only where these needs are met, else skip "
+        "run_if(min_gpus=0, backend=None, lightning=None, feature=None): run only where these needs are met, else skip "
         "with the reason (use ddpprobe.plugin.runif.run_if to build it)",
     )
     config.addinivalue_line(

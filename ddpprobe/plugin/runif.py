@@ -20,6 +20,9 @@ cannot run, so pytest's ``-ra`` summary points at the skipped test itself. Reaso
 - ``needs >= 2 CUDA devices (found 0)``
 - ``needs --backend nccl (this run: gloo)``
 - ``applies to pytorch-lightning <2.0; installed 2.6.6`` (or ``lightning <2.0; ...`` with ``--lightning lightning``)
+- ``applies to pytorch-lightning >=2.6 (EarlyStopping.stopping_reason); installed 2.5.6``: a range given with
+  the Lightning feature it stands for (``run_if(lightning=">=2.6", feature="EarlyStopping.stopping_reason")``),
+  so the reason says what the release lacks, not only its number (docs/versions.md lists them)
 
 Facts parametrised by ``world_size`` need one CUDA device per rank under ``--backend nccl``:
 :func:`world_skip_reason` says why such a world cannot run here.
@@ -54,11 +57,15 @@ class Requirements:
         backend: the run's ``--backend`` the fact needs (``"gloo"`` or ``"nccl"``), or None for any.
         lightning: a PEP 440 specifier set the chosen Lightning package's version must lie in (e.g.
             ``"<2.0"``, ``">=2.0,<2.2"``; post-releases count as their release), or None for any.
+        feature: what ``lightning`` stands for, named in the reason: the Lightning feature the range
+            has (``"EarlyStopping.stopping_reason"``) or lacks (``"no EarlyStopping.stopping_reason"``);
+            None to give the range alone.
     """
 
     min_gpus: int = 0
     backend: Optional[str] = None
     lightning: Optional[str] = None
+    feature: Optional[str] = None
 
     def __post_init__(self) -> None:
         if isinstance(self.min_gpus, bool) or not isinstance(self.min_gpus, int) or self.min_gpus < 0:
@@ -72,6 +79,13 @@ class Requirements:
                 raise ValueError(
                     f"run_if(lightning={self.lightning!r}) is not a version range; write e.g. '>=2.0' or '>=2.0,<2.2'"
                 ) from None
+        if self.feature is not None and (not isinstance(self.feature, str) or not self.feature.strip()):
+            raise ValueError(f"run_if(feature={self.feature!r}): name the Lightning feature in words, or leave it out")
+        if self.feature is not None and self.lightning is None:
+            raise ValueError(
+                f"run_if(feature={self.feature!r}) names what a Lightning range stands for; give the range too "
+                "(lightning='>=2.6')"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,7 +120,9 @@ class RunEnvironment:
         )
 
 
-def run_if(*, min_gpus: int = 0, backend: Optional[str] = None, lightning: Optional[str] = None):
+def run_if(
+    *, min_gpus: int = 0, backend: Optional[str] = None, lightning: Optional[str] = None, feature: Optional[str] = None
+):
     """The marker that runs a fact only where its needs are met, and skips it with the reason elsewhere.
 
     Args:
@@ -114,6 +130,8 @@ def run_if(*, min_gpus: int = 0, backend: Optional[str] = None, lightning: Optio
         backend: the ``--backend`` the run must use (``needs --backend nccl (this run: gloo)``).
         lightning: a version range of the chosen Lightning package, e.g. ``"<2.0"``
             (``applies to pytorch-lightning <2.0; installed 2.6.6``).
+        feature: the Lightning feature that range has or lacks, named in the reason
+            (``applies to pytorch-lightning >=2.6 (EarlyStopping.stopping_reason); installed 2.5.6``).
 
     Returns:
         ``pytest.mark.run_if(Requirements(...))``, for a decorator, ``pytestmark`` or
@@ -121,11 +139,14 @@ def run_if(*, min_gpus: int = 0, backend: Optional[str] = None, lightning: Optio
 
     Raises:
         ValueError: a need is malformed (negative ``min_gpus``, unknown backend, a range that is not
-            PEP 440); the message names the value. Raised when the test module is imported.
+            PEP 440, a feature without a range); the message names the value. Raised when the test module
+            is imported.
     """
     import pytest
 
-    return getattr(pytest.mark, MARKER)(Requirements(min_gpus=min_gpus, backend=backend, lightning=lightning))
+    return getattr(pytest.mark, MARKER)(
+        Requirements(min_gpus=min_gpus, backend=backend, lightning=lightning, feature=feature)
+    )
 
 
 def lightning_in(spec: str, installed: Optional[str]) -> bool:
@@ -159,10 +180,11 @@ def unmet(requirements: Requirements, environment: RunEnvironment) -> List[Tuple
     if requirements.lightning is not None:
         installed = environment.lightning_version
         if installed is None or not lightning_in(requirements.lightning, installed):
+            feature = f" ({requirements.feature})" if requirements.feature else ""
             found.append(
                 (
                     LIGHTNING,
-                    f"applies to {environment.lightning_distribution} {requirements.lightning}; "
+                    f"applies to {environment.lightning_distribution} {requirements.lightning}{feature}; "
                     f"installed {installed or 'none'}",
                 )
             )
@@ -190,12 +212,13 @@ def world_skip_reason(backend: str, world_size: int, device_count: int) -> Optio
 
 def requirements_of(item) -> Requirements:
     """The needs of one collected pytest item: every ``run_if`` marker on it, its class and its module
-    merged (the most GPUs; a backend or range from the closest marker that names one).
+    merged (the most GPUs; a backend from the closest marker that names one; every range, intersected,
+    with every feature named).
 
     Raises:
         ValueError: two markers on the item ask for different backends.
     """
-    min_gpus, backend, ranges = 0, None, []
+    min_gpus, backend, ranges, features = 0, None, [], []
     for marker in item.iter_markers(MARKER):
         need = marker.args[0] if marker.args else Requirements(**marker.kwargs)
         min_gpus = max(min_gpus, need.min_gpus)
@@ -205,4 +228,8 @@ def requirements_of(item) -> Requirements:
             backend = backend or need.backend
         if need.lightning is not None:
             ranges.append(need.lightning)
-    return Requirements(min_gpus=min_gpus, backend=backend, lightning=",".join(ranges) or None)
+        if need.feature is not None:
+            features.append(need.feature)
+    return Requirements(
+        min_gpus=min_gpus, backend=backend, lightning=",".join(ranges) or None, feature=", ".join(features) or None
+    )

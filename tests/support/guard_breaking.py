@@ -1,7 +1,7 @@
 """Scenarios for tests/tooling/guard/test_guard_breaking.py: modules written the way users write them
-(Lightning's ``BoringModel``, torchmetrics objects, several stages and dataloaders, manual optimization,
-their own barriers), run with ``CollectiveGuard`` (``guard=True``) or without it, and a few hazards the
-facts do not cover.
+(Lightning's ``BoringModel`` from tests/support/boring.py, torchmetrics objects, several stages and
+dataloaders, manual optimization, their own barriers), run with ``CollectiveGuard`` (``guard=True``) or
+without it, and a few hazards the facts do not cover.
 
 Every record holds ``pg_seq`` (how far the default process group's sequence number moved in the run:
 how many collectives the backend ran) and ``checks`` (the checks the guard passed in its last stage;
@@ -9,7 +9,6 @@ None without the guard), like tests/support/guarded.py. The modules live in the 
 ``ddpprobe`` package, so their calls read as a user's code would.
 """
 
-import importlib
 import os
 
 import torch
@@ -21,6 +20,7 @@ from ddpprobe.guard import CollectiveGuard
 from ddpprobe.probes.common import ddp_trainer, floats, id_loader, seed_everything
 from ddpprobe.probes.data import IdDataset
 from ddpprobe.trace import pg_seq
+from tests.support.boring import BoringModel
 
 
 def _callbacks(guard: bool) -> list:
@@ -50,11 +50,7 @@ def _ckpt_files(info) -> list:
 # ---------------------------------------------------------------------------------------------
 
 
-def _boring_model_class():
-    return importlib.import_module(pl.__name__ + ".demos.boring_classes").BoringModel
-
-
-class MonitoredBoringModel(_boring_model_class()):
+class MonitoredBoringModel(BoringModel):
     """``BoringModel`` logging its training loss on step and epoch to the progress bar (no sync) and its
     validation loss ``val_loss`` with ``sync_dist=True`` (the key the callbacks monitor)."""
 

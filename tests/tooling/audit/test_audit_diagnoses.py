@@ -13,6 +13,7 @@ import pytest
 
 from ddpprobe import audit as ddp_audit
 from ddpprobe.audit import audit
+from ddpprobe.plugin.runif import run_if
 from tests.support import audit_modules, oracle
 from tests.support.worlds import skip_unless_runnable
 
@@ -286,16 +287,17 @@ def test_fit_compares_validation_values_on_the_same_weights_and_does_not_blame_l
 
 
 def test_a_module_with_its_own_dataloaders_is_audited_without_a_data_factory():
-    """Lightning's own ``BoringModel`` (pytorch_lightning/demos/boring_classes.py) defines
-    ``val_dataloader``: ``audit(model)`` without a data factory validates it on that loader, each rank
-    running its ``DistributedSampler`` shard of the 64 samples, and finds nothing wrong."""
+    """Lightning's own ``BoringModel`` (pytorch_lightning/demos/boring_classes.py, written out in
+    tests/support/boring.py so that it imports on every release) defines ``val_dataloader``: ``audit(model)``
+    without a data factory validates it on that loader, each rank running its ``DistributedSampler`` shard
+    of the 64 samples, and finds nothing wrong."""
     from torch.utils.data import DistributedSampler
 
     skip_unless_runnable("gloo", 2)
     world_size = 2
-    result = audit("pytorch_lightning.demos.boring_classes:BoringModel", world_size=world_size, timeout=TIMEOUT)
+    result = audit("tests.support.boring:BoringModel", world_size=world_size, timeout=TIMEOUT)
 
-    from pytorch_lightning.demos.boring_classes import BoringModel
+    from tests.support.boring import BoringModel
 
     loader = BoringModel().val_dataloader()
     shards = [len(DistributedSampler(loader.dataset, world_size, r, shuffle=False)) for r in range(world_size)]
@@ -319,13 +321,25 @@ def test_a_refused_stage_suggests_only_stages_the_module_and_its_data_can_run():
 # --- 5. what callbacks did comes from their recorded state ---------------------------------------------
 
 
-def test_callbacks_are_reported_from_each_ranks_recorded_state_compared_across_ranks():
+@pytest.mark.parametrize(
+    "stopping_reason",
+    [
+        pytest.param(
+            True, id="stopping_reason", marks=run_if(lightning=">=2.6", feature="EarlyStopping.stopping_reason")
+        ),
+        pytest.param(
+            False, id="no_stopping_reason", marks=run_if(lightning="<2.6", feature="no EarlyStopping.stopping_reason")
+        ),
+    ],
+)
+def test_callbacks_are_reported_from_each_ranks_recorded_state_compared_across_ranks(stopping_reason):
     """``ModelCheckpoint`` and ``EarlyStopping`` (``mode="max"``, ``patience=1``) monitor an unsynced
     ``val_score`` that rises on rank 0 and falls on rank 1 (W=2, 8 samples, up to 3 epochs). From each
     rank's own values the oracle gives: the first epoch's checkpoint is the only one (rank 1 vetoes every
     later save), so each rank keeps its own epoch-0 score under one file name; rank 1 alone runs out of
-    patience at epoch 1 and stops every rank, and only rank 1 records why. The audit prints each rank's
-    recorded state and no fixed sentence about ModelCheckpoint."""
+    patience at epoch 1 and stops every rank, and only rank 1 records why (``EarlyStopping.stopping_reason``,
+    new in 2.6; on earlier releases no rank has one to record). The audit prints each rank's recorded state
+    and no fixed sentence about ModelCheckpoint."""
     n, world_size, batch_size, epochs = 8, 2, 2, 3
     result = _audit("make_monitored_model", "make_fit_8", "fit", max_epochs=epochs)
 
@@ -346,7 +360,8 @@ def test_callbacks_are_reported_from_each_ranks_recorded_state_compared_across_r
     assert checkpoint["best_model_score"] == pytest.approx([v[saved[-1]] for v in values]), checkpoint
     assert checkpoint["best_model_path"] == [name] * world_size and checkpoint["files"] == [[name]] * world_size
     assert early["stopped_epoch"] == [stopped] * world_size, early
-    assert early["stopping_reason"] == ["PATIENCE_EXHAUSTED" if d[stopped] else "NOT_STOPPED" for d in decisions]
+    reasons = ["PATIENCE_EXHAUSTED" if d[stopped] else "NOT_STOPPED" for d in decisions]
+    assert early["stopping_reason"] == (reasons if stopping_reason else [None] * world_size), early
     assert found["ModelCheckpoint"]["differs"] == ["best_model_score", "best_k_models"], found
     text = " ".join(result.format().split())
     assert "names files and keeps best_model_score from rank 0" not in text, text

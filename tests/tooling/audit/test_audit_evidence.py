@@ -17,6 +17,7 @@ import pytest
 
 from ddpprobe import audit as ddp_audit
 from ddpprobe.audit import AuditInputError, audit
+from ddpprobe.plugin.runif import run_if
 from tests.support import oracle
 from tests.support.worlds import skip_unless_runnable
 
@@ -201,14 +202,34 @@ def test_uneven_user_shards_a_step_and_epoch_synced_value_aborts_a_rank_and_the_
     assert result.counts["val"]["batches"] == batches and result.exit_code == 1
 
 
+#: The first collective of a training step: from 2.5.2 the training loop's own per-step broadcast
+#: (pytorch_lightning/loops/training_epoch_loop.py ``_broadcast_sigterm_tensor``, before the backward); before
+#: it, the backward's gradient all_reduce (DDP's reducer: a bucket of the model's 3 parameters' values).
+_FIRST_COLLECTIVE_OF_A_STEP = [
+    pytest.param(
+        ("broadcast", "library", "training_epoch_loop"),
+        id="sigterm_broadcast",
+        marks=run_if(lightning=">=2.5.2", feature="the training loop's per-step SIGTERM broadcast"),
+    ),
+    pytest.param(
+        ("all_reduce", "internal", None),
+        id="gradient_all_reduce",
+        marks=run_if(lightning="<2.5.2", feature="no per-step SIGTERM broadcast in the training loop"),
+    ),
+]
+
+
 @pytest.mark.waits_for_timeout
-def test_uneven_user_shards_in_fit_the_trace_shows_rank_0s_third_training_step_against_rank_1s_epoch_loss_sync(backend):
+@pytest.mark.parametrize("first_collective", _FIRST_COLLECTIVE_OF_A_STEP)
+def test_uneven_user_shards_in_fit_the_trace_shows_rank_0s_third_training_step_against_rank_1s_epoch_loss_sync(
+    backend, first_collective
+):
     """Issue-14 input 4, ``--stage fit``, epoch-level ``train_loss`` with ``sync_dist=True``: rank 0 runs a
     third training batch, whose first collective is the training loop's own per-step broadcast
-    (pytorch_lightning/loops/training_epoch_loop.py ``_broadcast_sigterm_tensor``, before the backward's
-    gradient all_reduce), while rank 1, done with its 2 batches, enters the epoch sync of ``train_loss``.
-    The key without a value is not called "synced"; the first divergence pairs those two entries, and
-    the diagnosis names the per-batch count and the equal-batches fix."""
+    (pytorch_lightning/loops/training_epoch_loop.py ``_broadcast_sigterm_tensor``, from 2.5.2; before it, the
+    backward's gradient all_reduce), while rank 1, done with its 2 batches, enters the epoch sync of
+    ``train_loss``. The key without a value is not called "synced"; the first divergence pairs those two
+    entries, and the diagnosis names the per-batch count and the equal-batches fix."""
     n, world_size = 5, 2
     result = _audit(
         "make_train_loss_model", "make_sharded_iterable_5_fit", world_size, backend, "fit", timeout=HANG_TIMEOUT
@@ -220,7 +241,8 @@ def test_uneven_user_shards_in_fit_the_trace_shows_rank_0s_third_training_step_a
     assert divergence is not None, result.format()
     assert (divergence["kind"], divergence["ranks"]) == ("mismatch", list(range(world_size))), divergence
     step, epoch_sync = divergence["entries"]
-    assert (step["op"], step["source"]) == ("broadcast", "library") and "training_epoch_loop" in step["origin"], step
+    op, source, origin = first_collective
+    assert (step["op"], step["source"]) == (op, source) and (origin is None or origin in step["origin"]), step
     assert (epoch_sync["source"], epoch_sync["key"], epoch_sync["sync"]) == ("self.log", "train_loss", "epoch")
     assert divergence["diagnosis"]["fixes"] == ["uneven_batches_fit"], divergence["diagnosis"]
     assert result.counts["train"]["batches"] == [len(range(r, n, world_size)) for r in range(world_size)]

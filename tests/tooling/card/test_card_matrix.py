@@ -8,7 +8,15 @@ import pytest
 
 from ddpprobe.card import matrix, releases
 from ddpprobe.card.plugin import fact_row
-from ddpprobe.card.schema import OUTCOMES, SCHEMA, SCHEMA_DOCUMENT, card_problems, validate_card, verdict_words
+from ddpprobe.card.schema import (
+    OUTCOMES,
+    SCHEMA,
+    SCHEMA_DOCUMENT,
+    TEST_OUTCOMES,
+    card_problems,
+    validate_card,
+    verdict_words,
+)
 
 
 def _fact(function: str, outcome: str, case=None, detail=None) -> dict:
@@ -25,8 +33,9 @@ def _fact(function: str, outcome: str, case=None, detail=None) -> dict:
     return row
 
 
-def _card(distribution: str, version: str, facts: list) -> dict:
-    """A valid card of ``distribution==version`` holding ``facts`` in one topic."""
+def _card(distribution: str, version: str, facts: list, tooling=None) -> dict:
+    """A valid card of ``distribution==version`` holding ``facts`` in one topic; ``tooling``: the left-out
+    tests as ``[(nodeid, pytest outcome, detail)]`` (None: a card written before it had a tooling entry)."""
     package = {"pytorch-lightning": "pytorch_lightning", "lightning": "lightning"}[distribution]
     card = {
         "schema": SCHEMA,
@@ -47,9 +56,14 @@ def _card(distribution: str, version: str, facts: list) -> dict:
         "world_sizes": [],
         "summary": {code: sum(f["outcome"] == code for f in facts) for code in OUTCOMES},
         "topics": [{"module": "test_x", "path": "tests/facts/test_x.py", "topic": "X.", "facts": facts}],
-        "left_out": [],
+        "left_out": [nodeid for nodeid, _, _ in tooling or []],
         "sharding": None,
     }
+    if tooling is not None:
+        card["tooling"] = {
+            "summary": {w: sum(outcome == w for _, outcome, _ in tooling) for w in TEST_OUTCOMES},
+            "not_passed": [{"nodeid": n, "outcome": o, "detail": d} for n, o, d in tooling if o != "passed"],
+        }
     validate_card(card)
     return card
 
@@ -173,3 +187,44 @@ def test_a_fact_that_differs_between_the_two_packages_at_one_release_is_listed_a
     broken = tmp_path / "broken.json"
     broken.write_text(json.dumps({**cards[0], "schema": "ddpprobe.semantics/1"}))
     assert matrix.main([str(broken), "--out", str(out)]) == 2
+
+
+def test_the_tooling_column_counts_each_releases_tooling_tests_and_names_every_one_that_did_not_pass():
+    """Cards of 1.9.5 (one tooling test failed, one skipped for a feature 1.9.5 lacks), 2.6.6 (all passed)
+    and 2.5.6 written before cards had a tooling entry: the matrix shows per release the tests, passed,
+    failed and skipped (a failure in bold, "–" where the card has none), then each test that did not pass
+    with the reason per release (the skip without "; installed ..."); ``tooling_failures`` counts 1. A
+    card whose tooling counts do not add up to its left-out tests is refused."""
+    fact = [_fact("test_a", "holds")]
+    ok, fails, skips = "tests/tooling/t.py::test_ok", "tests/tooling/t.py::test_fails", "tests/tooling/t.py::test_new"
+    reason = "applies to pytorch-lightning >=2.6 (EarlyStopping.stopping_reason); installed 1.9.5"
+    cards = [
+        _card(
+            "pytorch-lightning",
+            "1.9.5",
+            fact,
+            [(ok, "passed", None), (fails, "failed", "assert 1 == 2"), (skips, "skipped", reason)],
+        ),
+        _card(
+            "pytorch-lightning", "2.6.6", fact, [(ok, "passed", None), (fails, "passed", None), (skips, "passed", None)]
+        ),
+        _card("pytorch-lightning", "2.5.6", fact),
+    ]
+    built = matrix.build_matrix(cards)
+    assert matrix.tooling_failures(built) == 1
+
+    section = matrix.render_matrix(built).split("## The tooling's own tests on each release")[1].split("\n## ")[0]
+    assert "| release | tests | passed | failed | skipped | xfailed | xpassed | error | not run |" in section
+    assert "| 1.9.5 | 3 | 1 | **1** | 1 | 0 | 0 | 0 | 0 |" in section
+    assert "| 2.5.6 | – | – | – | – | – | – | – | – |" in section
+    assert "| 2.6.6 | 3 | 3 | 0 | 0 | 0 | 0 | 0 | 0 |" in section
+    assert f"- `{fails}`\n  - 1.9.5: failed: assert 1 == 2" in section
+    assert (
+        f"- `{skips}`\n  - 1.9.5: skipped: applies to pytorch-lightning >=2.6 (EarlyStopping.stopping_reason)\n"
+        in section
+    )
+    assert f"`{ok}`" not in section
+
+    miscounted = copy.deepcopy(cards[0])
+    miscounted["tooling"]["summary"]["passed"] = 2
+    assert any(p.startswith("card.tooling.summary: ") for p in card_problems(miscounted)), card_problems(miscounted)

@@ -14,7 +14,7 @@ from importlib.metadata import version
 import pytest
 
 from ddpprobe import _lightning
-from ddpprobe.card.schema import SCHEMA, validate_card
+from ddpprobe.card.schema import SCHEMA, TEST_OUTCOMES, validate_card
 from ddpprobe.card.sharding import picture_path
 from tests.support import oracle
 
@@ -201,6 +201,8 @@ def test_the_markdown_has_a_row_for_every_collected_fact_and_leaves_out_tooling_
     assert set(rows) == set(EXPECTED_VERDICTS)
     assert {nodeid: _facts(card)[nodeid]["verdict"] for nodeid in rows} == EXPECTED_VERDICTS
     assert card["left_out"] == [TOOLING] and f"- `{TOOLING}`" in markdown
+    assert card["tooling"]["summary"] == {**{w: 0 for w in TEST_OUTCOMES}, "passed": 1}, card["tooling"]
+    assert card["tooling"]["not_passed"] == []
     assert "## test_fake_facts" in markdown
     assert "`test_fake_facts.py`: Arithmetic, as a tiny topic." in markdown
     assert "second paragraph" not in markdown

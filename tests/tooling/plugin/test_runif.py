@@ -55,6 +55,16 @@ def _fake_cuda(monkeypatch, count: int) -> None:
             "applies to lightning >=2.6; installed 2.5.6",
         ),
         (
+            Requirements(lightning=">=2.6", feature="EarlyStopping.stopping_reason"),
+            RunEnvironment(lightning_version="2.0.9.post0"),
+            "applies to pytorch-lightning >=2.6 (EarlyStopping.stopping_reason); installed 2.0.9.post0",
+        ),
+        (
+            Requirements(lightning=">=2.6", feature="EarlyStopping.stopping_reason"),
+            RunEnvironment(lightning_version="2.6.6"),
+            None,
+        ),
+        (
             Requirements(lightning=">=2.0"),
             RunEnvironment(lightning_version=None),
             "applies to pytorch-lightning >=2.0; installed none",
@@ -94,6 +104,8 @@ def test_a_world_under_nccl_needs_one_cuda_device_per_rank(backend, world_size, 
         ({"min_gpus": True}, "min_gpus=True"),
         ({"backend": "mpi"}, "'mpi'"),
         ({"lightning": "2.x"}, "'2.x'"),
+        ({"feature": "EarlyStopping.stopping_reason"}, "give the range too"),
+        ({"lightning": ">=2.6", "feature": " "}, "feature=' '"),
     ],
 )
 def test_a_malformed_need_is_refused_naming_the_value(kwargs, named):
@@ -102,14 +114,17 @@ def test_a_malformed_need_is_refused_naming_the_value(kwargs, named):
 
 
 def test_needs_from_the_module_class_and_function_merge_into_one():
-    """The most GPUs, the backend, and every version range (intersected) of all ``run_if`` markers."""
+    """The most GPUs, the backend, and every version range (intersected) of all ``run_if`` markers, with
+    every feature named."""
     marks = [
-        run_if(min_gpus=1, lightning=">=2.0").mark,
+        run_if(min_gpus=1, lightning=">=2.0", feature="2.x loops").mark,
         run_if(min_gpus=2, backend="nccl").mark,
         run_if(lightning="<3").mark,
     ]
     item = types.SimpleNamespace(nodeid="t.py::test", iter_markers=lambda name: iter(marks))
-    assert runif.requirements_of(item) == Requirements(min_gpus=2, backend="nccl", lightning=">=2.0,<3")
+    assert runif.requirements_of(item) == Requirements(
+        min_gpus=2, backend="nccl", lightning=">=2.0,<3", feature="2.x loops"
+    )
 
 
 def test_the_environment_here_counts_cuda_devices_whatever_the_backend(monkeypatch):

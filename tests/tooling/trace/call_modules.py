@@ -9,7 +9,6 @@ with ``sync_dist=True`` (an epoch sync Lightning makes at the epoch's end on its
 ``MeanMetric``.
 """
 
-import importlib
 import inspect
 
 import torch
@@ -19,9 +18,7 @@ from torchmetrics import MeanMetric
 from ddpprobe._lightning import pl
 from ddpprobe.probes.common import ddp_trainer, id_loader
 from ddpprobe.trace import CollectiveTrace, read_trace, split_trace
-
-#: Lightning's demo module (pytorch_lightning/demos/boring_classes.py), from whichever package is installed.
-BoringModel = importlib.import_module(f"{pl.__name__}.demos.boring_classes").BoringModel
+from tests.support.boring import BoringModel
 
 #: The kinds of public call, and the text of the line that makes each (found by ``line_of``).
 CALLS = {
@@ -124,7 +121,7 @@ def guarded(info, calls, ranks=(0,), everywhere=(), n: int = 8, batch_size: int 
 
 
 class BoringSavesOnRankZero(BoringModel):
-    """Lightning's ``BoringModel`` (pytorch_lightning/demos/boring_classes.py), plus what a user adds:
+    """Lightning's ``BoringModel`` (tests/support/boring.py), plus what a user adds:
     ``self.log("train_loss", ..., sync_dist=True)`` in ``training_step`` and a checkpoint saved by rank 0
     alone at each epoch's end (``Trainer.save_checkpoint`` ends in a barrier every rank must enter)."""
 
