@@ -146,7 +146,7 @@ def diverged(head: str, n: int, entries: list) -> Optional[StateDiverged]:
 
 def fix_lines(found: list) -> list:
     """The registry's fix for the differing fields: the registry (ddpprobe/hazards/) holds no entry whose
-    evidence is a state field yet, so, as the audit says for a contract break (ddpprobe/audit/_contract.py),
+    evidence is a state field yet, so, as the audit says for a contract break (ddpprobe/audit/causes/_contract.py),
     no proven fix applies."""
     fields = ", ".join(b["field"] for b in found)
     return [f"{NO_FIX}: no registry entry's evidence holds for {fields}"]
