@@ -240,13 +240,14 @@ def _consequence(entries: list, waiting: str) -> str:
     """The sentence of what would happen, from what differs between the entries: the kinds of check, then
     the op, the source or destination rank, the dtype or shape, the reduce op or group, and last what each
     side's collective carries (:func:`_carries`)."""
-    kinds = {e["kind"] for e in entries}
-    if "state" in kinds:  # a state check (ddpprobe/guard/_state.py) on some ranks, another check on the others
+    # A state check (ddpprobe/guard/_state.py) is, like a hook boundary, a point where a rank makes no collective.
+    kinds = {"boundary" if e["kind"] == "state" else e["kind"] for e in entries}
+    if kinds == {"boundary"} and any(e["kind"] == "state" for e in entries):
         return f"The ranks are at different points of the run: their next collectives would not pair ({waiting})."
     # Only boundaries, some at a batch: the ranks are at different batches (or one has no next batch). A
     # collective on some ranks while the others are at a batch boundary is a collective they skipped, not
     # uneven batches (every rank reached that batch: its start boundary came first).
-    if kinds == {"boundary"} and any(e["fields"]["batch_idx"] is not None for e in entries):
+    if kinds == {"boundary"} and any(e["fields"].get("batch_idx") is not None for e in entries):
         return (
             "The ranks ran different numbers of batches: the next collective of the ranks with more batches "
             "(DistributedDataParallel's gradient all_reduce in fit, a step-level sync_dist, a Lightning broadcast) "

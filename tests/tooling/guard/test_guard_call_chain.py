@@ -84,14 +84,15 @@ def test_a_boring_model_saving_a_checkpoint_on_rank_0_only_names_trainer_save_ch
     in ``on_train_epoch_end`` (``BoringSavesOnRankZero``): without the guard rank 0 waits alone in the
     checkpoint's barrier (pytorch_lightning/trainer/trainer.py ``save_checkpoint``). With it every rank
     raises ``CollectiveMismatch``; rank 0's side is the barrier at the user's line, run by
-    ``Trainer.save_checkpoint()``, the others are at ``teardown``."""
+    ``Trainer.save_checkpoint()``, the others are at the guard's state check of the end of ``fit``
+    (``on_fit_end``), the first point they reach where they make no collective."""
     with pytest.raises(RankFailed) as failure:
         run_world(call_modules.boring, world_size, **LIMITS)
     line = _line_in(call_modules.BoringSavesOnRankZero, "on_train_epoch_end", "save_checkpoint")
     for message in _guard_errors(failure.value, "CollectiveMismatch", list(range(world_size))).values():
         _line(0, f"is about to barrier at {line}, run by `Trainer.save_checkpoint()`", message)
         for rank in range(1, world_size):
-            _line(rank, "is at teardown", message)
+            _line(rank, "is at the state check of end (on_fit_end", message)
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
