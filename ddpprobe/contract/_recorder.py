@@ -106,6 +106,9 @@ def _build_class():
             if not self.first_step_taken and self.generator_at_start is None:
                 self.generator_at_start = _generator_digest()
 
+        def on_train_start(self, trainer, pl_module):
+            self._take(trainer, pl_module, "train_start", "on_train_start")
+
         def on_before_optimizer_step(self, trainer, pl_module, optimizer, *args):
             if self.first_step_taken:
                 return

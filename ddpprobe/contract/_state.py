@@ -51,11 +51,21 @@ SMALL = 8
 #: Items of a dataset whose digest is recorded (the first ones, in index order).
 DATASET_ITEMS = 32
 
-#: The boundaries a record is taken at, in the order a ``fit`` passes them: ``setup`` (the callbacks' ``setup``
-#: hook: the factories ran, DDP has not wrapped the module yet), ``start`` (``on_fit_start`` /
-#: ``on_validation_start`` ...: after DDP's wrap, before any batch), ``train_batch_end`` (after each training
-#: batch, so after its optimizer step), ``<stage>_epoch_end`` and ``end`` (``on_fit_end`` ...).
-BOUNDARIES = ("setup", "start", "train_batch_end", "train_epoch_end", "val_epoch_end", "test_epoch_end", "end")
+#: The boundaries a record is taken at, in the order a ``fit`` passes them: ``setup`` (the callbacks' ``setup`` hook:
+#: the factories ran, DDP has not wrapped the module yet), ``start`` (``on_fit_start`` / ``on_validation_start`` ...:
+#: after DDP's wrap, before any batch), ``train_start`` (``on_train_start``: the loaders are built and the module's own
+#: ``on_fit_start`` has run, still before any training batch), ``train_batch_end`` (after each training batch, so
+#: after its optimizer step), ``<stage>_epoch_end`` and ``end`` (``on_fit_end`` ...).
+BOUNDARIES = (
+    "setup",
+    "start",
+    "train_start",
+    "train_batch_end",
+    "train_epoch_end",
+    "val_epoch_end",
+    "test_epoch_end",
+    "end",
+)
 
 
 def _number(value):
@@ -335,7 +345,7 @@ def show(value) -> str:
             size = f" of {value['len']}" if value.get("len") is not None else ""
             return f"{value.get('type', 'tensor')}{size} (digest {value['digest'][:8]})"
         if "type" in value:
-            return f"a {value['type']}"
+            return f"an object of type {value['type']}"
     if isinstance(value, list):
         return "[" + ", ".join(show(v) for v in value[:6]) + (", ..." if len(value) > 6 else "") + "]"
     if value == "(no such field)":

@@ -22,7 +22,7 @@ MAY_DIFFER = "may differ"
 
 #: Every boundary of a record (ddpprobe/contract/_state.py ``BOUNDARIES``) but ``setup``, which comes before
 #: DDP wraps the module and broadcasts rank 0's parameters and buffers.
-AFTER_WRAP = ("start", "train_batch_end", "train_epoch_end", "val_epoch_end", "test_epoch_end", "end")
+AFTER_WRAP = ("start", "train_start", "train_batch_end", "train_epoch_end", "val_epoch_end", "test_epoch_end", "end")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,7 +164,7 @@ _ROWS = (
         "module attributes",
         "module.attr.*",
         EQUAL,
-        ("setup", "start"),
+        ("setup", "start", "train_start"),
         "left to your code: Lightning syncs no attribute you set; before any batch ran every rank ran the same "
         "code on the same inputs, so a difference then comes from the rank number, the rank's own data or its "
         "random draws (after batches ran, an attribute may hold rank-local results, such as outputs)",
@@ -178,7 +178,7 @@ _ROWS = (
         "datamodule attributes",
         "datamodule.attr.*",
         EQUAL,
-        ("setup", "start"),
+        ("setup", "start", "train_start"),
         "left to your code: Lightning runs the datamodule's setup on every rank and syncs nothing it sets",
         (F + "test_what_ddp_keeps_equal.py::test_ranks_that_build_their_dataset_apart_shard_different_datasets",),
     ),

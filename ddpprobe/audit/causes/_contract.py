@@ -59,6 +59,13 @@ def contract_evidence(worlds) -> dict:
         world_first = _first_step_record(worlds.world.traces[0].get("states") or [])
         single_first = _first_step_record(worlds.first_step.traces[0].get("states") or [])
         first_step = compare_first_step(world_first, single_first, worlds.world_size).to_dict()
+        raised = (worlds.first_step.records[0] or {}).get("raised")
+        if first_step["status"] == "not recorded" and single_first is None and raised:
+            message = " ".join(str(raised.get("message", "")).split())[:160]
+            first_step["reason"] = (
+                f"the one-process reference run (one step on the ranks' first batches, without the data factory's "
+                f"datamodule) raised {raised.get('type')}: {message}"
+            )
         first_step["reference_samples"] = worlds.first_step_samples
     trajectory = []
     if worlds.stage == "fit" and recorded:
@@ -249,10 +256,16 @@ def _span(contract: dict) -> str:
 FEEDS_VALUES = {"parameters": "parameters", "buffers": "buffers", "datasets": "datasets"}
 
 
-def weights_apart(contract: dict) -> Optional[dict]:
-    """The first break of a field that feeds every value a rank computes (its parameters, buffers or dataset:
-    :data:`FEEDS_VALUES`), or None."""
-    return next((b for b in contract.get("breaks") or [] if b["row"] in FEEDS_VALUES), None)
+def weights_apart(contract: dict, loop: Optional[str] = None) -> Optional[dict]:
+    """The first break of a field that feeds the values a rank computes (:data:`FEEDS_VALUES`), or None: its
+    parameters or buffers, or the dataset of ``loop`` (``"val"``, ``"train"`` ...; any loop's where None)."""
+
+    def feeds(b: dict) -> bool:
+        if b["row"] != "datasets":
+            return b["row"] in FEEDS_VALUES
+        return loop is None or b["field"].startswith(f"loader.{loop}[")
+
+    return next((b for b in contract.get("breaks") or [] if feeds(b)), None)
 
 
 def apart_cause(item: dict) -> str:

@@ -159,8 +159,12 @@ def _findings(result) -> list:
             raised_findings.append(text)
     contract = contract_findings(getattr(result, "contract", None) or {})
     if contract and weights_apart(getattr(result, "contract", None) or {}):
-        moved = [f for f in out if f["problem"].split(":")[0] in _apart_keys(result)]
-        contract[0]["consequences"] += [f["problem"] for f in moved]
+        apart = _apart_keys(result)
+        moved = [f for f in out if f["problem"].split(":")[0] in apart]
+        for f in moved:
+            field = apart[f["problem"].split(":")[0]]
+            under = next((c for c in contract if c["problem"].startswith(f"{field} ")), contract[0])
+            under["consequences"].append(f["problem"])
         out = [f for f in out if f not in moved]
     out = contract + out
     if root and own is not None:
@@ -171,9 +175,13 @@ def _findings(result) -> list:
 
 
 def _apart_keys(result) -> set:
-    """The keys whose cause is the ranks' different parameters, buffers or datasets (ddpprobe/audit/causes/_contract.py
-    ``apart_cause``)."""
-    return {r.key for r in result.rows if r.cause and r.cause.startswith("the ranks held different ")}
+    """``{key: field}``: the keys whose cause is the ranks' different parameters, buffers or datasets, each with the
+    contract field that broke (ddpprobe/audit/causes/_contract.py ``apart_cause`` names it)."""
+    return {
+        r.key: r.cause.split(" on (", 1)[1].split(";", 1)[0]
+        for r in result.rows
+        if r.cause and r.cause.startswith("the ranks held different ") and " on (" in r.cause
+    }
 
 
 def _plain(texts: list) -> list:

@@ -21,7 +21,7 @@ from ddpprobe.audit.evidence._callbacks import callback_rows
 from ddpprobe.audit.evidence._experiment import experiment_rows
 from ddpprobe.audit.evidence._hooks import collectives_in_hooks_some_ranks_skip
 from ddpprobe.audit.evidence._sequences import trace_summary
-from ddpprobe.audit.evidence._values import padding_duplicates
+from ddpprobe.audit.evidence._values import loader_kind, padding_duplicates
 from ddpprobe.audit.report._result import AuditResult
 from ddpprobe.audit.worlds._inputs import AuditInputError
 from ddpprobe.audit.worlds._worlds import World, Worlds
@@ -204,19 +204,23 @@ def assemble(worlds: Worlds, inputs: dict, rtol: float, atol: float) -> AuditRes
         skipped_hooks=collectives_in_hooks_some_ranks_skip(world.traces),
     )
     # A key the ranks' divergence took down is its consequence: the divergence's note carries the fix.
-    apart = weights_apart(result.contract)
-    if apart is not None:
-        # Values of ranks whose parameters, buffers or datasets differ: the contract's break explains them.
-        explained = [
-            dataclasses.replace(r, cause=apart_cause(apart), fixes=[], hazards=[])
-            if r.problem and r.verdict in (RANK_DIVERGENT, SYNCED_DIFFERS) and r.level != "step"
-            else r
-            for r in result.rows
-        ]
-        result = dataclasses.replace(result, rows=explained)
+    if weights_apart(result.contract) is not None:
+        result = dataclasses.replace(result, rows=[_explained_by_contract(result, r) for r in result.rows])
     consequences = set(result.consequence_keys)
     rows_ = [dataclasses.replace(r, fixes=[], hazards=[]) if r.key in consequences else r for r in result.rows]
     return dataclasses.replace(result, rows=rows_)
+
+
+def _explained_by_contract(result: AuditResult, row):
+    """A synced key's row whose value differs where the ranks held different parameters, buffers or datasets for
+    its loop (the contract's break): that break is its cause. A key nothing synced keeps its own cause (its ranks'
+    values differ anyway), and so does a key of another loop than the dataset that differs."""
+    if not (row.problem and row.verdict in (RANK_DIVERGENT, SYNCED_DIFFERS) and row.level != "step"):
+        return row
+    if not (row.sync_dist or row.metric_object):
+        return row
+    apart = weights_apart(result.contract, loader_kind(row.hooks[0], result.stage) if row.hooks else None)
+    return row if apart is None else dataclasses.replace(row, cause=apart_cause(apart), fixes=[], hazards=[])
 
 
 def _weights(worlds: Worlds) -> dict:
