@@ -20,13 +20,20 @@ GRAD_VALUES = 64
 def gradient_fields(module) -> dict:
     """``{"grad.<name>": value}`` of every parameter's ``.grad`` (None where it has none): :func:`tensor_value`
     plus ``"head"``, its first :data:`GRAD_VALUES` elements."""
+    import torch
+
     out = {}
     for name, param in module.named_parameters():
         if param.grad is None:
             out[f"grad.{name}"] = None
             continue
-        value = tensor_value(param.grad)
-        value["head"] = [float(v) for v in param.grad.detach().flatten()[:GRAD_VALUES].double().cpu().tolist()]
+        try:
+            grad = param.grad.detach()
+            grad = grad.to_dense() if grad.layout != torch.strided else grad
+            value = tensor_value(grad)
+            value["head"] = [float(v) for v in grad.flatten()[:GRAD_VALUES].double().cpu().tolist()]
+        except Exception as exc:  # noqa: BLE001 - a gradient that cannot be read is recorded as such
+            value = {"unreadable": f"{type(exc).__name__}: {exc}"[:200]}
         out[f"grad.{name}"] = value
     return out
 
@@ -71,17 +78,32 @@ def _build_class():
             self.fields = fields
             self.first_step_taken = False
             self.generator_at_start = None
+            self.batches_ran = False
 
         def _take(self, trainer, pl_module, boundary: str, hook: str) -> None:
+            try:
+                fields = snapshot(trainer, pl_module, self.fields)
+            except Exception as exc:  # noqa: BLE001 - the recorder reads only; it never breaks the user's run
+                fields = {"snapshot": {"unreadable": f"{type(exc).__name__}: {exc}"[:200]}}
             self.write(
                 {
                     "boundary": boundary,
                     "hook": hook,
                     "step": int(trainer.global_step),
                     "epoch": int(trainer.current_epoch),
-                    "fields": snapshot(trainer, pl_module, self.fields),
+                    "batches_ran": self.batches_ran,
+                    "fields": fields,
                 }
             )
+
+        def on_validation_batch_end(self, trainer, pl_module, *args, **kwargs):
+            self.batches_ran = True
+
+        def on_test_batch_end(self, trainer, pl_module, *args, **kwargs):
+            self.batches_ran = True
+
+        def on_predict_batch_end(self, trainer, pl_module, *args, **kwargs):
+            self.batches_ran = True
 
         def _outside_fit(self, trainer) -> bool:
             return trainer.state.fn != "fit"
@@ -104,10 +126,10 @@ def _build_class():
 
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx, *args):
             if not self.first_step_taken and self.generator_at_start is None:
+                # Before the first training batch: the loaders are built and the module's own on_train_start ran
+                # (Lightning calls a callback's hook before the module's, so on_train_start itself is too early).
+                self._take(trainer, pl_module, "train_start", "on_train_batch_start")
                 self.generator_at_start = _generator_digest()
-
-        def on_train_start(self, trainer, pl_module):
-            self._take(trainer, pl_module, "train_start", "on_train_start")
 
         def on_before_optimizer_step(self, trainer, pl_module, optimizer, *args):
             if self.first_step_taken:
@@ -126,6 +148,7 @@ def _build_class():
             )
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, *args):
+            self.batches_ran = True
             self._take(trainer, pl_module, "train_batch_end", "on_train_batch_end")
 
         def on_train_epoch_end(self, trainer, pl_module):

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 from typing import Optional
 
 #: Tensors with at most this many elements are recorded value by value.
@@ -53,9 +54,9 @@ DATASET_ITEMS = 32
 
 #: The boundaries a record is taken at, in the order a ``fit`` passes them: ``setup`` (the callbacks' ``setup`` hook:
 #: the factories ran, DDP has not wrapped the module yet), ``start`` (``on_fit_start`` / ``on_validation_start`` ...:
-#: after DDP's wrap, before any batch), ``train_start`` (``on_train_start``: the loaders are built and the module's own
-#: ``on_fit_start`` has run, still before any training batch), ``train_batch_end`` (after each training batch, so
-#: after its optimizer step), ``<stage>_epoch_end`` and ``end`` (``on_fit_end`` ...).
+#: after DDP's wrap, before any batch), ``train_start`` (the first ``on_train_batch_start``: the loaders are built
+#: and the module's own ``on_fit_start`` and ``on_train_start`` ran, before any training step), ``train_batch_end``
+#: (after each training batch, so after its optimizer step), ``<stage>_epoch_end`` and ``end`` (``on_fit_end`` ...).
 BOUNDARIES = (
     "setup",
     "start",
@@ -73,6 +74,9 @@ def _number(value):
     return number if math.isfinite(number) else str(number)
 
 
+_ADDRESS = re.compile(r"at 0x[0-9a-fA-F]+")
+
+
 def _digest(data: bytes) -> str:
     return hashlib.sha1(data).hexdigest()[:12]
 
@@ -86,6 +90,8 @@ def tensor_value(tensor) -> dict:
     t = tensor.detach()
     if t.device.type != "cpu":
         t = t.cpu()
+    if t.layout != torch.strided:  # a sparse gradient (nn.Embedding(sparse=True)): its dense values
+        t = t.to_dense()
     t = t.contiguous()
     raw = t.view(torch.int16) if t.dtype == torch.bfloat16 else t
     out = {
@@ -120,9 +126,12 @@ def object_value(value):
         return tensor_value(value)
     if isinstance(value, (list, tuple, dict, set, frozenset)):
         items = list(value.items()) if isinstance(value, dict) else list(value)
+        parts = [_item_bytes(item) for item in items[:256]]
+        if isinstance(value, (set, frozenset)):
+            parts.sort()  # a set's order depends on the process's string hashing (PYTHONHASHSEED)
         digest = hashlib.sha1()
-        for item in items[:256]:
-            digest.update(_item_bytes(item))
+        for part in parts:
+            digest.update(part)
         return {"type": type(value).__name__, "len": len(value), "digest": digest.hexdigest()[:12]}
     return {"type": type(value).__name__}
 
@@ -136,7 +145,8 @@ def _item_bytes(item) -> bytes:
         )
     if isinstance(item, tuple):
         return b"(" + b",".join(_item_bytes(i) for i in item) + b")"
-    return repr(item).encode()
+    # An object's default repr holds its memory address, which differs from process to process.
+    return _ADDRESS.sub("at 0x?", repr(item)).encode()
 
 
 def _read(out: dict, path: str, reader) -> None:
@@ -267,17 +277,56 @@ def _loader_fields(out: dict, trainer) -> None:
                 _read(out, f"loader.{stage}[{i}].dataset", lambda d=dataset: dataset_value(d))
 
 
+#: ``{id(dataset): (dataset, value)}``: a dataset's value is read once (reading items can be slow).
+_DATASETS: dict = {}
+
+
 def dataset_value(dataset) -> dict:
     """``{"type", "len", "digest"}`` of a map-style dataset (the digest over its first :data:`DATASET_ITEMS`
-    items); ``{"type", "len": None}`` for one without ``__len__`` (an ``IterableDataset``)."""
+    items); ``{"type", "len": None}`` for one without ``__len__`` (an ``IterableDataset``).
+
+    The items are read once per dataset object (later calls return the first value), under a fixed random state
+    that is put back afterwards: a random augmentation in ``__getitem__`` then reads alike on every rank, and the
+    run's own random draws are not disturbed."""
+    cached = _DATASETS.get(id(dataset))
+    if cached is not None and cached[0] is dataset:
+        return cached[1]
     try:
         size = len(dataset)
     except TypeError:
         return {"type": type(dataset).__name__, "len": None}
     digest = hashlib.sha1()
-    for index in range(min(size, DATASET_ITEMS)):
-        digest.update(_item_bytes(_as_tuple(dataset[index])))
-    return {"type": type(dataset).__name__, "len": size, "digest": digest.hexdigest()[:12]}
+    with _fixed_random_state():
+        for index in range(min(size, DATASET_ITEMS)):
+            digest.update(_item_bytes(_as_tuple(dataset[index])))
+    value = {"type": type(dataset).__name__, "len": size, "digest": digest.hexdigest()[:12]}
+    _DATASETS[id(dataset)] = (dataset, value)
+    return value
+
+
+class _fixed_random_state:
+    """Within: torch's, NumPy's and ``random``'s generators seeded 0; after: each put back as it was."""
+
+    def __enter__(self):
+        import random
+
+        import numpy
+        import torch
+
+        self._states = (torch.get_rng_state(), numpy.random.get_state(), random.getstate())
+        torch.manual_seed(0)
+        numpy.random.seed(0)
+        random.seed(0)
+
+    def __exit__(self, *exc):
+        import random
+
+        import numpy
+        import torch
+
+        torch.set_rng_state(self._states[0])
+        numpy.random.set_state(self._states[1])
+        random.setstate(self._states[2])
 
 
 def _as_tuple(item):

@@ -345,6 +345,7 @@ class CollectiveGuard(_state.StateHooks, pl.Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         if self.collectives and self._exchange is not None:  # before the batch's backward: check each bucket
             _gradients.install(trainer.strategy.model)
+        self._state_before_batch(trainer, pl_module)
         self._boundary("on_train_batch_start", trainer, batch_idx)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
@@ -355,12 +356,14 @@ class CollectiveGuard(_state.StateHooks, pl.Callback):
         self._boundary("on_validation_batch_start", trainer, batch_idx, dataloader_idx)
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+        self._batches_ran = True
         self._boundary("on_validation_batch_end", trainer, batch_idx, dataloader_idx)
 
     def on_test_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
         self._boundary("on_test_batch_start", trainer, batch_idx, dataloader_idx)
 
     def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+        self._batches_ran = True
         self._boundary("on_test_batch_end", trainer, batch_idx, dataloader_idx)
 
     # No predict batch boundaries: ``trainer.predict`` shards with ``UnrepeatedDistributedSamplerWrapper``

@@ -73,15 +73,16 @@ def prefixes(fields: tuple, trainer) -> tuple:
     return tuple(f for f in fields if not f.startswith("loader"))
 
 
-def take(trainer, module, boundary: str, hook: str, fields: tuple) -> dict:
-    """This rank's record at ``boundary`` (``{"boundary", "hook", "step", "epoch", "fields"}``, the contract's
-    record shape) holding only the fields of ``fields`` that must be equal there. Reads only."""
+def take(trainer, module, boundary: str, hook: str, fields: tuple, batches_ran: bool = False) -> dict:
+    """This rank's record at ``boundary`` (``{"boundary", "hook", "step", "epoch", "batches_ran", "fields"}``, the
+    contract's record shape) holding only the fields of ``fields`` that must be equal there. Reads only."""
     state = snapshot(trainer, module, prefixes(fields, trainer)) if fields else {}
     return {
         "boundary": boundary,
         "hook": hook,
         "step": int(trainer.global_step),
         "epoch": int(trainer.current_epoch),
+        "batches_ran": batches_ran,
         "fields": must_be_equal(state, boundary),
     }
 
@@ -159,21 +160,31 @@ class StateHooks:
 
     _state_fields: Optional[tuple] = None
     _stepped = False
+    _started_training = False
+    _batches_ran = False
 
     def _state_check(self, trainer, pl_module, boundary: str, hook: str) -> None:
         if self._exchange is None or not self._state_fields:
             return
         ex = self._exchange
-        self._check(entry(ex.n, ex.rank, take(trainer, pl_module, boundary, hook, self._state_fields)))
+        record = take(trainer, pl_module, boundary, hook, self._state_fields, self._batches_ran)
+        self._check(entry(ex.n, ex.rank, record))
 
     def _state_after_batch(self, trainer, pl_module) -> None:
         """``train_batch_end`` once, at the first batch end after an optimizer step (``global_step`` > 0)."""
+        self._batches_ran = True
         if not self._stepped and trainer.global_step > 0:
             self._stepped = True
             self._state_check(trainer, pl_module, "train_batch_end", "on_train_batch_end")
 
+    def _state_before_batch(self, trainer, pl_module) -> None:
+        """``train_start`` once, at the first training batch's start: after the module's own ``on_train_start``."""
+        if not self._started_training:
+            self._started_training = True
+            self._state_check(trainer, pl_module, "train_start", "on_train_batch_start")
+
     def on_fit_start(self, trainer, pl_module):
-        self._stepped = False
+        self._stepped = self._started_training = False
         self._state_check(trainer, pl_module, "start", "on_fit_start")
 
     def on_validation_start(self, trainer, pl_module):

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Optional
 
 from ddpprobe import hazards
-from ddpprobe.contract import SINGLE_PROCESS_SCHEDULE, SINGLE_PROCESS_STEP, breaks, compare_first_step, show
+from ddpprobe.contract import MISSING, SINGLE_PROCESS_SCHEDULE, SINGLE_PROCESS_STEP, breaks, compare_first_step, show
 
 
 def hooks_before(traces: list, states0: list, position: int) -> list:
@@ -32,12 +32,50 @@ def hooks_before(traces: list, states0: list, position: int) -> list:
     return out
 
 
+def _unset_elsewhere(item: dict, hook: dict) -> bool:
+    """The ranks that did not run ``hook`` hold no value of the field (None, or no such field): what they lack may
+    be what the hook set on the others."""
+    return all(v in (None, MISSING) for r, v in enumerate(item["per_rank"]) if r not in hook["ranks"])
+
+
 def _after_hooks_text(item: dict) -> str:
     parts = []
     for h in item.get("after_hooks") or []:
         who = f": {h['runs_on']} (shown by {h['fact']})" if h["runs_on"] else ""
         parts.append(f"before this record only rank(s) {h['ranks']} ran {h['hook']}{who}")
     return "; ".join(parts)
+
+
+def _accumulates(world0: list) -> str:
+    """Why the first step is not comparable where each rank accumulates gradients over several batches before it
+    (the reference steps on one batch a rank), or ""."""
+    start = next((r for r in world0 if r.get("boundary") == "train_start"), None)
+    k = (start or {}).get("fields", {}).get("trainer.accumulate_grad_batches")
+    if isinstance(k, int) and k > 1:
+        return f"each rank accumulates {k} batches before its first optimizer step; the reference steps on one a rank"
+    return ""
+
+
+#: The fields the first step's gradient depends on beside the weights and the samples: the module's attributes.
+_STEP_INPUTS = ("module.attr.",)
+
+
+def _state_before_step(reference: list, world0: list) -> str:
+    """Why the one-process reference's first step is not the ranks' own step on other samples: a module attribute
+    that differs between the reference and rank 0 just before the step (the ``train_start`` records: an attribute
+    the module computed from the loader it was given, say), as a sentence; "" where none differs."""
+    ref = next((r for r in reference if r.get("boundary") == "train_start"), None)
+    own = next((r for r in world0 if r.get("boundary") == "train_start"), None)
+    if ref is None or own is None:
+        return ""
+    for path in sorted(set(ref["fields"]) & set(own["fields"])):
+        if path.startswith(_STEP_INPUTS) and ref["fields"][path] != own["fields"][path]:
+            return (
+                f"the one-process reference held another {path} before its step ({show(ref['fields'][path])}, rank 0 "
+                f"{show(own['fields'][path])}): the module computed it from what the run gave it, so the two steps "
+                "are not the same step on other samples"
+            )
+    return ""
 
 
 def _first_step_record(states: list) -> Optional[dict]:
@@ -59,6 +97,12 @@ def contract_evidence(worlds) -> dict:
         world_first = _first_step_record(worlds.world.traces[0].get("states") or [])
         single_first = _first_step_record(worlds.first_step.traces[0].get("states") or [])
         first_step = compare_first_step(world_first, single_first, worlds.world_size).to_dict()
+        if first_step["status"] in ("differs", "scaled"):
+            other = _accumulates(states[0]) or _state_before_step(
+                worlds.first_step.traces[0].get("states") or [], states[0]
+            )
+            if other:
+                first_step.update(status="not comparable", reason=other)
         raised = (worlds.first_step.records[0] or {}).get("raised")
         if first_step["status"] == "not recorded" and single_first is None and raised:
             message = " ".join(str(raised.get("message", "")).split())[:160]
@@ -73,7 +117,8 @@ def contract_evidence(worlds) -> dict:
     found = [b.to_dict() for b in breaks(states)] if recorded else []
     for item in found:
         if not item["root"]:
-            item["after_hooks"] = hooks_before(worlds.world.traces, states[0], item["position"])
+            before = hooks_before(worlds.world.traces, states[0], item["position"])
+            item["after_hooks"] = [h for h in before if _unset_elsewhere(item, h)]
     return {
         "world_size": worlds.world_size,
         "trajectory": trajectory,
@@ -96,12 +141,15 @@ def _planned_and_taken(states: list) -> dict:
     if last is None:
         return {}
     fields = last.get("fields") or {}
-    taken = fields.get("trainer.global_step")
+    steps, epochs = fields.get("trainer.global_step"), fields.get("trainer.current_epoch")
     out = {}
     for path, value in fields.items():
-        if path.startswith("scheduler[") and path.rsplit(".", 1)[-1] in PLANNED_LENGTH and isinstance(taken, int):
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and taken > 0:
-                out[path] = (value, taken)
+        if not (path.startswith("scheduler[") and path.rsplit(".", 1)[-1] in PLANNED_LENGTH):
+            continue
+        per_epoch = fields.get(path.split(".", 1)[0] + ".interval") == "epoch"
+        taken = (epochs + 1 if isinstance(epochs, int) else None) if per_epoch else steps
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and isinstance(taken, int) and taken > 0:
+            out[path] = (value, taken)
     return out
 
 
@@ -113,7 +161,8 @@ def schedule_lengths(single_states: list, world_states: list) -> list:
     out = []
     for field in sorted(set(one) & set(world)):
         (p1, t1), (pn, tn) = one[field], world[field]
-        if abs(p1 / t1 - pn / tn) > 1e-6 * max(p1 / t1, pn / tn):
+        # A schedule both runs finish (a warm-up) or both stop part way through at one fraction is no difference.
+        if (t1 >= p1) != (tn >= pn) or (t1 < p1 and abs(t1 / p1 - tn / pn) > 1e-6):
             out.append({"field": field, "single": [p1, t1], "world": [pn, tn]})
     return out
 
@@ -132,7 +181,10 @@ def _numbers(values: list) -> str:
 
 
 def _per_rank(values: list) -> str:
-    return ", ".join(f"rank {r} {show(v)}" for r, v in enumerate(values))
+    shown = [show(v) for v in values]
+    if len(set(shown)) == 1 and any(v != values[0] for v in values):
+        shown = [repr(v) for v in values]  # values that differ beyond the digits show() prints
+    return ", ".join(f"rank {r} {s}" for r, s in enumerate(shown))
 
 
 def _where(item: dict) -> str:

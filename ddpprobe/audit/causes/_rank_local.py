@@ -237,9 +237,14 @@ def _could_have_differed(ins: _Inputs, key: _Key) -> str:
     c = key.counts
     if c is None or not c.identified or c.unsharded or len(c.samples) < 2:
         return ""
-    values = [e.get("value") for e in (ins.world_logs[0] if ins.world_logs else []) if e["key"] == key.name]
+    per_rank = [[e.get("value") for e in logs if e["key"] == key.name] for logs in ins.world_logs]
+    values = per_rank[0] if per_rank else []
     distinct = {round(v, 9) for v in values if v is not None}
     if len(distinct) < 2:
+        return ""
+    # A value every rank logged alike at every call (a learning rate, a weight norm DDP keeps equal) does not depend
+    # on the rank's samples: its agreement is no chance.
+    if all(len(vs) == len(values) and all(a == b for a, b in zip(vs, values)) for vs in per_rank[1:]):
         return ""
     return (
         f"the ranks ran different samples ({', '.join(str(n) for n in c.samples)}) and rank 0 logged "

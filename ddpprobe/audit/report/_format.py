@@ -396,7 +396,9 @@ def _library_roots() -> tuple:
 
     paths = sysconfig.get_paths()
     roots = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if paths.get(k)}
-    roots.add(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    import ddpprobe
+
+    roots.add(os.path.dirname(os.path.abspath(ddpprobe.__file__)))
     return tuple(sorted(roots)) + ("<frozen", "<string")
 
 

@@ -26,7 +26,7 @@ from ddpprobe.audit.worlds._stages import TRAINER_LOADERS
 from ddpprobe.contract import state_recorder
 from ddpprobe.hazards import REMOVED_HOOKS
 from ddpprobe.launch import RankInfo
-from ddpprobe.probes.common import ddp_trainer, recorded_warnings, seed_everything
+from ddpprobe.probes.common import ddp_trainer, recorded_warnings
 from ddpprobe.trace import CollectiveTrace
 
 
@@ -226,8 +226,8 @@ def audit_rank(
         stage: ``"validate"``, ``"fit"``, ``"test"`` or ``"predict"``.
         limit_batches: ``limit_{train,val,test,predict}_batches`` for the Trainer (None: all batches).
         max_epochs: epochs for ``fit``.
-        seed: passed to ``seed_everything`` before the factories run, so every rank and every world
-            builds the same initial weights.
+        seed: rank r's generators start at ``seed + r`` before the factories run (:func:`_draw_as_a_process`):
+            the ranks draw apart as processes do, and rank 0 draws what the single process draws.
         sys_path: import paths of the process that started the audit, prepended where missing (the
             rank's working directory is its own scratch folder, so the caller's ``""`` entry would
             not find the user's package).
@@ -326,11 +326,16 @@ def _batch_files(folder: str) -> list:
 def _draw_as_a_process(seed: int, rank: int) -> None:
     """Seed this rank's generators (torch, NumPy, ``random``) with ``seed + rank``: as in a real launch, where
     each process starts from its own state, ranks draw apart unless the user's code seeds (then that seed's
-    draws), and rank 0 and the single process draw alike, so every run is reproducible. ``PL_GLOBAL_SEED``
-    (which ``DistributedSampler``'s shuffle and the dataloader workers read) stays ``seed`` on every rank."""
+    draws), and rank 0 and the single process draw alike, so every run is reproducible. ``PL_GLOBAL_SEED`` is not
+    set (``seed_everything`` would set it): Lightning's DDP strategy re-seeds every rank from it when it sets up
+    (pytorch_lightning/strategies/ddp.py ``setup_environment``, ``reset_seed``), which would make the ranks draw
+    alike again where a real launch that seeds nothing draws apart."""
     import random
 
     import numpy
+
+    for name in ("PL_GLOBAL_SEED", "PL_SEED_WORKERS"):
+        os.environ.pop(name, None)
 
     random.seed(seed + rank)
     numpy.random.seed((seed + rank) % 2**32)
@@ -338,8 +343,8 @@ def _draw_as_a_process(seed: int, rank: int) -> None:
 
 
 def _build(model_ref: str, data_ref: Optional[str], stage: str, seed: int, weights: str, rank: int = 0) -> tuple:
-    """``(model, Trainer keyword arguments)`` from the factories, after ``seed_everything(seed)`` and
-    :func:`_draw_as_a_process`; with ``weights``, the model holds them and the arguments are the data's
+    """``(model, Trainer keyword arguments)`` from the factories, after :func:`_draw_as_a_process`;
+    with ``weights``, the model holds them and the arguments are the data's
     validation loaders (for a ``fit`` reference run, the caller replaces the loaders).
 
     Raises:
@@ -347,7 +352,6 @@ def _build(model_ref: str, data_ref: Optional[str], stage: str, seed: int, weigh
     """
     model_factory = resolve_ref(model_ref)
     data_factory = resolve_ref(data_ref) if data_ref else lambda: None
-    seed_everything(seed, workers=True)
     _draw_as_a_process(seed, rank)
     model = model_factory()
     check_model(model, model_ref)

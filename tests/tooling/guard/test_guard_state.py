@@ -103,8 +103,9 @@ def test_state_narrowed_to_the_parameters_catches_the_learning_rate_module_after
 def test_state_checks_add_no_collective_and_change_nothing_in_a_correct_run(run_world):
     """The fixed script (``lr = 0.01 * self.trainer.world_size``) with and without the state checks: the same
     rates, weights and steps, and the default process group ran as many collectives (``pg_seq``); the guard
-    passed 5 checks more, one per state boundary: ``start``, the first step's ``train_batch_end``, two
-    ``train_epoch_end`` and ``end``."""
+    passed 6 checks more, one per state boundary: ``start``, ``train_start`` (the first training batch's start,
+    after the module's own ``on_train_start``), the first step's ``train_batch_end``, two ``train_epoch_end`` and
+    ``end``."""
     on = run_world(lr_from_rank.train, 2, state=True, fixed=True, **LIMITS).records
     off = run_world(lr_from_rank.train, 2, state=False, fixed=True, **LIMITS).records
     assert [r["lr"] for r in on] == [0.02, 0.02] and on[0]["weight"] == on[1]["weight"], on
@@ -112,7 +113,7 @@ def test_state_checks_add_no_collective_and_change_nothing_in_a_correct_run(run_
         {k: v for k, v in r.items() if k != "checks"} for r in off
     ], oracle.side_by_side("state on", on) + "\n" + oracle.side_by_side("state off", off)
     assert all(isinstance(r["pg_seq"], int) and r["pg_seq"] > 0 for r in off), off
-    assert [a["checks"] - b["checks"] for a, b in zip(on, off)] == [5, 5], oracle.side_by_side(
+    assert [a["checks"] - b["checks"] for a, b in zip(on, off)] == [6, 6], oracle.side_by_side(
         "checks on - off", [a["checks"] - b["checks"] for a, b in zip(on, off)]
     )
 
