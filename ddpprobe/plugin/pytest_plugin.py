@@ -73,6 +73,7 @@ from ddpprobe.launch import (
     resolve_settings,
     run_world as _run_world,
     start_shared_forkserver,
+    world_usage,
 )
 from ddpprobe.plugin import _shared_worlds, _test_code, _warm, runif
 
@@ -383,6 +384,25 @@ def pytest_sessionfinish(session, exitstatus) -> None:
     workerinput = getattr(session.config, "workerinput", None)
     in_xdist = workerinput is not None or session.config.getoption("dist", "no") != "no"
     _shared_worlds.log_process(workerinput["workerid"] if workerinput else "controller" if in_xdist else "main")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """With ``DDPPROBE_WORLD_LOG`` set: log each test's wall time, the CPU of this process and its children,
+    the worlds it launched and their ranks' CPU (``_shared_worlds.log_test``), for benchmarks/bench_suite.py."""
+    if not _shared_worlds.logging():
+        yield
+        return
+    wall, cpu, usage = time.monotonic(), _shared_worlds.cpu_seconds(), world_usage()
+    yield
+    after = world_usage()
+    _shared_worlds.log_test(
+        item.nodeid,
+        time.monotonic() - wall,
+        _shared_worlds.cpu_seconds() - cpu,
+        after["rank_cpu_s"] - usage["rank_cpu_s"],
+        after["worlds"] - usage["worlds"],
+    )
 
 
 def _skip_at_the_test(reason: str):
