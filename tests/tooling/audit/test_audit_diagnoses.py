@@ -6,7 +6,6 @@ samples each rank ran (``tests/support/oracle.py``), which collectives each rank
 and what each value should be.
 """
 
-import functools
 import inspect
 
 import pytest
@@ -14,6 +13,7 @@ import pytest
 from ddpprobe import audit as ddp_audit
 from ddpprobe.audit import audit
 from tests.support import audit_modules, oracle
+from tests.support.audit_runs import audited
 from tests.support.worlds import skip_unless_runnable
 
 pytestmark = pytest.mark.not_a_fact("tests the audit's diagnoses, not a fact about DDP")
@@ -29,10 +29,8 @@ HANG_TIMEOUT = 12.0
 SANITY_STEPS = 2
 
 
-@functools.lru_cache(maxsize=None)
 def _audit(model: str, data: str, stage: str = "validate", timeout: float = TIMEOUT, max_epochs: int = 1):
-    skip_unless_runnable("gloo", 2)
-    return audit(
+    return audited(
         f"{MODULES}:{model}",
         f"{MODULES}:{data}" if data else None,
         world_size=2,

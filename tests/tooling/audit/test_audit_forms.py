@@ -7,7 +7,6 @@ the registry entry (ddpprobe/hazards/) whose fact proves them, the numbers again
 (tests/support/oracle.py), and the whole report against its own records (tests/support/audit_report.py).
 """
 
-import functools
 import inspect
 import os
 
@@ -17,7 +16,7 @@ from ddpprobe import RankFailed, audit as ddp_audit, hazards
 from ddpprobe.audit import audit
 from tests.support import audit_forms, audit_modules, oracle
 from tests.support.audit_report import contradictions, guarded_stage
-from tests.support.worlds import skip_unless_runnable
+from tests.support.audit_runs import audited
 
 pytestmark = pytest.mark.not_a_fact("tests the audit's and the guard's explanations, not a fact about DDP")
 
@@ -28,10 +27,8 @@ TIMEOUT, HANG_TIMEOUT = 40.0, 12.0
 GUARD_LIMITS = {"pg_timeout": 10, "timeout": 30}
 
 
-@functools.lru_cache(maxsize=None)
 def _audit(model: str, data: str, stage: str = "validate", timeout: float = TIMEOUT):
-    skip_unless_runnable("gloo", 2)
-    result = audit(model, data, world_size=2, stage=stage, timeout=timeout)
+    result = audited(model, data, world_size=2, stage=stage, timeout=timeout)
     assert contradictions(result) == [], result.format()
     return result
 

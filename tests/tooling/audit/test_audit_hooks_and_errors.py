@@ -5,24 +5,19 @@ raise, the rank whose own code raised first, outside a collective, is the proble
 waiting for it are its consequences. Each rule is tested on hand-written traces and on a module written for it
 (tests/support/contract_modules.py), with a module where it must stay silent."""
 
-import functools
-
 import pytest
 
-from ddpprobe.audit import audit
 from ddpprobe.audit._divergence import first_own_error
 from ddpprobe.audit._hooks import WHO_RUNS, collectives_in_hooks_some_ranks_skip
-from tests.support.worlds import skip_unless_runnable
+from tests.support.audit_runs import audited
 
 pytestmark = pytest.mark.not_a_fact("tests the audit's reading of hooks and errors, not a fact about DDP")
 
 M = "tests.support.contract_modules"
 
 
-@functools.lru_cache(maxsize=None)
 def _audit(model: str):
-    skip_unless_runnable("gloo", 2)
-    return audit(f"{M}:{model}", f"{M}:make_data", world_size=2, stage="fit", timeout=30.0)
+    return audited(f"{M}:{model}", f"{M}:make_data", world_size=2, stage="fit", timeout=30.0)
 
 
 def _trace(hooks: dict, collectives=(), stage="end", error=None, t=None) -> dict:
