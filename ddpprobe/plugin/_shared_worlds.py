@@ -39,9 +39,10 @@ from typing import Callable, Mapping, Optional
 #: The environment variable naming the folder of the session's log of worlds (unset: no log).
 LOG_ENV = "DDPPROBE_WORLD_LOG"
 
-#: Environment variables that change no world: pytest's name of the current test (new at every test) and
-#: the folder of the log.
-IGNORED_ENVIRONMENT = ("PYTEST_CURRENT_TEST", LOG_ENV)
+#: Environment variables that change no world: pytest's name of the current test (new at every test), the
+#: folder of the log, and pytest-xdist's names of the worker (set in each worker's ``os.environ``; were they part
+#: of the key, a world would be shared only among the tests of one worker).
+IGNORED_ENVIRONMENT = ("PYTEST_CURRENT_TEST", LOG_ENV, "PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT")
 
 
 def _typed(value):
