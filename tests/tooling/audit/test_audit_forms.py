@@ -110,6 +110,7 @@ def test_a_key_computed_from_the_tensor_leaves_all_gather_moved_is_equal_by_its_
     assert "equal by chance" not in row.cause and "no rank ran a collective" not in row.cause, row.cause
 
 
+@pytest.mark.waits_for_timeout
 def test_ranks_parting_on_shards_of_equal_length_are_not_told_the_count_follows_the_data():
     """A step-level synced key on every rank and, at its second batch, an all_gather on rank 1 alone; every
     rank's shard holds 2 batches (recorded). The culprit is rank 1's all_gather, made on rank 1 only, and its
@@ -234,6 +235,7 @@ def test_a_read_of_callback_metrics_on_rank_0_only_gets_the_read_on_every_rank_f
         assert "rank_zero_only" not in message and "metric.compute()" not in message, message
 
 
+@pytest.mark.waits_for_timeout
 def test_a_key_only_rank_1_logs_with_sync_dist_gets_the_same_keys_fix_in_validate():
     """``val_extra`` is logged with ``sync_dist=True`` on rank 1 only: under ``trainer.validate`` its epoch sync
     on rank 1 has no partner. The audit's cause (on the divergence, whose culprit the key's sync is: the row is
@@ -270,6 +272,7 @@ def test_a_key_only_rank_1_logs_with_sync_dist_gets_the_same_keys_fix_under_the_
 # --- 5. reports a new user can act on -----------------------------------------------------------------------
 
 
+@pytest.mark.waits_for_timeout
 def test_a_new_users_report_counts_one_root_cause_and_prints_no_fix_for_step_values_that_are_not_a_problem():
     """A module written from the README: ``val_loss`` and ``val_acc`` synced, ``val_step`` logged at each step
     without ``sync_dist`` (rank-local step values, not a problem), and ``self.all_gather`` under ``if
