@@ -26,7 +26,10 @@ import os
 from typing import Optional
 
 #: Workers added to the cores under ``-n auto`` when waiting tests are selected (``DDPPROBE_WAITING_WORKERS``).
-WAITING_WORKERS = 2
+#: Each worker costs its own import and collection (5-15 s of CPU in this suite) and, on a machine whose cores
+#: are busy, every extra process running worlds adds contention; one is where the facts' waits overlapped best
+#: per CPU second spent (benchmarks/README.md, "Waits that overlap").
+WAITING_WORKERS = 1
 
 #: The marker a waiting test carries.
 MARKER = "waits_for_timeout"

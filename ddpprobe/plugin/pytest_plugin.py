@@ -40,7 +40,7 @@ processes (``pid``, ``exitcode``); so does a call given its own ``timeout=`` or 
 
 Under pytest-xdist: the controller starts one preloaded forkserver that every worker on this host forks
 its ranks from (``pytest_configure_node``). The tests that wait for a timeout by design (marked
-``waits_for_timeout``) wait side by side with the CPU-bound ones: ``-n auto`` gives two workers more than the
+``waits_for_timeout``) wait side by side with the CPU-bound ones: ``-n auto`` gives a worker more than the
 cores when such tests are selected, and in place of xdist's default ``load`` distribution they go, in groups,
 to workers of their own from the start while every other test goes to whichever worker is free
 (ddpprobe/plugin/_waiting.py); they are also collected first (``ddpprobe/plugin/_test_code.py``).
