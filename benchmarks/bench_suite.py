@@ -13,6 +13,13 @@ file, and prints:
   from the log ``DDPPROBE_WORLD_LOG`` asks every process of the run to write); CPU seconds per test and per
   started world; the CPU of the controller and of each xdist worker themselves (their imports, collection
   and in-process test code), the rest being the forkserver, the ranks and other subprocesses;
+- one row per room (facts, audit, guard, trace, contract, launch, and the docs', card's, plugin's and support
+  tests as "other"; :data:`ROOMS`): tests, summed wall seconds, the CPU of the test's own worker process and
+  the children it waited for, the CPU its worlds' ranks spent in their scenarios, the seconds the worker
+  waited (a test's wall minus both CPU figures, when positive: the worker and its ranks asleep, e.g. in a
+  process-group timeout, or queued for a core on a loaded machine), and the worlds started (every world
+  launched, by the ``run_world`` fixture, the audit, the guard's runs or the trace; from the per-test lines
+  of the same log);
 - one row per test file: tests, summed seconds (setup + call + teardown, as junitxml reports them),
   share of the total, and the file's slowest test with its seconds, costliest file first;
 - the slowest tests over the whole run.
@@ -50,6 +57,17 @@ import xml.etree.ElementTree as ET
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 DEFAULT_PYTEST_ARGS = ["-n", "auto"]
+
+#: The rooms of the per-room table: the first whose folder prefixes a test's node id; the rest is "other"
+#: (tests/tooling/docs, card, plugin, support).
+ROOMS = (
+    ("facts", "tests/facts/"),
+    ("audit", "tests/tooling/audit/"),
+    ("guard", "tests/tooling/guard/"),
+    ("trace", "tests/tooling/trace/"),
+    ("contract", "tests/tooling/contract/"),
+    ("launch", "tests/tooling/launch/"),
+)
 
 #: junitxml result element -> outcome word (a testcase with none of them passed).
 _OUTCOMES = {"failure": "failed", "error": "error", "skipped": "skipped"}
@@ -103,12 +121,16 @@ def per_file(rows: list) -> list:
 
 
 def read_world_log(folder: str) -> tuple:
-    """``(calls, processes)`` from a ``DDPPROBE_WORLD_LOG`` folder: one dict per ``run_world`` call and one
-    per pytest process (ddpprobe/plugin/_shared_worlds.py ``log_call`` / ``log_process``).
+    """``(calls, tests, processes)`` from a ``DDPPROBE_WORLD_LOG`` folder: one dict per ``run_world`` call, one
+    per test and one per pytest process (ddpprobe/plugin/_shared_worlds.py ``log_call``, ``log_test``,
+    ``log_process``).
 
     A process that ran pytest sessions inside its own (``pytester.runpytest_inprocess``) logs itself at the
-    end of each; its last line, the outermost session's, holds its whole CPU time and is the one kept."""
-    calls, processes = [], []
+    end of each; its last line, the outermost session's, holds its whole CPU time and is the one kept. Its
+    tests are logged too (an inner session's tests by the inner plugin, whose node ids are not the suite's);
+    only tests whose node id starts with ``tests/`` are kept, and the outer test's own line holds the inner
+    ones' time."""
+    calls, tests, processes = [], [], []
     for name in sorted(os.listdir(folder)):
         last = None
         with open(os.path.join(folder, name), encoding="utf-8") as fh:
@@ -116,11 +138,44 @@ def read_world_log(folder: str) -> tuple:
                 entry = json.loads(line)
                 if "process" in entry:
                     last = entry
+                elif "run" in entry:
+                    tests.append(entry)
                 else:
                     calls.append(entry)
         if last is not None:
             processes.append(last)
-    return calls, processes
+    return calls, _outermost(tests), processes
+
+
+def _outermost(tests: list) -> list:
+    """The suite's own tests: a test of an inner session run inside a test (pytester) has a node id relative to
+    that session's folder, and is left out (its time is inside its outer test's line)."""
+    return [t for t in tests if t["run"].startswith("tests/")]
+
+
+def room_of(nodeid: str) -> str:
+    for room, prefix in ROOMS:
+        if nodeid.startswith(prefix):
+            return room
+    return "other"
+
+
+def per_room(tests: list) -> list:
+    """``[(room, tests, wall s, worker CPU s, rank CPU s, waiting s, worlds)]`` in :data:`ROOMS` order, then
+    "other", then a total row. Waiting is summed per test: ``max(0, wall - worker CPU - rank CPU)``."""
+    names = [room for room, _ in ROOMS] + ["other"]
+    sums = {room: [0, 0.0, 0.0, 0.0, 0.0, 0] for room in names}
+    for t in tests:
+        row = sums[room_of(t["run"])]
+        row[0] += 1
+        row[1] += t["wall_s"]
+        row[2] += t["cpu_s"]
+        row[3] += t["rank_cpu_s"]
+        row[4] += max(0.0, t["wall_s"] - t["cpu_s"] - t["rank_cpu_s"])
+        row[5] += t.get("worlds", 0)
+    rows = [(room, *sums[room]) for room in names if sums[room][0]]
+    total = [sum(row[i] for row in rows) for i in range(1, 7)]
+    return rows + [("total", *total)]
 
 
 def world_counts(calls: list) -> dict:
@@ -223,7 +278,7 @@ def main(argv=None) -> int:
             print(f"bench_suite: pytest exited {done.returncode} without a junitxml report", file=sys.stderr)
             return done.returncode or 1
         rows = read_junit(junit)
-        calls, processes = read_world_log(log)
+        calls, tests, processes = read_world_log(log)
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else "(no output)"
@@ -263,6 +318,22 @@ def main(argv=None) -> int:
             + f"; the rest (forkserver, ranks, other subprocesses) {cpu - own:.1f} s"
         )
     print()
+    if tests:
+        print(
+            _fmt_table(
+                ["room", "tests", "wall s", "worker CPU s", "rank CPU s", "waiting s", "worlds started"],
+                [
+                    (room, n, f"{wall_s:.1f}", f"{cpu_s:.1f}", f"{rank_s:.1f}", f"{wait_s:.1f}", worlds_n)
+                    for room, n, wall_s, cpu_s, rank_s, wait_s, worlds_n in per_room(tests)
+                ],
+                args.markdown,
+            )
+        )
+        print(
+            "(per test, summed: wall = setup + call + teardown; worker CPU = the xdist worker and the children it "
+            "waited for; rank CPU = its worlds' ranks in their scenarios; waiting = wall minus both, when positive)"
+        )
+        print()
     table = per_file(rows)
     print(
         _fmt_table(

@@ -22,7 +22,7 @@ Public names (``__all__``): what users and the other rooms import. Users: ``run_
 ``resolve_settings``, ``Settings``, ``SettingsError``, ``BACKENDS``, ``START_METHODS``, ``DEFAULT_TIMEOUT_S``,
 ``MAX_WORLD_SIZE``, ``cuda_device_count``, ``external_world``, ``leave_external_world``; the pytest plugin's
 one forkserver per run: ``start_shared_forkserver``, ``attach_forkserver``; its warm worlds: ``WarmWorld``,
-``warm_call``, ``WarmCall``. The launcher's own
+``warm_call``, ``WarmCall``; its per-test log for benchmarks/bench_suite.py: ``world_usage``. The launcher's own
 tests: ``RankMessage``, ``build_result``, ``STDERR_TAIL_LINES``.
 
 Layout (everything prefixed with ``_`` is private; other modules import only the names above):
@@ -45,7 +45,7 @@ Layout (everything prefixed with ``_`` is private; other modules import only the
 from ddpprobe.launch._arguments import cuda_device_count
 from ddpprobe.launch._external import external_world, shutdown as leave_external_world
 from ddpprobe.launch._forkserver import attach_forkserver, start_shared_forkserver
-from ddpprobe.launch._message import RankMessage
+from ddpprobe.launch._message import RankMessage, world_usage
 from ddpprobe.launch._results import (
     STDERR_TAIL_LINES,
     RankDied,
@@ -95,4 +95,5 @@ __all__ = [
     "run_world",
     "start_shared_forkserver",
     "warm_call",
+    "world_usage",
 ]

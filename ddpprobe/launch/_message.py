@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
+import resource
 import traceback
 from typing import Optional
 
@@ -35,6 +36,8 @@ class RankMessage:
         stack: the Python stack the rank was in when asked, faulthandler's format (``stuck``).
         stdout, stderr: what the rank wrote to file descriptors 1 and 2.
         files: ``{path relative to the rank's folder: text}`` (ddpprobe/launch/_files.py ``snapshot``).
+        cpu_s: CPU seconds (user + system, all threads) the rank spent in the scenario; a measurement for
+            benchmarks/bench_suite.py, left out of :meth:`to_json_dict`.
     """
 
     rank: int
@@ -49,6 +52,7 @@ class RankMessage:
     stdout: str = ""
     stderr: str = ""
     files: dict = dataclasses.field(default_factory=dict)
+    cpu_s: Optional[float] = None
 
     def __post_init__(self):
         if self.status not in STATUSES:
@@ -56,7 +60,7 @@ class RankMessage:
 
     def to_json_dict(self) -> dict:
         """A readable dict: every field, with ``record`` (decoded) in place of ``record_json``."""
-        out = {k: v for k, v in dataclasses.asdict(self).items() if k != "record_json" and v is not None}
+        out = {k: v for k, v in dataclasses.asdict(self).items() if k not in ("record_json", "cpu_s") and v is not None}
         if self.record_json is not None:
             out["record"] = json.loads(self.record_json)
         return out
@@ -99,10 +103,13 @@ def run_scenario(scenario_ref: str, info, params: dict, pid: int, catch=Exceptio
     world's pytest session, where Ctrl-C must still stop pytest), ``BaseException`` in a rank process
     of its own (a ``sys.exit`` in a scenario is then reported like an exception).
     """
+    cpu_before = _cpu_seconds()
     try:
         record = resolve(scenario_ref)(info, **params)
         try:
-            return RankMessage(rank=info.rank, status="ok", pid=pid, record_json=json.dumps(record))
+            return RankMessage(
+                rank=info.rank, status="ok", pid=pid, record_json=json.dumps(record), cpu_s=_cpu_seconds() - cpu_before
+            )
         except (TypeError, ValueError):
             where, type_name = find_unserialisable(record) or ("record", type(record).__name__)
             return RankMessage(
@@ -111,6 +118,7 @@ def run_scenario(scenario_ref: str, info, params: dict, pid: int, catch=Exceptio
                 pid=pid,
                 error=f"{where} is a {type_name}, which JSON cannot hold; return plain lists, dicts, "
                 "str, int, float, bool or None (e.g. tensor.tolist() or float(tensor))",
+                cpu_s=_cpu_seconds() - cpu_before,
             )
     except catch as exc:  # noqa: BLE001 - every failure is reported
         return RankMessage(
@@ -120,4 +128,30 @@ def run_scenario(scenario_ref: str, info, params: dict, pid: int, catch=Exceptio
             exc_type=type(exc).__name__,
             error=str(exc),
             traceback=traceback.format_exc(),
+            cpu_s=_cpu_seconds() - cpu_before,
         )
+
+
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+#: Worlds whose messages this process turned into a result or an error, and the CPU seconds their ranks
+#: spent in their scenarios (:func:`count_world`, called by ``build_result``).
+_USAGE = {"worlds": 0, "rank_cpu_s": 0.0}
+
+
+def count_world(messages) -> None:
+    """Count one world and add the scenario CPU each of its messages reports (:func:`world_usage`)."""
+    _USAGE["worlds"] += 1
+    _USAGE["rank_cpu_s"] += sum(m.cpu_s or 0.0 for m in messages)
+
+
+def world_usage() -> dict:
+    """``{"worlds": n, "rank_cpu_s": s}`` so far in this process: the worlds whose result it built (each launched
+    world once, warm or fresh, failed or not) and the CPU seconds their ranks spent in their scenarios (ranks still
+    running when their world was ended report none). The pytest plugin logs it per test for
+    benchmarks/bench_suite.py: a rank forked from the forkserver is no child of the process that launched it, so
+    ``getrusage(RUSAGE_CHILDREN)`` never counts it."""
+    return dict(_USAGE)

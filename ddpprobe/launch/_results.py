@@ -12,7 +12,7 @@ import re
 import signal
 from typing import Iterator, Optional
 
-from ddpprobe.launch._message import RankMessage
+from ddpprobe.launch._message import RankMessage, count_world
 
 #: Lines of a failed rank's stderr shown at the end of an error message, after its key lines.
 STDERR_TAIL_LINES = 15
@@ -164,6 +164,7 @@ def build_result(
         TypeError: a record JSON cannot hold (message: rank, key and type).
         WorldTimeout: ranks were still running when the world was ended.
     """
+    count_world(messages)
     by_rank = {m.rank: m for m in messages}
     ranks = sorted(by_rank)
     failed = [r for r in (order or []) if by_rank[r].status not in ("ok", "stuck")]

@@ -17,8 +17,9 @@ starts its own world. Each call gets its own copy (read from the file), so a tes
 cannot change what another test reads.
 
 With ``DDPPROBE_WORLD_LOG=<folder>`` every process of the session appends to ``<folder>/<pid>.jsonl`` one
-line per ``run_world`` call (:func:`log_call`) and one for itself at the end (:func:`log_process`);
-benchmarks/bench_suite.py counts worlds, distinct keys and CPU per process from them.
+line per ``run_world`` call (:func:`log_call`), one per test (:func:`log_test`) and one for itself at the end
+(:func:`log_process`); benchmarks/bench_suite.py counts worlds, distinct keys, CPU per process and the wall,
+CPU and waiting of each test from them.
 """
 
 from __future__ import annotations
@@ -38,9 +39,10 @@ from typing import Callable, Mapping, Optional
 #: The environment variable naming the folder of the session's log of worlds (unset: no log).
 LOG_ENV = "DDPPROBE_WORLD_LOG"
 
-#: Environment variables that change no world: pytest's name of the current test (new at every test) and
-#: the folder of the log.
-IGNORED_ENVIRONMENT = ("PYTEST_CURRENT_TEST", LOG_ENV)
+#: Environment variables that change no world: pytest's name of the current test (new at every test), the
+#: folder of the log, and pytest-xdist's names of the worker (set in each worker's ``os.environ``; were they part
+#: of the key, a world would be shared only among the tests of one worker).
+IGNORED_ENVIRONMENT = ("PYTEST_CURRENT_TEST", LOG_ENV, "PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT")
 
 
 def _typed(value):
@@ -177,6 +179,34 @@ def log_call(
             "ok": ok,
             "warm": warm,
             "fell_back": fell_back,
+        }
+    )
+
+
+def logging() -> bool:
+    """Whether ``DDPPROBE_WORLD_LOG`` is set (the session's processes log what they do)."""
+    return bool(os.environ.get(LOG_ENV))
+
+
+def cpu_seconds() -> float:
+    """This process's CPU seconds and those of its children it waited for (user + system)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def log_test(test: str, wall_s: float, cpu_s: float, rank_cpu_s: float, worlds: int) -> None:
+    """One test (setup, call and teardown), when ``DDPPROBE_WORLD_LOG`` is set: its wall seconds, the CPU
+    seconds of this process and of the children it waited for meanwhile (a command-line run, a spawned
+    interpreter), the worlds it launched (through the fixture, the audit, the guard's runs, ...) and the CPU
+    their ranks spent in their scenarios (``ddpprobe.launch.world_usage``; the ranks are the forkserver's
+    children, not this process's)."""
+    _append(
+        {
+            "run": test,
+            "wall_s": round(wall_s, 4),
+            "cpu_s": round(cpu_s, 4),
+            "rank_cpu_s": round(rank_cpu_s, 4),
+            "worlds": worlds,
         }
     )
 

@@ -1,7 +1,7 @@
 """What a test's code says about the worlds it runs, read by the pytest plugin (ddpprobe/plugin/pytest_plugin.py).
 
-- :func:`waits_for_timeout`: the test waits seconds for a timeout by design (marked ``waits_for_timeout``, or
-  passing ``pg_timeout=`` to a world); under xdist such tests start first (:func:`start_waiting_tests_first`);
+- :func:`waits_for_timeout`: the test waits seconds for a timeout by design (marked ``waits_for_timeout``); under
+  xdist such tests start first (:func:`start_waiting_tests_first`, ddpprobe/plugin/_waiting.py);
 - :func:`fails_by_design`: the test gets fresh worlds, never warm ones (ddpprobe/plugin/_warm.py).
 """
 
@@ -15,21 +15,18 @@ import re
 def start_waiting_tests_first(items) -> None:
     """Move the tests that wait for a timeout by design to the front, keeping the order within each part.
 
-    A test waits when it is marked ``waits_for_timeout`` or passes ``pg_timeout=`` to a world (what a fact
-    that provokes a hang does, so it is released in seconds). Such a test holds its worker for seconds
-    while using almost no CPU; started first, those seconds pass while the other workers run the CPU-bound
-    tests, instead of at the end with the cores idle. Under xdist's default distribution (``--dist load``)
-    the first worker's first batch of tests is the front of this list. Every worker collects the same
-    order, as xdist requires.
+    A test waits when it is marked ``waits_for_timeout`` (a fact that provokes a hang and is released by a
+    short process-group timeout). Such a test holds its worker for seconds while using almost no CPU; started
+    first, those seconds pass while the other workers run the CPU-bound tests, instead of at the end with the
+    cores idle (the plugin's scheduler, ddpprobe/plugin/_waiting.py, sends them to workers of their own; under
+    ``--dist load`` the first batches are the front of this list). Every worker collects the same order, as
+    xdist requires.
     """
     items[:] = sorted(items, key=lambda item: not waits_for_timeout(item))
 
 
 def waits_for_timeout(item) -> bool:
-    if item.get_closest_marker("waits_for_timeout") is not None:
-        return True
-    function = getattr(item, "function", None)
-    return function is not None and "pg_timeout=" in body_of(function)
+    return item.get_closest_marker("waits_for_timeout") is not None
 
 
 @functools.lru_cache(maxsize=None)

@@ -39,9 +39,11 @@ design gets fresh worlds at once: marked ``fresh_world`` or ``waits_for_timeout`
 processes (``pid``, ``exitcode``); so does a call given its own ``timeout=`` or ``pg_timeout=``.
 
 Under pytest-xdist: the controller starts one preloaded forkserver that every worker on this host forks
-its ranks from (``pytest_configure_node``), and the tests that wait for a timeout by design (marked
-``waits_for_timeout``, or passing ``pg_timeout=`` to a world) are collected first, so their waits pass while
-other workers run CPU-bound tests (``ddpprobe/plugin/_test_code.py``).
+its ranks from (``pytest_configure_node``). The tests that wait for a timeout by design (marked
+``waits_for_timeout``) wait side by side with the CPU-bound ones: ``-n auto`` gives a worker more than the
+cores when such tests are selected, and in place of xdist's default ``load`` distribution they go, in groups,
+to workers of their own from the start while every other test goes to whichever worker is free
+(ddpprobe/plugin/_waiting.py); they are also collected first (``ddpprobe/plugin/_test_code.py``).
 
 Refused before any test runs, with pytest's usage error (exit code 4) naming the value and the fix: an
 unknown backend, start method or Lightning package; timeouts that are not seconds; a world size that is
@@ -73,8 +75,9 @@ from ddpprobe.launch import (
     resolve_settings,
     run_world as _run_world,
     start_shared_forkserver,
+    world_usage,
 )
-from ddpprobe.plugin import _shared_worlds, _test_code, _warm, runif
+from ddpprobe.plugin import _shared_worlds, _test_code, _waiting, _warm, runif
 
 #: How each launch setting is named in a usage error: the option (its variable is named by the resolver).
 _OPTIONS = {
@@ -169,8 +172,8 @@ def pytest_configure(config) -> None:
     )
     config.addinivalue_line(
         "markers",
-        "waits_for_timeout: the test waits seconds for a process-group or world timeout by design; under "
-        "pytest-xdist such tests start first (a test passing pg_timeout= to a world counts as one)",
+        "waits_for_timeout: the test waits seconds for a process-group or world timeout by design, using almost "
+        "no CPU; under pytest-xdist such tests start first, on workers of their own (ddpprobe/plugin/_waiting.py)",
     )
     config.addinivalue_line(
         "markers",
@@ -358,6 +361,18 @@ def pytest_configure_node(node) -> None:
     node.workerinput[_FORKSERVER_KEY] = config.stash[_SHARED_FORKSERVER]
 
 
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_auto_num_workers(config):
+    """Under ``-n auto``: the cores plus ``_waiting.WAITING_WORKERS`` when waiting tests are selected."""
+    return _waiting.auto_num_workers(config)
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    """In place of xdist's ``load`` distribution: the waiting tests in groups of their own, sent first."""
+    return _waiting.make_scheduler(config, log)
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node, error) -> None:
     """Under xdist (controller): collect what the workers refused."""
@@ -383,6 +398,25 @@ def pytest_sessionfinish(session, exitstatus) -> None:
     workerinput = getattr(session.config, "workerinput", None)
     in_xdist = workerinput is not None or session.config.getoption("dist", "no") != "no"
     _shared_worlds.log_process(workerinput["workerid"] if workerinput else "controller" if in_xdist else "main")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """With ``DDPPROBE_WORLD_LOG`` set: log each test's wall time, the CPU of this process and its children,
+    the worlds it launched and their ranks' CPU (``_shared_worlds.log_test``), for benchmarks/bench_suite.py."""
+    if not _shared_worlds.logging():
+        yield
+        return
+    wall, cpu, usage = time.monotonic(), _shared_worlds.cpu_seconds(), world_usage()
+    yield
+    after = world_usage()
+    _shared_worlds.log_test(
+        item.nodeid,
+        time.monotonic() - wall,
+        _shared_worlds.cpu_seconds() - cpu,
+        after["rank_cpu_s"] - usage["rank_cpu_s"],
+        after["worlds"] - usage["worlds"],
+    )
 
 
 def _skip_at_the_test(reason: str):

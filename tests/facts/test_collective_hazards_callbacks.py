@@ -95,6 +95,7 @@ def test_a_callback_monitoring_a_key_only_rank_0_logs_raises_on_every_other_rank
 @run_if(backend="gloo")  # the text of gloo's timeout; NCCL reports its own (see ..._nccl.py)
 @pytest.mark.parametrize("callback", sorted(MISSING_KEY))
 @pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.waits_for_timeout
 def test_rank_0_left_in_reduce_boolean_decision_raises_at_the_process_group_timeout(
     run_world, semantics, world_size, callback
 ):

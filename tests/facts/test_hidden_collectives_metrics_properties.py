@@ -235,6 +235,7 @@ def test_a_read_on_global_rank_0_only_then_strategy_reduce_swaps_the_two_sums_wi
 
 @run_if(backend="gloo")  # the text of gloo's timeout; NCCL reports its own
 @pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.waits_for_timeout
 def test_a_read_on_global_rank_0_only_then_a_metric_compute_leaves_every_rank_stuck_until_the_timeout(
     run_world, semantics, world_size
 ):

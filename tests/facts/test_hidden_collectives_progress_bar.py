@@ -79,6 +79,7 @@ RANK0_STUCK_IN = {"metric_compute": "all_reduce", "all_gather": "barrier"}
 @run_if(backend="gloo")  # the text of gloo's timeout; NCCL reports its own
 @pytest.mark.parametrize("then", sorted(STUCK_IN))
 @pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.waits_for_timeout
 def test_with_the_progress_bar_a_metric_compute_or_all_gather_in_on_train_epoch_end_sticks_until_the_timeout(
     run_world, semantics, world_size, then
 ):

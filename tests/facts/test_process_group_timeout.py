@@ -31,6 +31,7 @@ PG_TIMEOUT_S = 15
 @pytest.mark.mirrors("tests_pytorch/strategies/test_ddp.py::test_set_timeout")
 @run_if(backend="gloo")  # gloo's words for a timeout; NCCL's watchdog reports its own
 @pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.waits_for_timeout
 def test_ddp_strategy_timeout_is_the_process_groups_so_a_collective_left_alone_fails_after_that_many_seconds(
     run_world, semantics, world_size
 ):

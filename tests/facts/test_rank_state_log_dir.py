@@ -85,6 +85,7 @@ LATER_COLLECTIVE = {
 
 @pytest.mark.parametrize("later", sorted(LATER_COLLECTIVE))
 @pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.waits_for_timeout
 def test_reading_trainer_log_dir_inside_a_rank_zero_only_function_fails_every_rank_at_the_process_group_timeout(
     run_world, semantics, world_size, later
 ):

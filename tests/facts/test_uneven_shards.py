@@ -239,6 +239,7 @@ def test_uneven_fit_without_logging_finishes_the_ranks_with_fewer_batches_and_fa
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.waits_for_timeout
 def test_uneven_fit_with_a_synced_epoch_log_hangs_every_rank_until_the_process_group_timeout(
     run_world, semantics, world_size
 ):

@@ -1,6 +1,7 @@
 """Everything under ``tests/tooling/`` tests ddpprobe itself (launcher, audit, card, skips, oracle), not
 a fact about DDP: each test is marked ``not_a_fact`` here, so the semantics card leaves it out even when
-a module forgets its own marker. A module's own ``not_a_fact("reason")`` keeps its more specific reason."""
+a module forgets its own marker. A module's own ``not_a_fact("reason")`` keeps its more specific reason. Audit
+results are shared by every worker of the run (``_shared_audit_runs``, tests/support/audit_runs.py)."""
 
 import pytest
 
@@ -11,3 +12,17 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(
                 pytest.mark.not_a_fact("a test of ddpprobe's tooling (tests/tooling/), not a fact about DDP")
             )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _shared_audit_runs(request, tmp_path_factory):
+    """Audit results shared by every xdist worker of the run (tests/support/audit_runs.py), in the run's
+    temporary folder (the workers' own folders are inside it)."""
+    from tests.support import audit_runs
+
+    base = tmp_path_factory.getbasetemp()
+    if hasattr(request.config, "workerinput"):
+        base = base.parent
+    audit_runs.use_folder(str(base / "ddpprobe-audits"))
+    yield
+    audit_runs.use_folder(None)

@@ -9,7 +9,6 @@ and check each verdict against values computed from the data with scikit-learn a
 the seed's F1 differs between ranks *because* each rank's shard has a different F1.
 """
 
-import functools
 import json
 import os
 import subprocess
@@ -26,6 +25,7 @@ from ddpprobe.audit import AuditInputError, audit
 from ddpprobe.probes.data import IdDataset
 from examples import corrected_f1_module as corrected, seed_f1_module as seed
 from tests.support import oracle
+from tests.support.audit_runs import audited
 from tests.support.worlds import skip_unless_runnable
 
 pytestmark = pytest.mark.not_a_fact("tests the audit command, not a fact about DDP")
@@ -46,10 +46,9 @@ def _batch_weighted_mean_f1(n: int, world_size: int, batch_size: int) -> float:
     return sum(s * w for s, w in scores) / sum(w for _, w in scores)
 
 
-@functools.lru_cache(maxsize=None)
 def _audit(model_ref: str, data_ref: str, world_size: int, backend: str):
-    """One audit per (module, data, W, backend) for the whole module: each costs two worlds."""
-    return audit(model_ref, data_ref, world_size=world_size, backend=backend)
+    """One audit per (module, data, W, backend) for the whole test process: each costs two worlds."""
+    return audited(model_ref, data_ref, world_size=world_size, backend=backend)
 
 
 def _seed_audit(world_size, backend):

@@ -4,23 +4,18 @@ that made it. Tested on numbers written by hand and on modules written for it
 (tests/support/contract_modules.py): a validation error all-reduced with MAX where a mean was meant, and a count
 logged without a sync. A key that equals single-process gets no such sentence."""
 
-import functools
-
 import pytest
 
-from ddpprobe.audit import audit
 from ddpprobe.audit.evidence import _arithmetic
-from tests.support.worlds import skip_unless_runnable
+from tests.support.audit_runs import audited
 
 pytestmark = pytest.mark.not_a_fact("tests the audit's arithmetic explanations, not a fact about DDP")
 
 M = "tests.support.contract_modules"
 
 
-@functools.lru_cache(maxsize=None)
 def _audit(model: str):
-    skip_unless_runnable("gloo", 2)
-    return audit(f"{M}:{model}", f"{M}:make_data", world_size=2, timeout=60.0)
+    return audited(f"{M}:{model}", f"{M}:make_data", world_size=2, timeout=60.0)
 
 
 @pytest.mark.parametrize(

@@ -6,13 +6,10 @@ whose first step cannot be compared, print no contract problem.
 
 The facts behind the rows: tests/facts/test_what_ddp_keeps_equal.py."""
 
-import functools
-
 import pytest
 
 from ddpprobe import contract, hazards
-from ddpprobe.audit import audit
-from tests.support.worlds import skip_unless_runnable
+from tests.support.audit_runs import audited
 
 pytestmark = pytest.mark.not_a_fact("tests the audit's reading of the DDP contract, not a fact about DDP")
 
@@ -20,10 +17,8 @@ M = "tests.support.contract_modules"
 TIMEOUT = 60.0
 
 
-@functools.lru_cache(maxsize=None)
 def _audit(model: str, data: bool = True):
-    skip_unless_runnable("gloo", 2)
-    return audit(f"{M}:{model}", f"{M}:make_data" if data else None, world_size=2, stage="fit", timeout=TIMEOUT)
+    return audited(f"{M}:{model}", f"{M}:make_data" if data else None, world_size=2, stage="fit", timeout=TIMEOUT)
 
 
 def _roots(result) -> list:

@@ -6,7 +6,6 @@ samples each rank ran (``tests/support/oracle.py``), which collectives each rank
 and what each value should be.
 """
 
-import functools
 import inspect
 
 import pytest
@@ -15,6 +14,7 @@ from ddpprobe import audit as ddp_audit
 from ddpprobe.audit import audit
 from ddpprobe.plugin.runif import run_if
 from tests.support import audit_modules, oracle
+from tests.support.audit_runs import audited
 from tests.support.worlds import skip_unless_runnable
 
 pytestmark = pytest.mark.not_a_fact("tests the audit's diagnoses, not a fact about DDP")
@@ -30,10 +30,8 @@ HANG_TIMEOUT = 12.0
 SANITY_STEPS = 2
 
 
-@functools.lru_cache(maxsize=None)
 def _audit(model: str, data: str, stage: str = "validate", timeout: float = TIMEOUT, max_epochs: int = 1):
-    skip_unless_runnable("gloo", 2)
-    return audit(
+    return audited(
         f"{MODULES}:{model}",
         f"{MODULES}:{data}" if data else None,
         world_size=2,
@@ -81,6 +79,7 @@ def _branch_culprit(result):
 
 
 @pytest.mark.parametrize("stage, data", [("validate", "make_ids_8"), ("fit", "make_fit_8")])
+@pytest.mark.waits_for_timeout
 def test_a_collective_made_under_a_branch_on_the_rank_is_named_with_its_line_and_per_rank_counts(stage, data):
     """``if self.global_rank == 0: self.all_gather(...)`` in ``on_validation_epoch_end``: rank 0 makes that
     all_gather once (the first validation epoch: the only one in ``validate``, the sanity check in ``fit``)
@@ -120,6 +119,7 @@ def test_a_collective_made_under_a_branch_on_the_rank_is_named_with_its_line_and
 PER_TENSOR = 3
 
 
+@pytest.mark.waits_for_timeout
 def test_a_list_state_synced_element_by_element_is_named_with_each_ranks_count_state_size_and_value():
     """``BigValues`` keeps one tensor per sample of value >= 9 in a list state without a ``"cat"``
     reduction, so ``compute()`` gathers the list one element at a time: rank 0 (ids 0, 2, 4, 6) kept 2,
@@ -400,6 +400,7 @@ def test_strings_self_all_gather_returns_unchanged_are_named_and_no_all_gather_f
 # --- 9. a world that times out, a rank that raises -------------------------------------------------------
 
 
+@pytest.mark.waits_for_timeout
 def test_a_rank_that_finished_shows_its_value_when_another_rank_hangs_and_the_world_times_out():
     """Rank 1 sleeps after its validation epoch until the world is killed (``WorldTimeout``); rank 0
     finished. Rank 0's value (the synced mean of the 8 samples) comes from its trace, not ``-``, and the
@@ -413,6 +414,7 @@ def test_a_rank_that_finished_shows_its_value_when_another_rank_hangs_and_the_wo
     assert row.verdict == ddp_audit.NO_VALUE_ON_SOME and row.problem and "rank(s) [1] never finished" in row.cause
 
 
+@pytest.mark.waits_for_timeout
 def test_a_divergence_that_follows_a_rank_raising_names_the_error_and_gives_no_logging_fix():
     """Rank 1 raises ``ValueError`` in its second ``validation_step``; rank 0 goes on and enters the epoch
     sync of ``val_mean`` alone. The divergence is explained by rank 1's error, and no fix about logging

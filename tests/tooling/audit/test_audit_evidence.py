@@ -7,7 +7,6 @@ here from the data (``tests/support/oracle.py``): the value every rank should ho
 competing explanation would give, and which samples each rank ran.
 """
 
-import functools
 import os
 import resource
 import subprocess
@@ -19,7 +18,7 @@ from ddpprobe import audit as ddp_audit
 from ddpprobe.audit import AuditInputError, audit
 from ddpprobe.plugin.runif import run_if
 from tests.support import oracle
-from tests.support.worlds import skip_unless_runnable
+from tests.support.audit_runs import audited
 
 pytestmark = pytest.mark.not_a_fact("tests the audit command, not a fact about DDP")
 
@@ -32,10 +31,8 @@ TIMEOUT = 40.0
 HANG_TIMEOUT = 12.0
 
 
-@functools.lru_cache(maxsize=None)
 def _audit(model: str, data: str, world_size: int, backend: str, stage: str = "validate", timeout: float = TIMEOUT):
-    skip_unless_runnable(backend, world_size)
-    return audit(
+    return audited(
         f"{CASES}:{model}", f"{CASES}:{data}", world_size=world_size, backend=backend, stage=stage, timeout=timeout
     )
 

@@ -7,7 +7,6 @@ the registry entry (ddpprobe/hazards/) whose fact proves them, the numbers again
 (tests/support/oracle.py), and the whole report against its own records (tests/support/audit_report.py).
 """
 
-import functools
 import inspect
 import os
 
@@ -17,7 +16,7 @@ from ddpprobe import RankFailed, audit as ddp_audit, hazards
 from ddpprobe.audit import audit
 from tests.support import audit_forms, audit_modules, oracle
 from tests.support.audit_report import contradictions, guarded_stage
-from tests.support.worlds import skip_unless_runnable
+from tests.support.audit_runs import audited
 
 pytestmark = pytest.mark.not_a_fact("tests the audit's and the guard's explanations, not a fact about DDP")
 
@@ -28,10 +27,8 @@ TIMEOUT, HANG_TIMEOUT = 40.0, 12.0
 GUARD_LIMITS = {"pg_timeout": 10, "timeout": 30}
 
 
-@functools.lru_cache(maxsize=None)
 def _audit(model: str, data: str, stage: str = "validate", timeout: float = TIMEOUT):
-    skip_unless_runnable("gloo", 2)
-    result = audit(model, data, world_size=2, stage=stage, timeout=timeout)
+    result = audited(model, data, world_size=2, stage=stage, timeout=timeout)
     assert contradictions(result) == [], result.format()
     return result
 
@@ -113,6 +110,7 @@ def test_a_key_computed_from_the_tensor_leaves_all_gather_moved_is_equal_by_its_
     assert "equal by chance" not in row.cause and "no rank ran a collective" not in row.cause, row.cause
 
 
+@pytest.mark.waits_for_timeout
 def test_ranks_parting_on_shards_of_equal_length_are_not_told_the_count_follows_the_data():
     """A step-level synced key on every rank and, at its second batch, an all_gather on rank 1 alone; every
     rank's shard holds 2 batches (recorded). The culprit is rank 1's all_gather, made on rank 1 only, and its
@@ -237,6 +235,7 @@ def test_a_read_of_callback_metrics_on_rank_0_only_gets_the_read_on_every_rank_f
         assert "rank_zero_only" not in message and "metric.compute()" not in message, message
 
 
+@pytest.mark.waits_for_timeout
 def test_a_key_only_rank_1_logs_with_sync_dist_gets_the_same_keys_fix_in_validate():
     """``val_extra`` is logged with ``sync_dist=True`` on rank 1 only: under ``trainer.validate`` its epoch sync
     on rank 1 has no partner. The audit's cause (on the divergence, whose culprit the key's sync is: the row is
@@ -273,6 +272,7 @@ def test_a_key_only_rank_1_logs_with_sync_dist_gets_the_same_keys_fix_under_the_
 # --- 5. reports a new user can act on -----------------------------------------------------------------------
 
 
+@pytest.mark.waits_for_timeout
 def test_a_new_users_report_counts_one_root_cause_and_prints_no_fix_for_step_values_that_are_not_a_problem():
     """A module written from the README: ``val_loss`` and ``val_acc`` synced, ``val_step`` logged at each step
     without ``sync_dist`` (rank-local step values, not a problem), and ``self.all_gather`` under ``if

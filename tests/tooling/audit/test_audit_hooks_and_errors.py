@@ -5,24 +5,22 @@ it caused under it; when ranks raise, the rank whose own code raised first, outs
 and its peers' errors while waiting for it are its consequences. Each rule is tested on hand-written traces and on
 a module written for it (tests/support/contract_modules.py), with a module where it must stay silent."""
 
-import functools
-
 import pytest
 
-from ddpprobe.audit import audit
 from ddpprobe.audit.evidence._hooks import WHO_RUNS, collectives_in_hooks_some_ranks_skip
 from ddpprobe.audit.evidence._sequences import first_own_error
-from tests.support.worlds import skip_unless_runnable
+from tests.support.audit_runs import audited
 
 pytestmark = pytest.mark.not_a_fact("tests the audit's reading of hooks and errors, not a fact about DDP")
 
 M = "tests.support.contract_modules"
+#: Seconds each audited world may run; a module whose ranks hang by design gets the shorter one, its collective
+#: released by the process-group timeout, half of it.
+TIMEOUT, HANG_TIMEOUT = 30.0, 12.0
 
 
-@functools.lru_cache(maxsize=None)
-def _audit(model: str):
-    skip_unless_runnable("gloo", 2)
-    return audit(f"{M}:{model}", f"{M}:make_data", world_size=2, stage="fit", timeout=30.0)
+def _audit(model: str, timeout: float = TIMEOUT):
+    return audited(f"{M}:{model}", f"{M}:make_data", world_size=2, stage="fit", timeout=timeout)
 
 
 def _trace(hooks: dict, collectives=(), stage="end", error=None, t=None) -> dict:
@@ -74,8 +72,9 @@ def test_the_first_error_is_the_earliest_raised_outside_any_collective():
     assert first_own_error(world[:1]) is None
 
 
+@pytest.mark.waits_for_timeout
 def test_a_collective_in_prepare_data_is_the_problem_and_the_divergence_and_errors_follow_it():
-    result = _audit("make_gather_in_prepare_data")
+    result = _audit("make_gather_in_prepare_data", timeout=HANG_TIMEOUT)
 
     assert [(h["hook"], h["ranks"]) for h in result.skipped_hooks] == [("prepare_data", [0])]
     finding = result.findings[0]

@@ -5,24 +5,19 @@ written to ``self.logger.experiment`` (examples/multilabel_original_module.py), 
 Expected numbers come from scikit-learn's ``precision_recall_curve`` on each rank's shard and on the
 whole set (the facts behind them: tests/facts/test_multilabel_best_threshold_f1.py)."""
 
-import functools
-
 import pytest
 
 from ddpprobe import audit as ddp_audit
-from ddpprobe.audit import audit
 from ddpprobe.probes.multilabel import NUM_LABELS
 from examples import multilabel_original_module as original
 from tests.support import oracle
-from tests.support.worlds import skip_unless_runnable
+from tests.support.audit_runs import audited
 
 pytestmark = pytest.mark.not_a_fact("tests the audit command, not a fact about DDP")
 
 
-@functools.lru_cache(maxsize=None)
 def _audit(module: str, backend: str):
-    skip_unless_runnable(backend, 2)
-    return audit(f"examples.{module}:make_model", f"examples.{module}:make_data", world_size=2, backend=backend)
+    return audited(f"examples.{module}:make_model", f"examples.{module}:make_data", world_size=2, backend=backend)
 
 
 def _metrics(ids) -> dict:

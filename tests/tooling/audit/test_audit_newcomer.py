@@ -13,14 +13,12 @@ sync there, and the other ranks' next collective pairs with it; reading on every
 tests/facts/test_sharding.py (the sampler's padding).
 """
 
-import functools
-
 import pytest
 
 from ddpprobe import hazards
-from ddpprobe.audit import RANK_DIVERGENT, audit
+from ddpprobe.audit import RANK_DIVERGENT
 from ddpprobe.audit.causes._kinds import TRAINED_APART_LOCAL
-from tests.support.worlds import skip_unless_runnable
+from tests.support.audit_runs import audited
 
 pytestmark = pytest.mark.not_a_fact("tests the audit's explanations, not a fact about DDP")
 
@@ -28,10 +26,8 @@ M = "tests.support.newcomer_modules"
 TIMEOUT = 60.0
 
 
-@functools.lru_cache(maxsize=None)
 def _audit(model: str, data: str, stage: str):
-    skip_unless_runnable("gloo", 2)
-    return audit(f"{M}:{model}", f"{M}:{data}", world_size=2, stage=stage, timeout=TIMEOUT)
+    return audited(f"{M}:{model}", f"{M}:{data}", world_size=2, stage=stage, timeout=TIMEOUT)
 
 
 def _text(result) -> str:

@@ -13,9 +13,9 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from ddpprobe._lightning import pl
-from ddpprobe.audit import SYNCED_EQUAL, audit
+from ddpprobe.audit import SYNCED_EQUAL
 from ddpprobe.audit.causes._kinds import PROBLEMS, RANK_LOCAL_AGREE, RANK_LOCAL_DIFFERS, RANK_LOCAL_SAME
-from tests.support.worlds import skip_unless_runnable
+from tests.support.audit_runs import audited
 
 pytestmark = pytest.mark.not_a_fact("tests the audit's verdicts, not a fact about DDP")
 
@@ -49,8 +49,7 @@ def make_data():
 
 @functools.lru_cache(maxsize=None)
 def _rows():
-    skip_unless_runnable("gloo", 2)
-    result = audit(f"{HERE}:make_model", f"{HERE}:make_data", world_size=2, stage="validate", timeout=60.0)
+    result = audited(f"{HERE}:make_model", f"{HERE}:make_data", world_size=2, stage="validate", timeout=60.0)
     return {row.key: row for row in result.rows if row.level == "epoch"}
 
 

@@ -15,7 +15,6 @@ tests.tooling.audit.test_audit_registry --write`` rewrites it) and must be curre
 from __future__ import annotations
 
 import ast
-import functools
 import os
 import re
 import sys
@@ -158,13 +157,10 @@ def test_every_entry_has_a_scenario_or_a_reason_and_every_entry_words_its_cause(
         assert (h.fix is None) == (h.fix_fact is None), name
 
 
-@functools.lru_cache(maxsize=None)
 def _audit(model: str, data: str, stage: str, hangs: bool):
-    from ddpprobe.audit import audit
-    from tests.support.worlds import skip_unless_runnable
+    from tests.support.audit_runs import audited
 
-    skip_unless_runnable("gloo", 2)
-    return audit(model, data, world_size=2, stage=stage, timeout=HANG_TIMEOUT if hangs else MODULES_TIMEOUT)
+    return audited(model, data, world_size=2, stage=stage, timeout=HANG_TIMEOUT if hangs else MODULES_TIMEOUT)
 
 
 @pytest.mark.parametrize("entry", sorted(SCENARIOS))

@@ -86,6 +86,7 @@ def test_a_datamodule_fit_validated_every_second_epoch_then_tested_and_predicted
     assert all("t" in r["tested"] and len(r["predicted"]) == 6 for r in without), without
 
 
+@pytest.mark.waits_for_timeout
 def test_a_checkpoint_written_slower_than_the_guard_timeout_fits_the_same_with_the_guard(run_world):
     """``ModelCheckpoint`` every epoch through a writer 3 s slower than Lightning's (a slow file system),
     under ``CollectiveGuard(timeout=1)`` and a process-group timeout of 10 s: rank 1 waits for rank 0's
@@ -96,6 +97,7 @@ def test_a_checkpoint_written_slower_than_the_guard_timeout_fits_the_same_with_t
     assert all(r["files"] == ["epoch=0-step=2.ckpt", "epoch=1-step=4.ckpt"] for r in without), without
 
 
+@pytest.mark.waits_for_timeout
 def test_a_prepare_data_slower_than_the_guard_timeout_fits_the_same_with_the_guard(run_world):
     """``prepare_data`` on local rank 0 takes 3 s under ``CollectiveGuard(timeout=1)``: the other ranks
     wait for it in Lightning's own barrier (``_InfiniteBarrier``, pytorch_lightning/trainer/connectors/

@@ -333,6 +333,7 @@ def test_hook_boundaries_only_do_not_see_keys_named_after_the_rank(run_world):
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.waits_for_timeout
 def test_a_rank_that_does_not_arrive_within_the_guard_timeout_is_named_with_its_last_check(run_world):
     """Rank 1 sleeps 8 s in its first ``validation_step`` (slow code, or stuck where Python cannot see)
     under ``CollectiveGuard(timeout=2)``. Rank 0, waiting at the batch's end, raises ``GuardTimeout``

@@ -54,6 +54,7 @@ def test_a_rank_that_raises_is_reported_with_its_traceback_and_the_others_are_ki
     assert _gone(err.pids)
 
 
+@pytest.mark.waits_for_timeout
 def test_a_world_that_hangs_is_killed_at_its_timeout_naming_the_stuck_ranks_with_their_stacks(run_world):
     """Rank 1 never enters the all_reduce that rank 0 waits in: at the world timeout both are killed and
     the error names them, with each one's Python stack (rank 1 in ``hang_on``'s sleep)."""

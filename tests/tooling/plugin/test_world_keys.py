@@ -47,3 +47,13 @@ def test_the_fixture_shares_one_world_between_a_default_given_and_left_out(run_w
 
     assert [r["cwd"] for r in given.records] == [r["cwd"] for r in left_out.records]
     assert [r["cwd"] for r in other.records] != [r["cwd"] for r in left_out.records]
+
+
+def test_the_xdist_worker_running_the_call_is_not_part_of_the_key_so_every_worker_shares_a_world():
+    kwargs = with_defaults(scenarios.identity, {})
+    gw0 = world_key(REF, 2, kwargs, {"HOME": "/x", "PYTEST_XDIST_WORKER": "gw0", "PYTEST_XDIST_WORKER_COUNT": "2"})
+    gw1 = world_key(REF, 2, kwargs, {"HOME": "/x", "PYTEST_XDIST_WORKER": "gw1", "PYTEST_XDIST_WORKER_COUNT": "4"})
+    other_home = world_key(
+        REF, 2, kwargs, {"HOME": "/y", "PYTEST_XDIST_WORKER": "gw0", "PYTEST_XDIST_WORKER_COUNT": "2"}
+    )
+    assert gw0 == gw1 != other_home

@@ -95,13 +95,13 @@ def test_the_audits_trace_names_the_call_in_a_module_it_did_not_write():
     ``call`` ``BinaryAccuracy.compute`` (a method), and rank 1 made none there."""
     import inspect
 
-    from ddpprobe.audit import audit
     from examples import reported_cases
+    from tests.support.audit_runs import audited
 
     lines, start = inspect.getsourcelines(reported_cases.ComputeOnRankZeroModule.on_validation_epoch_end)
     line = start + next(i for i, text in enumerate(lines) if "self.acc.compute()" in text)
     site = f"reported_cases.py:{line} in on_validation_epoch_end"
-    result = audit(
+    result = audited(
         "examples.reported_cases:make_compute_on_rank_zero_model",
         "examples.reported_cases:make_ids_12",
         world_size=2,
