@@ -240,6 +240,7 @@ TOPIC_ORDER = (
     "tests/facts/test_hidden_collectives_torchmetrics_list_states.py",
     "tests/facts/test_hidden_collectives_all_gather_leaves.py",
     "tests/facts/test_hidden_collectives_half_precision.py",
+    "tests/facts/test_what_ddp_keeps_equal.py",
     "tests/facts/test_training_loop.py",
     "tests/facts/test_callbacks.py",
     "tests/facts/test_reductions_outside_log.py",
