@@ -16,18 +16,17 @@ from __future__ import annotations
 
 import ast
 import os
-import re
 import sys
 
 import pytest
 
 from ddpprobe import RankFailed, hazards
+from tests.support import generated_docs
 
 pytestmark = pytest.mark.not_a_fact("tests the hazard registry, not a fact about DDP")
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 DOC = os.path.join(REPO, "docs", "audit.md")
-BEGIN, END = "<!-- hazards -->", "<!-- /hazards -->"
 
 EX, AM, AF = "examples.reported_cases", "tests.support.audit_modules", "tests.support.audit_forms"
 NC = "tests.support.newcomer_modules"
@@ -228,29 +227,14 @@ def table() -> str:
     return "\n".join(lines)
 
 
-def _section(text: str) -> str:
-    found = re.search(re.escape(BEGIN) + r"\n(.*?)\n" + re.escape(END), text, re.S)
-    return found.group(1) if found else ""
-
-
 def test_the_table_of_entries_in_docs_audit_md_is_current():
     """docs/audit.md holds the table :func:`table` generates, between ``<!-- hazards -->`` markers (rewrite it
     with ``python -m tests.tooling.audit.test_audit_registry --write``)."""
-    with open(DOC, encoding="utf-8") as handle:
-        assert _section(handle.read()) == table(), "docs/audit.md's table of hazards is stale: run --write"
-
-
-def _write() -> None:
-    with open(DOC, encoding="utf-8") as handle:
-        text = handle.read()
-    new = f"{BEGIN}\n{table()}\n{END}"
-    text = re.sub(re.escape(BEGIN) + r".*?" + re.escape(END), lambda _: new, text, flags=re.S)
-    with open(DOC, "w", encoding="utf-8") as handle:
-        handle.write(text)
+    assert generated_docs.block(DOC, "hazards") == table(), "docs/audit.md's table of hazards is stale: run --write"
 
 
 if __name__ == "__main__":
     if "--write" in sys.argv:
-        _write()
+        generated_docs.write_block(DOC, "hazards", table())
     else:
         print(table())

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import ast
 import os
-import re
 import sys
 
 import pytest
 
 from ddpprobe import contract
+from tests.support import generated_docs
 
 pytestmark = pytest.mark.not_a_fact("tests the contract's table and comparisons, not a fact about DDP")
 
@@ -232,7 +232,6 @@ def test_a_snapshot_of_a_single_process_fit_records_the_documented_fields():
 
 
 DOC = os.path.join(REPO, "docs", "audit.md")
-BEGIN, END = "<!-- contract -->", "<!-- /contract -->"
 
 
 def table() -> str:
@@ -250,23 +249,12 @@ def table() -> str:
     return "\n".join(lines)
 
 
-def _section(text: str) -> str:
-    found = re.search(re.escape(BEGIN) + r"\n(.*?)\n" + re.escape(END), text, re.S)
-    return found.group(1) if found else ""
-
-
 def test_the_table_of_the_contract_in_docs_audit_md_is_current():
-    with open(DOC, encoding="utf-8") as handle:
-        assert _section(handle.read()) == table(), "docs/audit.md's contract table is stale: run --write"
+    assert generated_docs.block(DOC, "contract") == table(), "docs/audit.md's contract table is stale: run --write"
 
 
 if __name__ == "__main__":
     if "--write" in sys.argv:
-        with open(DOC, encoding="utf-8") as handle:
-            text = handle.read()
-        new = f"{BEGIN}\n{table()}\n{END}"
-        text = re.sub(re.escape(BEGIN) + r".*?" + re.escape(END), lambda _: new, text, flags=re.S)
-        with open(DOC, "w", encoding="utf-8") as handle:
-            handle.write(text)
+        generated_docs.write_block(DOC, "contract", table())
     else:
         print(table())
