@@ -34,6 +34,7 @@ import pickle
 import resource
 import sys
 import tempfile
+import time
 from typing import Callable, Mapping, Optional
 
 #: The environment variable naming the folder of the session's log of worlds (unset: no log).
@@ -217,3 +218,24 @@ def log_process(role: str) -> None:
     imported torch."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
     _append({"process": role, "cpu_s": round(usage.ru_utime + usage.ru_stime, 3), "torch": "torch" in sys.modules})
+
+
+@contextlib.contextmanager
+def timed(nodeid: str):
+    """Around one test, with ``DDPPROBE_WORLD_LOG`` set: log its wall time, the CPU of this process and its
+    children, the worlds it launched and their ranks' CPU (:func:`log_test`), for benchmarks/bench_suite.py."""
+    if not logging():
+        yield
+        return
+    from ddpprobe.launch import world_usage
+
+    wall, cpu, usage = time.monotonic(), cpu_seconds(), world_usage()
+    yield
+    after = world_usage()
+    log_test(
+        nodeid,
+        time.monotonic() - wall,
+        cpu_seconds() - cpu,
+        after["rank_cpu_s"] - usage["rank_cpu_s"],
+        after["worlds"] - usage["worlds"],
+    )

@@ -75,7 +75,6 @@ from ddpprobe.launch import (
     resolve_settings,
     run_world as _run_world,
     start_shared_forkserver,
-    world_usage,
 )
 from ddpprobe.plugin import _shared_worlds, _test_code, _waiting, _warm, runif
 
@@ -183,14 +182,14 @@ def pytest_configure(config) -> None:
     _choose_lightning(config)
     settings = _check_options(config)
     config.option.backend = settings["backend"]  # --backend reads as resolved for other plugins (the card)
-    settings["world_sizes"] = _parse_world_sizes(config.getoption("--world-size"))
+    settings["world_sizes"] = runif.parse_world_sizes(config.getoption("--world-size"))
     config.stash[_SETTINGS] = settings
     config.stash[_REFUSED] = []
     shared = getattr(config, "workerinput", {}).get(_FORKSERVER_KEY)
     if shared:
         attach_forkserver(**shared)
     if settings["backend"] == "nccl" and not config.getoption("--skip-unavailable"):
-        _check_devices(settings["world_sizes"])
+        runif.check_devices(settings["world_sizes"])
 
 
 def _choose_lightning(config) -> None:
@@ -216,44 +215,6 @@ def _check_options(config) -> dict:
         "resolved_start_method": settings.start_method,
         **{k: v for k, v in given.items() if k != "backend"},
     }
-
-
-def _parse_world_sizes(raw: str) -> frozenset:
-    """``"2,3"`` -> ``{2, 3}``; empty -> empty (every world size).
-
-    Raises:
-        pytest.UsageError: a part is not a whole number >= 1; the message names the value.
-    """
-    sizes = set()
-    for part in (raw or "").split(","):
-        part = part.strip()
-        if not part:
-            continue
-        try:
-            size = int(part)
-        except ValueError:
-            size = None
-        if size is None or size < 1:
-            raise pytest.UsageError(
-                f"--world-size / DDPPROBE_WORLD_SIZES={raw!r}: {part!r} is not a world size; give whole numbers "
-                ">= 1, e.g. --world-size 2,3"
-            )
-        sizes.add(size)
-    return frozenset(sizes)
-
-
-def _check_devices(world_sizes: frozenset) -> None:
-    """Under nccl, refuse at once a machine with fewer CUDA devices than the smallest need: one per rank of
-    the largest ``--world-size`` asked for, else one (every world has a rank)."""
-    needed = max(world_sizes, default=1)
-    found = cuda_device_count()
-    if found < needed:
-        why = f"--world-size {max(world_sizes)}" if world_sizes else "every world has at least one rank"
-        raise pytest.UsageError(
-            f"--backend nccl runs one CUDA device per rank: {needed} needed ({why}), found {found}. Run on a "
-            "machine with enough GPUs, use --backend gloo, or pass --skip-unavailable to skip the facts that "
-            "cannot run here, each with its reason"
-        )
 
 
 def _world_size_of(item) -> Optional[int]:
@@ -402,21 +363,9 @@ def pytest_sessionfinish(session, exitstatus) -> None:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    """With ``DDPPROBE_WORLD_LOG`` set: log each test's wall time, the CPU of this process and its children,
-    the worlds it launched and their ranks' CPU (``_shared_worlds.log_test``), for benchmarks/bench_suite.py."""
-    if not _shared_worlds.logging():
+    """With ``DDPPROBE_WORLD_LOG`` set: log each test's wall time, CPU and worlds (``_shared_worlds.timed``)."""
+    with _shared_worlds.timed(item.nodeid):
         yield
-        return
-    wall, cpu, usage = time.monotonic(), _shared_worlds.cpu_seconds(), world_usage()
-    yield
-    after = world_usage()
-    _shared_worlds.log_test(
-        item.nodeid,
-        time.monotonic() - wall,
-        _shared_worlds.cpu_seconds() - cpu,
-        after["rank_cpu_s"] - usage["rank_cpu_s"],
-        after["worlds"] - usage["worlds"],
-    )
 
 
 def _skip_at_the_test(reason: str):

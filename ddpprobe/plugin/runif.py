@@ -233,3 +233,47 @@ def requirements_of(item) -> Requirements:
     return Requirements(
         min_gpus=min_gpus, backend=backend, lightning=",".join(ranges) or None, feature=", ".join(features) or None
     )
+
+
+def parse_world_sizes(raw: str) -> frozenset:
+    """``"2,3"`` -> ``{2, 3}``; empty -> empty (every world size).
+
+    Raises:
+        pytest.UsageError: a part is not a whole number >= 1; the message names the value.
+    """
+    import pytest
+
+    sizes = set()
+    for part in (raw or "").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            size = int(part)
+        except ValueError:
+            size = None
+        if size is None or size < 1:
+            raise pytest.UsageError(
+                f"--world-size / DDPPROBE_WORLD_SIZES={raw!r}: {part!r} is not a world size; give whole numbers "
+                ">= 1, e.g. --world-size 2,3"
+            )
+        sizes.add(size)
+    return frozenset(sizes)
+
+
+def check_devices(world_sizes: frozenset) -> None:
+    """Under nccl, refuse at once a machine with fewer CUDA devices than the smallest need: one per rank of
+    the largest ``--world-size`` asked for, else one (every world has a rank)."""
+    import pytest
+
+    from ddpprobe.launch import cuda_device_count
+
+    needed = max(world_sizes, default=1)
+    found = cuda_device_count()
+    if found < needed:
+        why = f"--world-size {max(world_sizes)}" if world_sizes else "every world has at least one rank"
+        raise pytest.UsageError(
+            f"--backend nccl runs one CUDA device per rank: {needed} needed ({why}), found {found}. Run on a "
+            "machine with enough GPUs, use --backend gloo, or pass --skip-unavailable to skip the facts that "
+            "cannot run here, each with its reason"
+        )
