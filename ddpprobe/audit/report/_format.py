@@ -347,8 +347,11 @@ def _findings(result) -> list:
                 lines += _wrap(line, "  ")
     if result.sync_dist_warnings:
         lines.append(f"Lightning warned (rank 0): {len(result.sync_dist_warnings)} 'use sync_dist=True' warning(s)")
+        grouped: dict = {}
         for key, why in warning_needs(result):
-            lines += _wrap(f"for {key!r}: {why}", "  ")
+            grouped.setdefault(why, []).append(repr(key))
+        for why, keys in grouped.items():
+            lines += _wrap(f"for {', '.join(keys)}: {why}", "  ")
     return lines
 
 
