@@ -7,7 +7,7 @@ import re
 from typing import Optional
 
 from ddpprobe import hazards
-from ddpprobe.audit.worlds._stages import STAGE_LOOP, loop_of_hook
+from ddpprobe.audit.evidence._stages import STAGE_LOOP, loop_of_hook
 from ddpprobe.trace import describe_collective
 
 

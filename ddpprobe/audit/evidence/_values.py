@@ -7,7 +7,7 @@ import math
 from typing import Optional
 
 from ddpprobe import hazards
-from ddpprobe.audit.worlds._stages import STAGE_LOOP, loop_of_hook
+from ddpprobe.audit.evidence._stages import STAGE_LOOP, loop_of_hook
 
 
 def as_float(value) -> Optional[float]:

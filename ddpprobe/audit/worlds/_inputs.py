@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Callable, Optional, Union
 
+from ddpprobe.audit.evidence._stages import STAGES
 from ddpprobe.audit.worlds._errors import AuditInputError
-from ddpprobe.audit.worlds._stages import STAGES
 
 __all__ = ["AuditInputError", "MAX_SEED", "STAGES", "check_options", "preflight", "resolve_ref"]
 

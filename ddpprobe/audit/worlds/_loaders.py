@@ -9,8 +9,8 @@ from typing import Optional
 from torch.utils.data import DataLoader
 
 from ddpprobe._lightning import pl
+from ddpprobe.audit.evidence._stages import DATA_KEY, LOADER_METHOD, STAGES
 from ddpprobe.audit.worlds._errors import AuditInputError
-from ddpprobe.audit.worlds._stages import DATA_KEY, LOADER_METHOD, STAGES
 
 
 def describe(value) -> str:

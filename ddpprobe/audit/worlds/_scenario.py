@@ -18,11 +18,11 @@ import torch
 from torch.utils.data import DataLoader
 
 from ddpprobe._lightning import pl
+from ddpprobe.audit.evidence._stages import TRAINER_LOADERS
 from ddpprobe.audit.worlds import _reference
 from ddpprobe.audit.worlds._errors import AuditInputError
 from ddpprobe.audit.worlds._inputs import resolve_ref
 from ddpprobe.audit.worlds._loaders import as_loaders, describe
-from ddpprobe.audit.worlds._stages import TRAINER_LOADERS
 from ddpprobe.contract import state_recorder
 from ddpprobe.hazards import REMOVED_HOOKS
 from ddpprobe.launch import RankInfo

@@ -13,7 +13,7 @@ from typing import Optional
 
 from ddpprobe.audit.evidence._counts import counts, shards_of, unmoved_leaves
 from ddpprobe.audit.evidence._keys import Reference
-from ddpprobe.audit.worlds._stages import STAGE_LOOP
+from ddpprobe.audit.evidence._stages import STAGE_LOOP
 
 
 def empty_trace() -> dict:
