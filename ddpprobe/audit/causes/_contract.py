@@ -15,19 +15,17 @@ def hooks_before(traces: list, states0: list, position: int) -> list:
     """``[{"hook", "ranks", "runs_on", "fact"}]``: the hooks some W=N ranks entered and the others never did, first
     entered before rank 0's record at ``position`` was taken (what ran on some ranks only just before a field first
     differed; ``runs_on`` and ``fact`` from the registry of who runs a hook, else None)."""
-    from ddpprobe.audit.evidence._hooks import WHO_RUNS
+    from ddpprobe.audit.evidence._hooks import entered_by_some, who_runs
 
     when = states0[position].get("t") if 0 <= position < len(states0) else None
     if when is None:
         return []
     out = []
-    hooks = sorted(set().union(*((t.get("hooks") or {}) for t in traces)))
-    for hook in hooks:
-        ranks = [r for r, t in enumerate(traces) if hook in (t.get("hooks") or {})]
+    for hook, ranks in entered_by_some(traces):
         times = [(traces[r].get("hook_times") or {}).get(hook) for r in ranks]
-        if len(ranks) == len(traces) or not times or any(t is None or t > when for t in times):
+        if any(t is None or t > when for t in times):
             continue
-        runs_on, fact = WHO_RUNS.get(hook, (None, None))
+        runs_on, fact = who_runs(hook)
         out.append({"hook": hook, "ranks": ranks, "runs_on": runs_on, "fact": fact})
     return out
 
@@ -83,7 +81,9 @@ def _first_step_record(states: list) -> Optional[dict]:
 
 
 def contract_evidence(worlds) -> dict:
-    """``{"recorded", "records", "hooks", "breaks", "first_step"}`` of an audit's worlds: whether every W=N rank
+    """``{"world_size", "schedules", "recorded", "records", "hooks", "breaks", "first_step"}`` of an audit's worlds:
+    the LR schedules whose length stands otherwise to the steps taken than in one process (:func:`schedule_lengths`,
+    a ``fit`` only), whether every W=N rank
     recorded its state, how many records rank 0 took and after which hooks the first and the last,
     the :func:`~ddpprobe.contract.breaks` of the W=N ranks (as dicts), and for a ``fit`` the first step's
     comparison with the one-process reference (:class:`~ddpprobe.contract.FirstStep` as a dict; None when no
@@ -111,9 +111,9 @@ def contract_evidence(worlds) -> dict:
                 f"datamodule) raised {raised.get('type')}: {message}"
             )
         first_step["reference_samples"] = worlds.first_step_samples
-    trajectory = []
+    schedules = []
     if worlds.stage == "fit" and recorded:
-        trajectory = schedule_lengths(worlds.single.traces[0].get("states") or [], states[0])
+        schedules = schedule_lengths(worlds.single.traces[0].get("states") or [], states[0])
     found = [b.to_dict() for b in breaks(states)] if recorded else []
     for item in found:
         if not item["root"]:
@@ -121,7 +121,7 @@ def contract_evidence(worlds) -> dict:
             item["after_hooks"] = [h for h in before if _unset_elsewhere(item, h)]
     return {
         "world_size": worlds.world_size,
-        "trajectory": trajectory,
+        "schedules": schedules,
         "recorded": recorded,
         "records": len(states[0]) if states else 0,
         "hooks": [states[0][0].get("hook"), states[0][-1].get("hook")] if recorded else [],
@@ -176,10 +176,6 @@ def schedule_text(item: dict, world_size: int) -> str:
     )
 
 
-def _numbers(values: list) -> str:
-    return "[" + ", ".join(format(v, ".6g") for v in values) + "]"
-
-
 def _per_rank(values: list) -> str:
     shown = [show(v) for v in values]
     if len(set(shown)) == 1 and any(v != values[0] for v in values):
@@ -232,7 +228,7 @@ def contract_findings(contract: dict) -> list:
         out.append({"problem": break_text(root), "consequences": under})
     size = (contract.get("first_step") or {}).get("world_size") or contract.get("world_size") or 0
     if not roots:
-        out += [{"problem": schedule_text(t, size), "consequences": []} for t in contract.get("trajectory") or []]
+        out += [{"problem": schedule_text(t, size), "consequences": []} for t in contract.get("schedules") or []]
     text = first_step_text(contract.get("first_step") or {}) if contract.get("first_step") else None
     if text and out and roots and _before_first_step(roots[0]):
         out[0]["consequences"].append(f"then {text}")
@@ -270,7 +266,7 @@ def contract_lines(contract: dict) -> list:
     if contract.get("recorded") and not items:
         lines.append(("", f"every field the contract says must be equal was equal on every rank ({_span(contract)})"))
     size = contract.get("world_size") or 0
-    for item in contract.get("trajectory") or []:
+    for item in contract.get("schedules") or []:
         lines.append(("", schedule_text(item, size)))
         row = SINGLE_PROCESS_SCHEDULE
         lines.append(("  ", f"The contract ({row.name}): {row.keeps_it} (shown by {'; '.join(row.facts)})"))
@@ -305,7 +301,7 @@ def _span(contract: dict) -> str:
 
 
 #: The contract rows whose fields feed every value a rank computes: when they differ, so may any logged value.
-FEEDS_VALUES = {"parameters": "parameters", "buffers": "buffers", "datasets": "datasets"}
+FEEDS_VALUES = ("parameters", "buffers", "datasets")
 
 
 def weights_apart(contract: dict, loop: Optional[str] = None) -> Optional[dict]:
@@ -323,7 +319,7 @@ def weights_apart(contract: dict, loop: Optional[str] = None) -> Optional[dict]:
 def apart_cause(item: dict) -> str:
     """A key row's cause where the ranks held different parameters, buffers or datasets (:func:`weights_apart`)."""
     return (
-        f"the ranks held different {FEEDS_VALUES[item['row']]} from {_where(item)} on ({item['field']}; see the DDP "
+        f"the ranks held different {item['row']} from {_where(item)} on ({item['field']}; see the DDP "
         "contract), so their values also differ for that reason and no sync of them would be the single process's; "
         "mend the contract's first break first"
     )

@@ -26,17 +26,30 @@ def _went_past(trace: dict, after) -> bool:
     return after is not None and any(t is not None and t > after for t in (trace.get("hook_times") or {}).values())
 
 
+def entered_by_some(traces: list) -> list:
+    """``[(hook, ranks)]``: each hook some W=N ranks entered and the others never did, with the ranks that entered it,
+    in the hooks' alphabetical order."""
+    hooks = sorted(set().union(*((t.get("hooks") or {}) for t in traces))) if traces else []
+    out = []
+    for hook in hooks:
+        ranks = [r for r, t in enumerate(traces) if hook in (t.get("hooks") or {})]
+        if len(ranks) < len(traces):
+            out.append((hook, ranks))
+    return out
+
+
+def who_runs(hook: str) -> tuple:
+    """``(which ranks Lightning runs hook on, the fact that shows it)``, or ``(None, None)``: :data:`WHO_RUNS`."""
+    return WHO_RUNS.get(hook, (None, None))
+
+
 def collectives_in_hooks_some_ranks_skip(traces: list) -> list:
     """``[{"hook", "ranks", "collectives", "runs_on", "fact"}]``: each hook in which some rank made a collective and
     which some other rank, going past it, never entered; ``ranks`` the ranks that entered it, ``collectives``
     ``"op at call site"`` of the collectives made there, ``runs_on`` / ``fact`` from :data:`WHO_RUNS` (None when no
     fact shows who runs that hook)."""
     out = []
-    hooks = sorted(set().union(*((t.get("hooks") or {}) for t in traces))) if traces else []
-    for hook in hooks:
-        ranks = [r for r, t in enumerate(traces) if hook in (t.get("hooks") or {})]
-        if len(ranks) == len(traces):
-            continue
+    for hook, ranks in entered_by_some(traces):
         first = min((traces[r].get("hook_times") or {}).get(hook) or 0 for r in ranks)
         skipped = [r for r in range(len(traces)) if r not in ranks]
         if not all(_went_past(traces[r], first) for r in skipped):
@@ -49,7 +62,7 @@ def collectives_in_hooks_some_ranks_skip(traces: list) -> list:
         ]
         if not made:
             continue
-        runs_on, fact = WHO_RUNS.get(hook, (None, None))
+        runs_on, fact = who_runs(hook)
         out.append(
             {"hook": hook, "ranks": ranks, "collectives": list(dict.fromkeys(made)), "runs_on": runs_on, "fact": fact}
         )

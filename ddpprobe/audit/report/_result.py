@@ -53,10 +53,11 @@ class AuditResult:
             (``ddpprobe.audit.evidence._callbacks.callback_rows``: ``{"callback", "monitor", "fields", "differs"}``).
         unmoved: the ``self.all_gather`` calls that returned non-tensor leaves unchanged
             (``ddpprobe.audit.evidence._counts.unmoved_leaves``: ``{"hook", "call_site", "leaves", "ranks"}``).
-        contract: the DDP contract's evidence (ddpprobe/audit/causes/_contract.py ``contract_evidence``):
-            ``{"recorded", "breaks", "first_step"}``: the must-be-equal state fields that differ between the
-            W=N ranks, each where first (``ddpprobe.contract.Break.to_dict``), and after a ``fit`` the first
-            optimizer step against one process on the same samples (``ddpprobe.contract.FirstStep.to_dict``).
+        contract: the DDP contract's evidence (ddpprobe/audit/causes/_contract.py ``contract_evidence``): the
+            must-be-equal state fields that differ between the W=N ranks, each where first (``breaks``:
+            ``ddpprobe.contract.Break.to_dict``), and after a ``fit`` the first optimizer step against one process on
+            the same samples (``first_step``: ``ddpprobe.contract.FirstStep.to_dict``) and the LR schedules whose
+            length stands otherwise to the steps taken (``schedules``).
         skipped_hooks: each hook in which some W=N rank made a collective and which another rank, going past it,
             never entered (ddpprobe/audit/evidence/_hooks.py): ``{"hook", "ranks", "collectives", "runs_on", "fact"}``.
 

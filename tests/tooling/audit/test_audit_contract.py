@@ -116,7 +116,7 @@ def test_a_schedule_sized_by_the_modules_own_loader_plans_more_steps_than_the_ra
     contract row and its fact."""
     result = _audit("make_own_loader_cycle", data=False)
 
-    assert result.contract["trajectory"] == [{"field": "scheduler[0].total_steps", "single": [4, 4], "world": [4, 2]}]
+    assert result.contract["schedules"] == [{"field": "scheduler[0].total_steps", "single": [4, 4], "world": [4, 2]}]
     text = " ".join(result.format().split())
     assert contract.SINGLE_PROCESS_SCHEDULE.facts[0] in text
     assert "scheduler[0].total_steps plans 4 steps where each of the 2 ranks takes 2" in " ".join(result.problems)
@@ -124,4 +124,4 @@ def test_a_schedule_sized_by_the_modules_own_loader_plans_more_steps_than_the_ra
 
 def test_a_schedule_sized_by_the_trainers_count_follows_one_process_over_training():
     result = _audit("make_steps_cycle", data=False)
-    assert result.contract["trajectory"] == [] and result.exit_code == 0, result.problems
+    assert result.contract["schedules"] == [] and result.exit_code == 0, result.problems
