@@ -300,6 +300,9 @@ def _span(contract: dict) -> str:
     return f"{contract.get('records')} records, from {hooks[0]} to {hooks[-1]}"
 
 
+#: The evidence name under which a key's row holds the contract field whose break explains it (:func:`apart_cause`).
+CONTRACT_BREAK = "contract break"
+
 #: The contract rows whose fields feed every value a rank computes: when they differ, so may any logged value.
 FEEDS_VALUES = ("parameters", "buffers", "datasets")
 

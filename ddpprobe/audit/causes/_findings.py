@@ -5,7 +5,7 @@ problem is a finding of its own. Pure Python, on an :class:`~ddpprobe.audit.Audi
 
 from __future__ import annotations
 
-from ddpprobe.audit.causes._contract import contract_findings, weights_apart
+from ddpprobe.audit.causes._contract import CONTRACT_BREAK, contract_findings, weights_apart
 from ddpprobe.audit.causes._kinds import NO_VALUE, NO_VALUE_ON_SOME, NOT_IN_WORLD, SOME_RANKS_ONLY
 from ddpprobe.audit.evidence._hooks import hook_text
 
@@ -176,12 +176,8 @@ def _findings(result) -> list:
 
 def _apart_keys(result) -> set:
     """``{key: field}``: the keys whose cause is the ranks' different parameters, buffers or datasets, each with the
-    contract field that broke (ddpprobe/audit/causes/_contract.py ``apart_cause`` names it)."""
-    return {
-        r.key: r.cause.split(" on (", 1)[1].split(";", 1)[0]
-        for r in result.rows
-        if r.cause and r.cause.startswith("the ranks held different ") and " on (" in r.cause
-    }
+    contract field that broke (held in the row's evidence under ``CONTRACT_BREAK``)."""
+    return {r.key: r.evidence[CONTRACT_BREAK] for r in result.rows if CONTRACT_BREAK in (r.evidence or {})}
 
 
 def _plain(texts: list) -> list:

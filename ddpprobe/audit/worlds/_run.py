@@ -14,7 +14,7 @@ import shutil
 import tempfile
 from typing import Callable, Optional
 
-from ddpprobe.audit.causes._contract import apart_cause, contract_evidence, weights_apart
+from ddpprobe.audit.causes._contract import CONTRACT_BREAK, apart_cause, contract_evidence, weights_apart
 from ddpprobe.audit.causes._kinds import RANK_DIVERGENT, SYNCED_DIFFERS
 from ddpprobe.audit.causes._verdict import rows
 from ddpprobe.audit.evidence._callbacks import callback_rows
@@ -220,7 +220,10 @@ def _explained_by_contract(result: AuditResult, row):
     if not (row.sync_dist or row.metric_object):
         return row
     apart = weights_apart(result.contract, loader_kind(row.hooks[0], result.stage) if row.hooks else None)
-    return row if apart is None else dataclasses.replace(row, cause=apart_cause(apart), fixes=[], hazards=[])
+    if apart is None:
+        return row
+    evidence = {**(row.evidence or {}), CONTRACT_BREAK: apart["field"]}
+    return dataclasses.replace(row, cause=apart_cause(apart), fixes=[], hazards=[], evidence=evidence)
 
 
 def _weights(worlds: Worlds) -> dict:
