@@ -252,3 +252,21 @@ SINGLE_PROCESS_SCHEDULE = ContractRow(
         + "test_what_ddp_keeps_equal.py::test_the_trainer_counts_the_ranks_shard_so_a_schedule_sized_by_the_modules_own_loader_stops_part_way",
     ),
 )
+
+
+#: What a file the module's own code writes must hold: what one process writes there (ddpprobe/audit/causes/_files.py
+#: compares the two runs' files, ddpprobe/trace/_files.py records them).
+SINGLE_PROCESS_FILES = ContractRow(
+    "a file the run writes holds what one process writes there",
+    "file.*",
+    EQUAL,
+    ("end",),
+    "left to your code: Lightning runs your hooks on every rank, each with the outputs of its own shard, and writes "
+    "its own checkpoints and logs on global rank 0 only; ranks that write one path overwrite each other's file, and "
+    "a file one rank writes holds that rank's share",
+    (
+        F
+        + "test_what_ddp_keeps_equal.py::test_every_rank_writing_one_path_leaves_the_file_with_one_ranks_shard_not_the_whole_set",
+        F + "test_epoch_end_outputs.py::test_outputs_collected_in_validation_step_are_rank_local_at_epoch_end",
+    ),
+)

@@ -309,4 +309,22 @@ VALUES = (
         "value of {monitor!r}",
         ("fields that differ",),
     ),
+    Hazard(
+        "one_path_every_rank",
+        "every rank writes its own share to one file path",
+        (
+            F
+            + "test_what_ddp_keeps_equal.py::test_every_rank_writing_one_path_leaves_the_file_with_one_ranks_shard_not_the_whole_set",
+        ),
+        "every rank wrote its own content to {key} ({where}: {per_rank}), where one process writes {single}; ranks "
+        "launched together share that path, so each open truncates or appends to the others' file, which ends "
+        "with the last writer's share, not what one process writes",
+        ("ranks", "contents per rank", "single process's content", "contents differ"),
+        "write one file per rank, its name holding self.global_rank, and merge the files where all can be read, "
+        "keeping each sample id once (DistributedSampler pads the shards with repeated samples)",
+        F
+        + "test_what_ddp_keeps_equal.py::test_one_file_per_rank_named_by_global_rank_holds_every_sample_once_plus_the_padding_duplicates",
+        "ranks that each wrote their own content (their shards' outputs)",
+        lambda ev: bool(ev["contents differ"]),
+    ),
 )

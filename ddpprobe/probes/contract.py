@@ -206,3 +206,36 @@ def own_loader_schedule(info: RankInfo, n: int = 16, batch_size: int = 2) -> dic
     trainer = ddp_trainer(info, max_epochs=1, limit_val_batches=0)
     trainer.fit(model)
     return {**model.counts, "num_training_batches": int(trainer.num_training_batches), "lrs": model.lrs}
+
+
+class _ShareWriter(pl.LightningModule):
+    """Collects the ids of its test batches and, in ``on_test_epoch_end``, writes them sorted, one ``"%04d"`` per
+    line, to ``path`` (the same path on every rank) or, with ``per_rank``, to ``path`` + ``".rank<global_rank>"``."""
+
+    def __init__(self, path: str, per_rank: bool):
+        super().__init__()
+        self.layer = torch.nn.Linear(3, 1)
+        self.path, self.per_rank = path, per_rank
+        self.ids = []
+        self.written = None
+
+    def test_step(self, batch, batch_idx):
+        self.ids += [int(i) for i in batch["id"]]
+
+    def on_test_epoch_end(self):
+        self.written = f"{self.path}.rank{self.global_rank}" if self.per_rank else self.path
+        with open(self.written, "w", encoding="utf-8") as fh:
+            fh.write("".join(f"{i:04d}\n" for i in sorted(self.ids)))
+
+
+def write_test_ids(info: RankInfo, path: str, n: int = 10, batch_size: int = 2, per_rank: bool = False) -> dict:
+    """Scenario: test ``_ShareWriter`` on ``LineDataset(n)``; each rank writes the ids it tested to ``path`` (or to
+    its own ``path.rank<r>`` with ``per_rank``), as a user's ``on_test_epoch_end`` writes its outputs to a file.
+
+    Record keys: ``ids`` (the ids this rank tested, in order), ``written`` (the path it wrote).
+    """
+    model = _ShareWriter(path, per_rank)
+    loader = torch.utils.data.DataLoader(LineDataset(n), batch_size=batch_size)
+    trainer = ddp_trainer(info)
+    trainer.test(model, dataloaders=loader, verbose=False)
+    return {"ids": model.ids, "written": model.written}

@@ -70,7 +70,12 @@ event and reads them back (:func:`read_trace`, :func:`split_trace`); the other r
     a state record of the DDP contract (ddpprobe/contract/, written by its ``state_recorder`` callback):
     ``boundary`` (``"setup"``, ``"start"``, ``"train_batch_end"`` ..., or ``"first_step"`` for the gradients
     before the first optimizer step), ``hook``, ``step``, ``epoch``, ``fields`` (``{path: value}``, the schema of
-    ddpprobe/contract/_state.py), and for ``first_step`` ``not_comparable`` (why one process cannot match it).
+    ddpprobe/contract/_state.py), and for ``first_step`` ``not_comparable`` (why one process cannot match it); the
+    audit adds ``writers``: ``{"module.attr.<name>": the user's line that last set it}`` (ddpprobe/trace/_writers.py).
+``file``
+    a file the rank's own code opened for writing, when it was closed (ddpprobe/trace/_files.py): ``path``,
+    ``key`` (the path as the ranks of a real launch share it), ``mode``, ``call_site``, ``hook``, ``size``,
+    ``lines``, ``sha1`` (or ``unreadable``).
 ``stage`` and ``metrics`` (:meth:`CollectiveTrace.stage_started`, ``stage_raised``, ``stage_ended``)
     ``stage``: ``status`` ``"start"`` (with ``stage``, ``rank``, ``world_size``), ``"end"`` or ``"raised"``
     (with ``error``); ``metrics``: ``values``, the rank's ``trainer.callback_metrics`` after a stage that

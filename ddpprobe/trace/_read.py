@@ -54,6 +54,7 @@ class _Reader:
             "states": [],
             "hooks": {},
             "hook_times": {},
+            "files": [],
         }
         self._hooks_closed = False
 
@@ -89,6 +90,9 @@ class _Reader:
         running = self.current.get(_step_loop(event.get("hook") or ""))
         samples = batch_samples([running]) if running else []
         self.out["logs"].append({**event, "batch_ids": [sample_label(s) for s in samples] or None})
+
+    def on_file(self, event: dict) -> None:
+        self.out["files"].append({k: v for k, v in event.items() if k not in ("event", "t")})
 
     def on_batch(self, event: dict) -> None:
         self.out["batches"].append(event)
@@ -138,7 +142,8 @@ def split_trace(events: list) -> dict:
     in) and ``gradients``, the same counted per bucket per training batch, ``[{"epoch", "batch_idx",
     "bucket", "count"}]`` in order; ``states``: the ``state`` records (ddpprobe/contract/), in order;
     ``hooks``: ``{hook: times entered}`` (a rank whose trace was cut before it closed counts 1 for each hook it
-    was seen entering) and ``hook_times``: ``{hook: time of its first entry}`` (seconds since the epoch)."""
+    was seen entering), ``hook_times``: ``{hook: time of its first entry}`` (seconds since the epoch), and ``files``:
+    the files the rank's own code wrote (ddpprobe/trace/_files.py), in the order they were closed."""
     reader = _Reader()
     for event in events:
         handler = getattr(reader, f"on_{event.get('event')}", None)

@@ -18,8 +18,10 @@ from ddpprobe import _lightning
 from ddpprobe.trace import _gradients, _patch
 from ddpprobe.trace._batches import batch_recorder
 from ddpprobe.trace._classify import RANK_NAMES, CallClassifier, call_site_of
+from ddpprobe.trace._files import FileWrites
 from ddpprobe.trace._hooks import HookCounter
 from ddpprobe.trace._patch import pg_seq
+from ddpprobe.trace._writers import AttributeWriters
 
 #: Version of the JSON-lines format described in this module's docstring.
 TRACE_SCHEMA = 1
@@ -84,6 +86,14 @@ class CollectiveTrace:
         _gradients.watch(self)
         self._hooks = HookCounter(lambda event, **fields: self.write(event, **fields))
         self._hooks.install()
+        self._files = FileWrites(
+            self.write, self.classifier.user_code, lambda: getattr(self.model, "_current_fx_name", None)
+        )
+        self._files.install()
+        self.writers = AttributeWriters(
+            self.classifier.user_code, lambda: getattr(self.model, "_current_fx_name", None)
+        )
+        self.writers.watch(self.model, "module")
         self._original_log = self.model.log
         self.model.log = self._wrap_log(self.model.log)
         self._original_all_gather = self.model.all_gather
@@ -94,6 +104,8 @@ class CollectiveTrace:
         _patch.detach(self._listener)
         _gradients.unwatch(self)
         self._hooks.uninstall()
+        self._files.uninstall()
+        self.writers.unwatch()
         self.model.log = self._original_log
         self.model.all_gather = self._original_all_gather
         self.dump_flight_recorder()

@@ -220,3 +220,55 @@ def test_the_trainer_counts_the_ranks_shard_so_a_schedule_sized_by_the_modules_o
     assert all(_close(r["lrs"], expected, 1e-9) for r in records), oracle.side_by_side(
         "lrs", [r["lrs"] for r in records]
     )
+
+
+def _lines(path) -> list:
+    with open(path, encoding="utf-8") as fh:
+        return [int(line) for line in fh.read().splitlines()]
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_every_rank_writing_one_path_leaves_the_file_with_one_ranks_shard_not_the_whole_set(
+    run_world, semantics, world_size, tmp_path
+):
+    """Lightning runs ``on_test_epoch_end`` on every rank, and each rank holds only its shard's outputs, so code that
+    writes them to one path writes it W times: each ``open(path, "w")`` truncates what another rank wrote, and the
+    file ends with the last writer's shard, never the whole test set a single process writes. Here every rank writes
+    the same number of equal-length lines (``DistributedSampler`` pads the shards to one length), so the file is
+    exactly one rank's shard; with shards of different byte lengths the writes can also interleave. Lightning writes
+    its own checkpoints and logs on global rank 0 only; a file your code writes is left to your code. Reported
+    upstream as https://github.com/Lightning-AI/pytorch-lightning/issues/17521."""
+    n, path = 11, str(tmp_path / "test_ids.txt")
+    world = run_world(contract.write_test_ids, world_size, path=path, n=n)
+
+    shards = [sorted(oracle.shard(n, world_size, r)) for r in range(world_size)]
+    assert [sorted(rec["ids"]) for rec in world.records] == shards, oracle.side_by_side("tested ids", world.records)
+    oracle.assert_distinct(one_rank=len(shards[0]), one_process=n, gathered=world_size * len(shards[0]))
+    in_file = _lines(path)
+    semantics.number("lines in the file every rank wrote", len(in_file), vs=("one process", n))
+    assert in_file in shards, f"the file holds {in_file}; " + oracle.side_by_side("the ranks' shards", shards)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_one_file_per_rank_named_by_global_rank_holds_every_sample_once_plus_the_padding_duplicates(
+    run_world, semantics, world_size, tmp_path
+):
+    """The fix: each rank writes its own file, named by ``global_rank``, and whoever can read them all merges them.
+    Together the files hold every sample of the set, plus the samples ``DistributedSampler`` repeated to pad the
+    shards to one length (``oracle.duplicates``): merge by sample id to drop them. (For predictions,
+    ``BasePredictionWriter`` with one file per rank is Lightning's own recipe; predict does not pad.)"""
+    n, path = 11, str(tmp_path / "test_ids.txt")
+    world = run_world(contract.write_test_ids, world_size, path=path, n=n, per_rank=True)
+
+    written = [rec["written"] for rec in world.records]
+    assert written == [f"{path}.rank{r}" for r in range(world_size)], oracle.side_by_side("paths", written)
+    files = [_lines(p) for p in written]
+    assert files == [sorted(oracle.shard(n, world_size, r)) for r in range(world_size)], oracle.side_by_side(
+        "lines per file", files
+    )
+    lines = [i for f in files for i in f]
+    repeated = sum(oracle.duplicates(n, world_size).values())
+    oracle.assert_distinct(with_padding=n + repeated, merged_by_id=n)
+    semantics.number("lines over every rank's file", len(lines), vs=("samples", n))
+    assert len(lines) == n + repeated, f"{len(lines)} lines, expected {n} samples + {repeated} padding duplicates"
+    assert sorted(set(lines)) == list(range(n)), f"merged by id: {sorted(set(lines))}"

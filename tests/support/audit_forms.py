@@ -369,3 +369,42 @@ class RankZeroMonitoredKeyModule(MeanModule):
 
 def make_rank_zero_monitored_key_model() -> RankZeroMonitoredKeyModule:
     return RankZeroMonitoredKeyModule()
+
+
+# --- files the module's own code writes ------------------------------------------------------------------
+
+
+class IdFileModule(MeanModule):
+    """Keeps the ids of its validation batches and, in ``on_validation_epoch_end``, writes them one per line to
+    ``val_ids.txt`` in the working directory: on every rank (``who="every rank"``: each rank writes its own
+    share to the one path, tests/facts/test_what_ddp_keeps_equal.py), on global rank 0 only (``"rank 0"``), or
+    each rank to ``val_ids_rank<global_rank>.txt`` (``"per rank"``, the fix)."""
+
+    def __init__(self, who: str):
+        super().__init__()
+        self.who = who
+        self.ids: list = []
+
+    def validation_step(self, batch, batch_idx):
+        super().validation_step(batch, batch_idx)
+        self.ids += [int(i) for i in batch["id"]]
+
+    def on_validation_epoch_end(self):
+        if self.who == "rank 0" and self.global_rank != 0:
+            return
+        path = f"val_ids_rank{self.global_rank}.txt" if self.who == "per rank" else "val_ids.txt"
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.writelines(f"{i}\n" for i in sorted(self.ids))
+        self.ids = []
+
+
+def make_one_path_file_model() -> IdFileModule:
+    return IdFileModule("every rank")
+
+
+def make_rank_zero_file_model() -> IdFileModule:
+    return IdFileModule("rank 0")
+
+
+def make_per_rank_file_model() -> IdFileModule:
+    return IdFileModule("per rank")

@@ -8,7 +8,17 @@ from __future__ import annotations
 from typing import Optional
 
 from ddpprobe import hazards
-from ddpprobe.contract import MISSING, SINGLE_PROCESS_SCHEDULE, SINGLE_PROCESS_STEP, breaks, compare_first_step, show
+from ddpprobe.audit.causes._files import file_findings, file_lines
+from ddpprobe.audit.evidence._files import written_files
+from ddpprobe.contract import (
+    MISSING,
+    SINGLE_PROCESS_SCHEDULE,
+    SINGLE_PROCESS_STEP,
+    aligned,
+    breaks,
+    compare_first_step,
+    show,
+)
 
 
 def hooks_before(traces: list, states0: list, position: int) -> list:
@@ -81,7 +91,8 @@ def _first_step_record(states: list) -> Optional[dict]:
 
 
 def contract_evidence(worlds) -> dict:
-    """``{"world_size", "schedules", "recorded", "records", "hooks", "breaks", "first_step"}`` of an audit's worlds:
+    """``{"world_size", "schedules", "recorded", "records", "hooks", "breaks", "first_step", "files"}`` of an audit's
+    worlds (``files``: ddpprobe/audit/evidence/_files.py ``written_files``):
     the LR schedules whose length stands otherwise to the steps taken than in one process (:func:`schedule_lengths`,
     a ``fit`` only), whether every W=N rank
     recorded its state, how many records rank 0 took and after which hooks the first and the last,
@@ -115,7 +126,11 @@ def contract_evidence(worlds) -> dict:
     if worlds.stage == "fit" and recorded:
         schedules = schedule_lengths(worlds.single.traces[0].get("states") or [], states[0])
     found = [b.to_dict() for b in breaks(states)] if recorded else []
+    at = dict(aligned(states)) if found else {}
     for item in found:
+        records = at.get(item["position"]) or []
+        sites = [(r.get("writers") or {}).get(item["field"]) for r in records]
+        item["written_at"] = sites if any(sites) else None
         if not item["root"]:
             before = hooks_before(worlds.world.traces, states[0], item["position"])
             item["after_hooks"] = [h for h in before if _unset_elsewhere(item, h)]
@@ -127,6 +142,7 @@ def contract_evidence(worlds) -> dict:
         "hooks": [states[0][0].get("hook"), states[0][-1].get("hook")] if recorded else [],
         "breaks": found,
         "first_step": first_step,
+        "files": written_files(worlds.single.traces, worlds.world.traces),
     }
 
 
@@ -189,9 +205,23 @@ def _where(item: dict) -> str:
 
 
 def break_text(item: dict) -> str:
-    """``"<field> differs between the ranks from <hook> (epoch e, step s): rank 0 .., rank 1 .."``."""
+    """``"<field> differs between the ranks from <hook> (epoch e, step s): rank 0 .., rank 1 ..; last set at <line>"``
+    (the last clause where the trace saw the user's code set the field: :func:`written_text`)."""
     hooks = "".join(f" (only rank(s) {h['ranks']} ran {h['hook']} before it)" for h in item.get("after_hooks") or [])
-    return f"{item['field']} differs between the ranks from {_where(item)}{hooks}: {_per_rank(item['per_rank'])}"
+    text = f"{item['field']} differs between the ranks from {_where(item)}{hooks}: {_per_rank(item['per_rank'])}"
+    written = written_text(item.get("written_at"))
+    return f"{text}; {written}" if written else text
+
+
+def written_text(sites: Optional[list]) -> str:
+    """``"last set at m.py:12 in setup on every rank"``, or per rank where they differ (``"rank 1: not by code the
+    trace saw"``), or "" where the trace saw no set (ddpprobe/trace/_writers.py)."""
+    if not sites or not any(sites):
+        return ""
+    if len(set(sites)) == 1:
+        return f"last set at {sites[0]} on every rank"
+    parts = [f"rank {r} at {s}" if s else f"rank {r} not by code the trace saw" for r, s in enumerate(sites)]
+    return "last set: " + ", ".join(parts)
 
 
 def first_step_text(first: dict) -> Optional[str]:
@@ -218,7 +248,7 @@ def first_step_text(first: dict) -> Optional[str]:
 
 def contract_findings(contract: dict) -> list:
     """``[{"problem", "consequences"}]``: the first break(s) with the later breaks under them, then the first
-    step when it is not one process's."""
+    step when it is not one process's, then the files that do not hold what one process writes."""
     items = contract.get("breaks") or []
     roots = [b for b in items if not b.get("root")]
     later = [b for b in items if b.get("root")]
@@ -234,7 +264,7 @@ def contract_findings(contract: dict) -> list:
         out[0]["consequences"].append(f"then {text}")
     elif text:
         out.append({"problem": text, "consequences": []})
-    return out
+    return out + file_findings(contract.get("files") or [])
 
 
 def _before_first_step(item: dict) -> bool:
@@ -290,7 +320,7 @@ def contract_lines(contract: dict) -> list:
             lines.append(("", "the first optimizer step's gradient equals one process's on the same samples"))
         else:
             lines.append(("", f"the first optimizer step was not compared with one process: {first['reason']}"))
-    return lines
+    return lines + file_lines(contract.get("files") or [])
 
 
 def _span(contract: dict) -> str:

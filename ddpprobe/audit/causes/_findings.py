@@ -6,6 +6,7 @@ problem is a finding of its own. Pure Python, on an :class:`~ddpprobe.audit.Audi
 from __future__ import annotations
 
 from ddpprobe.audit.causes._contract import CONTRACT_BREAK, contract_findings, weights_apart
+from ddpprobe.audit.causes._files import file_hazards
 from ddpprobe.audit.causes._kinds import NO_VALUE, NO_VALUE_ON_SOME, NOT_IN_WORLD, SOME_RANKS_ONLY
 from ddpprobe.audit.evidence._hooks import hook_text
 
@@ -187,7 +188,8 @@ def _plain(texts: list) -> list:
 def named_hazards(result) -> list:
     """The registry entries (ddpprobe/hazards/) the report names as a cause, in the report's order: the
     divergence's, the problem rows' (a consequence of the divergence names none of its own), the logger rows',
-    an unsharded set's, the callbacks' that ended apart, and every rank printing."""
+    an unsharded set's, the callbacks' that ended apart, every rank printing, and ranks that wrote their own
+    shares to one file path."""
     out = []
     diagnosis = _diagnosis(result)
     if diagnosis.get("hazard"):
@@ -202,6 +204,7 @@ def named_hazards(result) -> list:
         out.append("unsharded_data")
     if any(c["differs"] for c in result.callbacks):
         out.append("callbacks_rank_local")
+    out += file_hazards((getattr(result, "contract", None) or {}).get("files") or [])
     world = result.stdout_lines.get("world") or []
     if world and all(world) and sum(world) > (result.stdout_lines.get("single") or [0])[0]:
         out.append("print_every_rank")

@@ -272,7 +272,11 @@ def audit_rank(
         recorded_warnings() as warnings,
         CollectiveTrace(trace_path(folder, info.rank), model) as trace,
     ):
-        callbacks = [trace.batch_recorder(), state_recorder(lambda record: trace.write("state", **record))]
+        trace.writers.watch(loaders.get("datamodule"), "datamodule")
+        callbacks = [
+            trace.batch_recorder(),
+            state_recorder(lambda record: trace.write("state", **record, writers=dict(trace.writers.last))),
+        ]
         if stage == "fit" and info.world_size > 1:
             callbacks.append(_reference.FirstBatchSaver(folder, info.rank))
         trainer = ddp_trainer(info, logger=logger, max_epochs=max_epochs, callbacks=callbacks, **limits)

@@ -63,16 +63,28 @@ def test_each_rank_draws_from_the_audits_seed_plus_its_rank_so_rank_0_draws_what
     assert result.contract["breaks"][0]["per_rank"] == [_replayed_lr(0), _replayed_lr(1)]
 
 
+def contract_modules_line(text: str) -> int:
+    """The line of tests/support/contract_modules.py that holds ``text``."""
+    from tests.support import contract_modules
+
+    with open(contract_modules.__file__, encoding="utf-8") as fh:
+        return next(n for n, line in enumerate(fh, start=1) if text in line)
+
+
 def test_a_loss_weight_set_from_the_rank_is_a_module_attribute_break_and_the_first_step_differs_after_it():
     """``RankAttribute`` sets ``loss_weight = 1 + global_rank`` in ``setup``: the attribute differs at
-    ``on_fit_start`` (the callbacks' ``setup`` ran before the module's), and the first step's gradient, made with
-    it, is not one process's; the report lists the step under the attribute."""
+    ``on_fit_start`` (the callbacks' ``setup`` ran before the module's), with the line that set it on every rank,
+    and the first step's gradient, made with it, is not one process's; the report lists the step under the
+    attribute."""
     result = _audit("make_rank_attribute")
 
     roots = _roots(result)
     assert [(b["field"], b["hook"], b["per_rank"]) for b in roots] == [
         ("module.attr.loss_weight", "on_fit_start", [1.0, 2.0])
     ]
+    line = contract_modules_line("loss_weight = 1.0 + self.global_rank")
+    assert roots[0]["written_at"] == [f"contract_modules.py:{line} in setup"] * 2
+    assert f"last set at contract_modules.py:{line} in setup on every rank" in " ".join(result.format().split())
     assert result.contract["first_step"]["status"] == "differs"
     assert any("first optimizer step" in c for c in result.findings[0]["consequences"])
     text = " ".join(result.format().split())

@@ -68,6 +68,7 @@ SCENARIOS = {
     "rank_local_weighted": (f"{AM}:make_unsynced_mean_model", f"{EX}:make_unpadded_11", "validate", False, {"rank_local_weighted"}),
     "uneven_batches": (f"{AF}:make_per_batch_gather_model", f"{EX}:make_sharded_iterable_5", "validate", True, {"uneven_batches"}),
     "gather_shapes_differ": (f"{AF}:make_gather_outputs_model", f"{EX}:make_unpadded_11", "validate", True, {"gather_shapes_differ"}),
+    "one_path_every_rank": (f"{AF}:make_one_path_file_model", f"{AM}:make_ids_8", "validate", False, {"one_path_every_rank"}),
 }  # fmt: skip
 
 #: ``entry: the entry the guard names`` for the scenarios the guard stops (a collective the ranks make apart).

@@ -26,7 +26,12 @@ def _defined_tests(path: str) -> set:
     return {node.name for node in tree.body if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")}
 
 
-ROWS = [*contract.CONTRACT.values(), contract.SINGLE_PROCESS_STEP, contract.SINGLE_PROCESS_SCHEDULE]
+ROWS = [
+    *contract.CONTRACT.values(),
+    contract.SINGLE_PROCESS_STEP,
+    contract.SINGLE_PROCESS_SCHEDULE,
+    contract.SINGLE_PROCESS_FILES,
+]
 
 
 @pytest.mark.parametrize("fact", sorted({f for row in ROWS for f in row.facts}))
