@@ -2,8 +2,9 @@
 
 :class:`FileWrites` wraps ``builtins.open`` (``io.open`` is the same function) while it is installed. An ``open`` of
 a path (not a file descriptor) for writing (``"w"``, ``"a"``, ``"x"`` or ``"+"`` in its mode) whose caller chain
-holds the user's code (``CallClassifier.user_code``: outside torch, Lightning, ddpprobe and the standard library)
-is noted; when that file is closed (or when the wrapper is uninstalled, for a file still open), ``write("file",
+holds the user's code (``CallClassifier.user_code``: outside torch, Lightning, ddpprobe and the standard library,
+and outside every installed package, so that Lightning's checkpoints written through fsspec are not the user's) is
+noted; when that file is closed (or when the wrapper is uninstalled, for a file still open), ``write("file",
 **fields)`` gets:
 
 - ``path``: the absolute path the rank wrote;
@@ -42,6 +43,30 @@ def path_key(path: str, cwd: str) -> str:
     return "./" + os.path.relpath(path, cwd) if path.startswith(cwd) else path
 
 
+#: Folders of installed packages: a frame there is a library's, whoever ``user_code`` counts as the user.
+INSTALLED = ("site-packages", "dist-packages")
+
+
+def _own_code(user_code: Callable) -> Callable:
+    """``frame -> the innermost frame at or above it that ``user_code`` counts as the user's and that lies outside
+    every installed package (``INSTALLED``), or None``: a file pandas or fsspec opens for the user's
+    ``df.to_csv("preds.csv")`` is noted at the user's line, and one they open for Lightning (a checkpoint) not at
+    all."""
+
+    def find(frame):
+        while frame is not None:
+            frame = user_code(frame)
+            if frame is None:
+                return None
+            parts = frame.f_code.co_filename.replace(os.sep, "/").split("/")
+            if not any(folder in parts for folder in INSTALLED):
+                return frame
+            frame = frame.f_back
+        return None
+
+    return find
+
+
 class FileWrites:
     """Note the files the user's code opens for writing (module docstring) while installed.
 
@@ -52,7 +77,8 @@ class FileWrites:
     """
 
     def __init__(self, write: Callable, user_code: Callable, hook: Callable):
-        self.write, self.user_code, self.hook = write, user_code, hook
+        self.write, self.hook = write, hook
+        self.user_code = _own_code(user_code)
         self.cwd = os.getcwd()
         self._open: dict = {}  # token -> (fields, _Written) of the files not written yet
         self._installed = None

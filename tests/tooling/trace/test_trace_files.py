@@ -108,3 +108,34 @@ def test_a_file_the_code_never_closes_is_still_closed_when_dropped_and_recorded(
         notes.uninstall()
     assert [(os.path.basename(f["path"]), f["size"]) for _, f in events] == [("once.txt", 6), ("kept.txt", 2)]
     kept.close()
+
+
+def test_a_file_an_installed_package_opens_is_noted_at_the_users_line_that_called_it_and_not_without_one(tmp_path):
+    """pandas' ``to_csv(path)`` or fsspec opens the file in site-packages: noted at the user's line that called it,
+    and not at all when no user frame is above (Lightning's checkpoint through fsspec)."""
+    library = {}
+    source = "def save(p):\n    with open(p, 'w') as fh:\n        fh.write('x')\n"
+    exec(compile(source, "/v/site-packages/lib/io.py", "exec"), library)
+    notes, events = _notes()
+    notes.install()
+    try:
+        line = sys._getframe().f_lineno + 1
+        library["save"](tmp_path / "via_library.csv")
+    finally:
+        notes.uninstall()
+    here = sys._getframe().f_code.co_name
+    assert [f["call_site"] for _, f in events] == [f"test_trace_files.py:{line} in {here}"]
+
+    def only_installed(frame):  # counts nothing but the installed package as "user": no user frame above it
+        while frame is not None and "site-packages" not in frame.f_code.co_filename:
+            frame = frame.f_back
+        return frame
+
+    events = []
+    lone = FileWrites(lambda event, **fields: events.append(fields), only_installed, lambda: None)
+    lone.install()
+    try:
+        library["save"](tmp_path / "checkpoint.ckpt")
+    finally:
+        lone.uninstall()
+    assert events == [] and (tmp_path / "checkpoint.ckpt").read_text() == "x"
