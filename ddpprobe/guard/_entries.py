@@ -10,13 +10,15 @@ An *entry* is one JSON object a rank writes to the store before a check:
 ``n``, ``rank``
     the check's sequence number (per rank, per ``Trainer`` stage) and the rank that posted it.
 ``id``
-    what must be equal on every rank (a list): for a collective the op, reduce op, dtype, shape, group
+    what must be equal on every rank (a list): for a collective the fields of ddpprobe/hazards/_match.py's
+    ``MUST_MATCH``, the table the audit compares too: the op, reduce op, dtype, shape, group
     size, source or destination rank of a rooted collective (``root``: ``"src=0"``), source, Lightning key
-    (and, for ``self.log`` syncs, the hook it was logged in), torchmetrics class, every tensor and list
+    (and, for ``self.log`` syncs, the hook it was logged in, and whether it is the key's step or epoch sync),
+    torchmetrics class, a gradient bucket's index, every tensor and list
     length of the call's lists (``lists``: ``all_to_all``'s lists without their split sizes, the length of a
     ``broadcast_object_list``'s list) and, for the user's own collectives (``source`` ``user``), the call
     site, so that the same collectives in another order on each rank differ (no shape for
-    ``UNEVEN_SPLITS``); for a boundary the hook, epoch, batch and dataloader index and whether the loop has
+    ``UNEVEN_SPLITS``: all_to_all); for a boundary the hook, epoch, batch and dataloader index and whether the loop has
     a batch after this one. Other call sites are not compared: two lines may log the same key, and a
     Lightning or torchmetrics sync is named by its key or metric.
 ``text``
@@ -31,24 +33,12 @@ from __future__ import annotations
 from typing import Optional
 
 from ddpprobe.hazards import guard_cause, guard_fix_lines
+from ddpprobe.hazards._match import FIELDS, compared
 from ddpprobe.trace import describe_collective
 
-#: Fields of a collective (as the trace names them) that must be equal on every rank, in this order.
-COLLECTIVE_ID = (
-    "op",
-    "reduce_op",
-    "dtype",
-    "shape",
-    "group_size",
-    "root",
-    "source",
-    "key",
-    "log_hook",
-    "metric",
-    "bucket",
-    "lists",
-    "site",
-)
+#: Fields of a collective (as the trace names them) that must be equal on every rank, in this order: the table
+#: the audit compares too (ddpprobe/hazards/_match.py).
+COLLECTIVE_ID = FIELDS
 #: Fields of a collective kept in its entry (``entry["fields"]``) for the words of a mismatch.
 POSTED_FIELDS = (
     "op",
@@ -67,25 +57,19 @@ POSTED_FIELDS = (
     "comm_hook",
     "state_sizes",
 )
-#: Collectives whose ranks may contribute tensors of different shapes (uneven splits): shape not compared.
-UNEVEN_SPLITS = ("all_to_all", "all_to_all_single")
 #: Longest error text of a peer kept in an entry.
 ERROR_CHARS = 500
 
 
 def collective(n: int, rank: int, fields: dict) -> dict:
     """The entry of a collective described by the trace's ``collective`` fields (``op``, ``dtype`` ...)."""
-    fields = dict(
-        fields,
-        log_hook=fields.get("hook") if fields.get("source") == "self.log" else None,
-        site=fields.get("call_site") if fields.get("source") == "user" else None,
-    )
-    compared = dict(fields, shape=None) if fields.get("op") in UNEVEN_SPLITS else fields
+    values = compared(fields)
+    fields = dict(fields, log_hook=values["log_hook"], site=values["site"])
     return {
         "kind": "collective",
         "n": n,
         "rank": rank,
-        "id": ["collective"] + [compared.get(k) for k in COLLECTIVE_ID],
+        "id": ["collective"] + [values[k] for k in COLLECTIVE_ID],
         "fields": {k: fields.get(k) for k in POSTED_FIELDS},
         "text": "is about to " + _words(fields),
     }
@@ -110,6 +94,7 @@ _FIELD_WORDS = {
     "metric": "metric {}",
     "bucket": "bucket {}",
     "lists": "lists {}",
+    "sync": "a {} sync",
     "site": "call site {}",
 }
 

@@ -7,6 +7,7 @@ from typing import Optional
 
 from ddpprobe import hazards
 from ddpprobe.audit.evidence._culprit import diagnose
+from ddpprobe.hazards._match import KEYS, MISMATCH, ORDER, PURPOSE, compared, differing
 from ddpprobe.trace import describe_collective
 
 #: Flight Recorder dtype names (c10's) in torch's spelling, as the Python-level trace writes them.
@@ -92,10 +93,6 @@ def sequence(rank: dict, use_flight_recorder: bool) -> list:
     return out
 
 
-def _signature(entry: dict) -> tuple:
-    return (entry["op"], entry.get("dtype"), tuple(entry["shape"]) if entry.get("shape") is not None else None)
-
-
 def _divergence(kind: str, index: int, entries: list, message: str, ranks=None, absent=()) -> dict:
     return {
         "kind": kind,
@@ -128,8 +125,9 @@ def _missing(i: int, entries: list, sequences: list, ended: list) -> Optional[di
 
 
 def _mismatch(i: int, entries: list) -> Optional[dict]:
-    """The ranks called different collectives (op, dtype or shape) at ``i``."""
-    if len({_signature(e) for e in entries}) == 1:
+    """The ranks called different collectives at ``i``: a field of the kind ``MISMATCH`` of what must match
+    (ddpprobe/hazards/_match.py: op, reduce op, dtype, shape, group, root, list lengths) differs."""
+    if not differing([compared(e) for e in entries], MISMATCH):
         return None
     parts = [f"rank {r}: {describe_collective(e)}" for r, e in enumerate(entries)]
     return _divergence("mismatch", i, entries, "the ranks called different collectives: " + "; ".join(parts))
@@ -143,7 +141,9 @@ def _synced(entries: list) -> bool:
 def _keys(i: int, entries: list) -> Optional[dict]:
     """The same collective carrying different logged keys at ``i``: every rank's entry syncs a logged key (a
     logged key paired with a collective of another kind serves another purpose: :func:`_purpose`)."""
-    if len({e.get("key") for e in entries}) == 1 or not _synced(entries) or not all(e.get("key") for e in entries):
+    if not differing([compared(e) for e in entries], KEYS) or not _synced(entries):
+        return None
+    if not all(e.get("key") for e in entries):
         return None
     parts = [f"rank {r}: {describe_collective(e)}" for r, e in enumerate(entries)]
     message = (
@@ -156,7 +156,7 @@ def _keys(i: int, entries: list) -> Optional[dict]:
 def _purpose(i: int, entries: list) -> Optional[dict]:
     """The same collective made for different purposes at ``i`` (a step and an epoch sync of one key, a
     ``self.log`` sync and a Metric's or the user's own collective)."""
-    if len({(e.get("source"), e.get("sync"), e.get("metric")) for e in entries}) == 1 or not _synced(entries):
+    if not differing([compared(e) for e in entries], PURPOSE) or not _synced(entries):
         return None
     parts = [f"rank {r}'s {describe_collective(e)}" for r, e in enumerate(entries)]
     message = (
@@ -164,6 +164,19 @@ def _purpose(i: int, entries: list) -> Optional[dict]:
         "together: " + " paired with ".join(parts)
     )
     return _divergence("purpose", i, entries, message)
+
+
+def _order(i: int, entries: list) -> Optional[dict]:
+    """The user's own collectives of the same kind from different lines of their code at ``i``: each rank's value
+    is reduced with what another line meant (the same calls in another order on each rank)."""
+    if not differing([compared(e) for e in entries], ORDER):
+        return None
+    parts = [f"rank {r}: {describe_collective(e)}" for r, e in enumerate(entries)]
+    message = (
+        f"the same {entries[0]['op']} comes from different lines of your code on the ranks, so each line's value is "
+        "reduced with another line's: " + "; ".join(parts)
+    )
+    return _divergence("order", i, entries, message)
 
 
 def first_divergence(sequences: list, ended: list) -> Optional[dict]:
@@ -180,13 +193,15 @@ def first_divergence(sequences: list, ended: list) -> Optional[dict]:
         ``"keys"`` (the same op, dtype and shape logged under different keys on different ranks: the
         values of one key are reduced with another's; the run can finish and be wrong) or ``"purpose"``
         (the same op, dtype and shape made for different purposes: a step sync with an epoch sync of one
-        key, a ``self.log`` sync with a Metric's or the user's own collective). ``entries`` holds each
-        rank's entry (None where it has none).
+        key, a ``self.log`` sync with a Metric's or the user's own collective) or ``"order"`` (the user's own
+        collectives from different lines of their code). The fields compared are ddpprobe/hazards/_match.py's,
+        which the guard compares too; a purpose or key difference is named only in a reduction that carries a
+        logged value or a Metric's state. ``entries`` holds each rank's entry (None where it has none).
     """
     for i in range(max((len(s) for s in sequences), default=0)):
         entries = [s[i] if i < len(s) else None for s in sequences]
         found = _missing(i, entries, sequences, ended) or _mismatch(i, entries) or _keys(i, entries)
-        found = found or _purpose(i, entries)
+        found = found or _purpose(i, entries) or _order(i, entries)
         if found is not None:
             return found
     return None

@@ -68,7 +68,8 @@ class AuditResult:
     "states", "hook", "call_site", "origin", "pg_seq", "status"}``, ``status`` ``"done"``, ``"raised"`` (with
     ``error``) or ``"pending"``: entered and never left), ``stage`` (``"end"``, ``"raised"`` or None:
     the rank never finished), ``stage_error``, ``flight_recorder_entries``; ``first_divergence`` is None
-    or ``{"kind": "missing" | "mismatch" | "keys", "index", "ranks", "entries", "message"}``. The event
+    or ``{"kind": "missing" | "mismatch" | "keys" | "purpose" | "order", "index", "ranks", "entries",
+    "message"}``. The event
     format each rank writes is documented in ddpprobe/trace/.
     """
 

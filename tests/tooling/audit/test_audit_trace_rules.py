@@ -75,6 +75,33 @@ def test_a_step_sync_paired_with_an_epoch_sync_of_the_same_key_is_a_divergence_o
     assert "paired with rank 1's all_reduce float32 [] (self.log epoch sync of 'v'" in found["message"]
 
 
+def _user_calls(rank: dict, fields: list) -> dict:
+    for entry, extra in zip(rank["collectives"], fields):
+        entry.update(source="user", key=None, **extra)
+    return rank
+
+
+def test_the_audit_compares_what_the_guard_compares_so_a_reduce_op_and_a_call_site_differ_too():
+    """What must match at one position is one table (ddpprobe/hazards/_match.py) for the audit and the guard: an
+    all_reduce SUM paired with MAX is a mismatch, and the user's own all_reduces from two lines in another order on
+    each rank are a divergence of order, though op, dtype and shape agree."""
+    from ddpprobe.guard import _entries
+    from ddpprobe.hazards import _match
+
+    assert _entries.COLLECTIVE_ID == _match.FIELDS
+    call = ("all_reduce", [2], None, "done")
+    ops = [_user_calls(_rank([call]), [{"reduce_op": op, "call_site": "m.py:9 in f"}]) for op in ("SUM", "MAX")]
+    found = first_divergence([sequence(r, False) for r in ops], ["end", "end"])
+    assert (found["kind"], found["index"]) == ("mismatch", 0), found
+    lines = [{"call_site": "m.py:9 in f"}, {"call_site": "m.py:12 in f"}]
+    order = [_user_calls(_rank([call, call]), lines), _user_calls(_rank([call, call]), lines[::-1])]
+    found = first_divergence([sequence(r, False) for r in order], ["end", "end"])
+    assert (found["kind"], found["index"], found["ranks"]) == ("order", 0, [0, 1]), found
+    assert "m.py:9" in found["message"] and "m.py:12" in found["message"]
+    same = [_user_calls(_rank([call, call]), lines) for _ in range(2)]
+    assert first_divergence([sequence(r, False) for r in same], ["end", "end"]) is None
+
+
 def test_counts_name_repeats_only_when_a_sample_ran_twice_and_unsharded_when_every_rank_ran_all():
     single = _rank(batches=[[0, 1, 2], [3, 4]])
     padded = _counts.counts([_rank(batches=[[0, 2], [4]]), _rank(batches=[[1, 3], [0]])], single, "val")

@@ -79,3 +79,16 @@ def test_an_all_gather_of_different_shapes_still_gets_the_gather_fix():
     """The near miss's own kind (all_gather, shapes differ) keeps its proven fix."""
     lines = _fix_lines([_post(0, op="all_gather", shape=[2]), _post(1, op="all_gather", shape=[3])])
     assert len(lines) == 1 and lines[0].startswith("Fix: pad each rank's tensor"), lines
+
+
+def test_a_step_sync_paired_with_an_epoch_sync_of_one_key_differs_in_the_guard_as_in_the_audit():
+    """``sync`` is part of what must match (ddpprobe/hazards/_match.py): rank 0's step sync of ``v`` and rank 1's
+    epoch sync of ``v`` are the same all_reduce of the same key, and still differ; each side names its own."""
+    sides = [
+        _entries.collective(3, r, {"op": "all_reduce", "dtype": "float32", "shape": [], "group_size": 2,
+                                   "source": "self.log", "key": "v", "hook": "validation_step", "sync": sync})
+        for r, sync in enumerate(("step", "epoch"))
+    ]  # fmt: skip
+    assert _entries.differing(sides) == {"sync": ["step", "epoch"]}
+    lines = _lines(sides)
+    assert len(lines) == 2 and "step" in lines[0] and "epoch" in lines[1], lines
