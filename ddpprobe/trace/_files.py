@@ -9,18 +9,23 @@ noted; when that file is closed (or when the wrapper is uninstalled, for a file 
 
 - ``path``: the absolute path the rank wrote;
 - ``key``: the path as every rank of a real launch names it: the audit gives each rank a working directory of its
-  own, so a path under it is written ``./<relative path>`` (ranks launched together share one working directory,
-  where ``preds.csv`` is one file), any other path as is;
+  own (``<world>/rank<r>``), so a path under any rank's folder of this world is written ``./<relative path>``
+  (ranks launched together share one working directory, where ``preds.csv`` is one file; a folder rank 0 chose
+  and broadcast, such as ``trainer.log_dir``, is under rank 0's folder on every rank), any other path as is;
 - ``mode``, ``call_site`` (``"file.py:42 in on_test_epoch_end"``, the user's line), ``hook`` (the module's
   ``_current_fx_name`` at the ``open``);
 - ``size`` (bytes), ``lines`` (newline characters) and ``sha1`` (hex) of what this rank wrote through that file
   object (what another rank wrote to the same path is not in it).
 
-Only what a rank's code writes through Python's ``open`` is seen: ``torch.save`` to a path and C extensions open
-files on their own. Reads only: the user's code gets the file ``open`` returned inside a thin wrapper that passes
-every attribute through and counts what ``write`` and ``writelines`` pass (registered as an ``io.TextIOBase`` or
-``io.BufferedIOBase``, so ``isinstance`` checks still hold); it holds no reference cycle, so a file the code never
-closes is still closed when it is dropped.
+Only what a rank's code writes through Python's ``open`` is seen, as the name ``open`` (or ``io.open``) finds it at
+the call: ``torch.save`` to a path and C extensions open files on their own, and a library that kept a reference
+to ``open`` from before the run (``numpy.savetxt`` through ``numpy.lib._datasource``) is not seen. What the
+contract reads of a dataset (ddpprobe/contract/) is not the user's writing, even where ``__getitem__`` writes.
+
+Reads only: the user's code gets the very file object ``open`` returned (its type, ``repr`` and ``isinstance``
+checks unchanged); its ``write``, ``writelines`` and ``close`` are wrapped on the instance until it is closed. A
+file the code never closes is held by those wrappers until the wrapper is uninstalled at the end of the stage,
+then released as without the audit (its buffer is flushed then, not when the code dropped it).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import builtins
 import hashlib
 import io
 import os
+import re
 import sys
 from typing import Callable
 
@@ -37,10 +43,19 @@ WRITE_MODES = set("wax+")
 
 
 def path_key(path: str, cwd: str) -> str:
-    """``path`` as every rank of a real launch names it: ``./<relative>`` under ``cwd`` (the rank's own working
-    directory in the audit, one shared directory in a real launch), else ``path`` itself."""
-    cwd = os.path.join(os.path.abspath(cwd), "")
-    return "./" + os.path.relpath(path, cwd) if path.startswith(cwd) else path
+    """``path`` as every rank of a real launch names it: ``./<relative>`` under ``cwd`` or, where ``cwd`` is a rank's
+    folder of a world (``<world>/rank<r>``), under any rank's folder of that world; else ``path`` itself."""
+    cwd = os.path.abspath(cwd)
+    roots = [cwd]
+    if re.fullmatch(r"rank\d+", os.path.basename(cwd)):
+        world = os.path.dirname(cwd)
+        match = re.match(re.escape(os.path.join(world, "")) + r"(rank\d+)" + re.escape(os.sep), path)
+        if match:
+            roots.append(os.path.join(world, match.group(1)))
+    for root in roots:
+        if path.startswith(os.path.join(root, "")):
+            return "./" + os.path.relpath(path, root)
+    return path
 
 
 #: Folders of installed packages: a frame there is a library's, whoever ``user_code`` counts as the user.
@@ -54,6 +69,8 @@ def _own_code(user_code: Callable) -> Callable:
     all."""
 
     def find(frame):
+        if _reading_for_the_contract(frame):
+            return None
         while frame is not None:
             frame = user_code(frame)
             if frame is None:
@@ -65,6 +82,18 @@ def _own_code(user_code: Callable) -> Callable:
         return None
 
     return find
+
+
+_CONTRACT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "contract", "")
+
+
+def _reading_for_the_contract(frame) -> bool:
+    """The call runs under ddpprobe's contract records (a dataset's items read for its digest)."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith(_CONTRACT):
+            return True
+        frame = frame.f_back
+    return False
 
 
 class FileWrites:
@@ -99,7 +128,8 @@ class FileWrites:
         builtins.open = io.open = open
 
     def uninstall(self) -> None:
-        """Restore ``open`` and write the files still open as this rank has written them so far."""
+        """Restore ``open``; write the files still open as this rank has written them so far, and take the wrappers
+        off them."""
         if self._installed is not None:
             builtins.open = io.open = self._installed
             self._installed = None
@@ -118,83 +148,42 @@ class FileWrites:
         }
         written = _Written(getattr(fh, "encoding", None))
         token = object()
-        self._open[token] = (fields, written)
-        kind = _RecordedText if isinstance(fh, io.TextIOBase) else _RecordedBinary
-        return kind(fh, written, lambda: self._closed(token))
+        self._open[token] = (fields, written, fh)
+        kind, notes = type(fh), self
+
+        def write(data):
+            out = kind.write(fh, data)
+            written.add(data)
+            return out
+
+        def writelines(lines):  # as io.IOBase.writelines: one write per line
+            for line in lines:
+                write(line)
+
+        def close():
+            try:
+                kind.close(fh)
+            finally:
+                notes._closed(token)
+
+        try:
+            fh.write, fh.writelines, fh.close = write, writelines, close
+        except AttributeError:  # a file type without an instance dict: its writes are not counted
+            self._open.pop(token)
+        return fh
 
     def _closed(self, token) -> None:
         entry = self._open.pop(token, None)
-        if entry is not None:
-            fields, written = entry
-            self.write("file", **fields, **written.content())
+        if entry is None:
+            return
+        fields, written, fh = entry
+        for name in _WRAPPED:
+            fh.__dict__.pop(name, None)
+        self.write("file", **fields, **written.content())
 
 
-class _Recorded:
-    """The file object ``open`` returned, as the user's code gets it: every attribute is the file's, and what
-    ``write`` and ``writelines`` pass is counted into a :class:`_Written`; ``close``, leaving a ``with`` block or
-    dropping the last reference (the file itself is then dropped and closes, as without the wrapper) writes the
-    record once."""
-
-    __slots__ = ("_file", "_written", "_done", "__weakref__")
-
-    def __init__(self, file, written, done):
-        object.__setattr__(self, "_file", file)
-        object.__setattr__(self, "_written", written)
-        object.__setattr__(self, "_done", done)
-
-    def write(self, data):
-        out = self._file.write(data)
-        self._written.add(data)
-        return out
-
-    def writelines(self, lines):
-        lines = list(lines)
-        self._file.writelines(lines)
-        for line in lines:
-            self._written.add(line)
-
-    def close(self):
-        try:
-            self._file.close()
-        finally:
-            self._done()
-
-    def __enter__(self):
-        self._file.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
-
-    def __iter__(self):
-        return iter(self._file)
-
-    def __next__(self):
-        return next(self._file)
-
-    def __getattr__(self, name):
-        return getattr(self._file, name)
-
-    def __setattr__(self, name, value):
-        setattr(self._file, name, value)
-
-    def __del__(self):
-        done = getattr(self, "_done", None)
-        if done is not None:
-            done()
-
-
-class _RecordedText(_Recorded):
-    __slots__ = ()
-
-
-class _RecordedBinary(_Recorded):
-    __slots__ = ()
-
-
-io.TextIOBase.register(_RecordedText)
-io.BufferedIOBase.register(_RecordedBinary)
+#: The methods wrapped on a written file's instance (taken off again when it is closed).
+_WRAPPED = ("write", "writelines", "close")
 
 
 class _Written:

@@ -9,6 +9,8 @@ top-level function.
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch.utils.data import DataLoader
 from torchmetrics import MeanMetric, Metric
@@ -377,8 +379,9 @@ def make_rank_zero_monitored_key_model() -> RankZeroMonitoredKeyModule:
 class IdFileModule(MeanModule):
     """Keeps the ids of its validation batches and, in ``on_validation_epoch_end``, writes them one per line to
     ``val_ids.txt`` in the working directory: on every rank (``who="every rank"``: each rank writes its own
-    share to the one path, tests/facts/test_what_ddp_keeps_equal.py), on global rank 0 only (``"rank 0"``), or
-    each rank to ``val_ids_rank<global_rank>.txt`` (``"per rank"``, the fix)."""
+    share to the one path, tests/facts/test_what_ddp_keeps_equal.py), on global rank 0 only (``"rank 0"``), each
+    rank to ``val_ids_rank<global_rank>.txt`` (``"per rank"``, the fix), or every rank to ``val_ids.txt`` in
+    ``trainer.log_dir`` (``"log dir"``: rank 0 chose that folder and broadcast it)."""
 
     def __init__(self, who: str):
         super().__init__()
@@ -393,6 +396,8 @@ class IdFileModule(MeanModule):
         if self.who == "rank 0" and self.global_rank != 0:
             return
         path = f"val_ids_rank{self.global_rank}.txt" if self.who == "per rank" else "val_ids.txt"
+        if self.who == "log dir":
+            path = os.path.join(self.trainer.log_dir, path)
         with open(path, "w", encoding="utf-8") as fh:
             fh.writelines(f"{i}\n" for i in sorted(self.ids))
         self.ids = []
@@ -408,3 +413,7 @@ def make_rank_zero_file_model() -> IdFileModule:
 
 def make_per_rank_file_model() -> IdFileModule:
     return IdFileModule("per rank")
+
+
+def make_log_dir_file_model() -> IdFileModule:
+    return IdFileModule("log dir")

@@ -2,12 +2,14 @@
 the run writes holds what one process writes there) and the registry's ``one_path_every_rank``. Pure Python on
 :func:`~ddpprobe.audit.evidence._files.written_files`'s items.
 
-- Every rank wrote one path, each its own content: the registry's ``one_path_every_rank`` (its fix: one file per
-  rank, merged) whenever what they wrote is not what one process writes.
-- Every rank wrote one path, the same content, not one process's: the contract row's break, no proven fix.
-- Some ranks wrote a path whose length (lines, or bytes for a file without lines) is not one process's: the
-  contract row's break, no proven fix. The same length with other bytes (a time stamp) proves nothing.
-- One file per rank, or what one process writes: no problem; the contract section says so.
+- Every rank wrote one path, each its own content, of another length (lines, or bytes for a file without lines)
+  than one process writes: the registry's ``one_path_every_rank`` (its fix: one file per rank, merged).
+- Every rank appended to one path, together another length than one process writes: the contract row's break, no
+  proven fix (the file holds every rank's share, not the last writer's).
+- Some ranks wrote a path whose length is not one process's: the contract row's break, no proven fix.
+- No problem: files per rank (per rank, epoch or batch), what one process writes, the same bytes on every rank (a
+  value of the run, such as its world size), other bytes of the same length (a time stamp), or a file one process
+  does not write; the contract section says which.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 from typing import Optional
 
 from ddpprobe import hazards
-from ddpprobe.audit.evidence._files import EVERY_RANK, ONE_PER_RANK, SOME_RANKS, content_text
+from ddpprobe.audit.evidence._files import EVERY_RANK, ONE_PER_RANK, content_text
 from ddpprobe.contract import SINGLE_PROCESS_FILES
 
 #: The registry entry of ranks that each write their own share to one path.
@@ -44,16 +46,30 @@ def evidence(item: dict) -> dict:
     }
 
 
+def _total(item: dict) -> Optional[tuple]:
+    """The lines (or bytes) of every rank's appends together: what a file every rank appends to holds."""
+    kept = [c for c in item["per_rank"] if c is not None]
+    if not kept:
+        return None
+    lines = sum(c["lines"] for c in kept)
+    return ("lines", lines) if lines else ("bytes", sum(c["size"] for c in kept))
+
+
 def verdict(item: dict) -> Optional[str]:
-    """What breaks in a file item: ``ONE_PATH`` (the registry entry), ``"contract"`` (the row, no entry), or None."""
+    """What breaks in a file item: ``ONE_PATH`` (the registry entry), ``"contract"`` (the row, no entry), or None.
+
+    A length (lines, or bytes without lines) other than one process's is the evidence: other bytes of the same
+    length (a time stamp), the same bytes on every rank (a value of the run, such as its world size), and a file one
+    process does not write prove nothing."""
+    one = _length(item["single"]) if item["single"] else None
+    if one is None or item["pattern"] == ONE_PER_RANK:
+        return None
+    lengths = {_length(c) for c in item["per_rank"] if c is not None}
     if item["pattern"] == EVERY_RANK and len(item["ranks"]) > 1:
-        if _differ(item) and item["same_as_single"] is not True:
-            return ONE_PATH
-        return "contract" if item["same_as_single"] is False else None
-    if item["pattern"] == SOME_RANKS and item["single"] is not None:
-        lengths = {_length(c) for c in item["per_rank"] if c is not None}
-        return "contract" if lengths and lengths != {_length(item["single"])} else None
-    return None
+        if item.get("appends"):
+            return "contract" if _total(item) != one else None
+        return ONE_PATH if _differ(item) and lengths != {one} else None
+    return "contract" if lengths and lengths != {one} else None
 
 
 def _where(item: dict) -> str:
@@ -65,6 +81,10 @@ def _per_rank(item: dict) -> str:
     return ", ".join(f"rank {r} {content_text(c)}" for r, c in enumerate(item["per_rank"]) if c is not None)
 
 
+def _length_text(length: Optional[tuple]) -> str:
+    return "none" if length is None else f"{length[1]} {'line(s)' if length[0] == 'lines' else 'bytes'}"
+
+
 def problem_text(item: dict) -> str:
     """The problem sentence of a file item whose :func:`verdict` is not None."""
     single = content_text(item["single"]) if item["single"] else "no such file"
@@ -72,15 +92,37 @@ def problem_text(item: dict) -> str:
         return hazards.cause(ONE_PATH, **_numbers(item))
     if item["pattern"] == EVERY_RANK:
         return (
-            f"every rank wrote the same content to {item['key']} ({_where(item)}: {_per_rank(item)}), where one "
-            "process writes "
-            f"{single}: the ranks of a launch share that path, so the file ends with one rank's write, not what one "
-            "process writes"
+            f"every rank appended to {item['key']} ({_where(item)}: {_per_rank(item)}), "
+            f"{_length_text(_total(item))} together, where one process writes {single}: the file holds every "
+            "rank's share, in an order that may change from run to run, and not what one process writes"
         )
     return (
         f"only rank(s) {item['ranks']} wrote {item['key']} ({_where(item)}): {_per_rank(item)}, where one process "
         f"writes {single}: it holds what those ranks had, not what one process has"
     )
+
+
+def _no_problem(item: dict) -> str:
+    """The contract section's sentence on a file item that breaks nothing."""
+    single = f"; one process wrote {content_text(item['single'])}" if item["single"] else ""
+    if item["pattern"] == ONE_PER_RANK:
+        return (
+            f"each rank wrote files of its own {_where(item)} ({', '.join(item['keys'])}: {_per_rank(item)}){single}: "
+            "no rank's write replaces another's"
+        )
+    who = "every rank" if item["pattern"] == EVERY_RANK else f"rank(s) {item['ranks']}"
+    head = (
+        f"{who} {'appended to' if item.get('appends') else 'wrote'} {item['key']} ({_where(item)}: {_per_rank(item)})"
+    )
+    if item["single"] is None:
+        return f"{head}, a file one process does not write"
+    if item["same_as_single"]:
+        return f"{head}: what one process writes there"
+    if item.get("appends"):
+        return f"{head}: as many together as one process writes, in an order that may change from run to run"
+    if item["pattern"] == EVERY_RANK and not _differ(item):
+        return f"{head}: the same bytes on every rank (not one process's: a value of the run, such as its world size)"
+    return f"{head}: as long as what one process writes (other bytes, such as a time stamp, prove nothing)"
 
 
 def file_findings(items: list) -> list:
@@ -107,24 +149,8 @@ def file_lines(items: list) -> list:
                 out += [("  ", line) for line in hazards.advice(ONE_PATH, evidence(item))]
             else:
                 out.append(("  ", f"{hazards.NO_FIX}: no registry entry's evidence holds for this file"))
-        elif item["pattern"] == ONE_PER_RANK:
-            single = f"; one process wrote {content_text(item['single'])}" if item["single"] else ""
-            out.append(
-                (
-                    "",
-                    f"each rank wrote a file of its own {_where(item)} ({', '.join(item['keys'])}: {_per_rank(item)})"
-                    f"{single}: no rank's write replaces another's",
-                )
-            )
         else:
-            who = "every rank" if item["pattern"] == EVERY_RANK else f"rank(s) {item['ranks']}"
-            same = {
-                True: "what one process writes there",
-                None: "a file one process does not write" if item["single"] is None else "what the ranks wrote",
-                False: "as many lines as one process writes there (its bytes differ, which proves nothing: a time "
-                "stamp, say)",
-            }[item["same_as_single"]]
-            out.append(("", f"{who} wrote {item['key']} ({_where(item)}): {_per_rank(item)}, {same}"))
+            out.append(("", _no_problem(item)))
     return out
 
 

@@ -37,12 +37,34 @@ def test_every_rank_writing_its_own_share_to_one_path_is_the_registry_entry_with
     assert any(text == hazards.fix_line(ONE_PATH) for _, text in file_lines(items))
 
 
-def test_every_rank_writing_the_same_content_breaks_the_row_only_where_one_process_writes_other_content():
+def test_the_same_bytes_on_every_rank_or_other_bytes_of_one_processs_length_prove_nothing():
+    """A run-info file holding the world size (the same bytes on every rank, not one process's) and a time stamp
+    (other bytes on each rank, of one process's length) are no problem: the length is the evidence."""
     same = _traces([_write("./cfg.txt", 3, "x")], [_write("./cfg.txt", 3, "x")])
-    assert [verdict(i) for i in written_files(_traces([_write("./cfg.txt", 3, "x")]), same)] == [None]
-    (item,) = written_files(_traces([_write("./cfg.txt", 3, "y")]), same)
+    stamps = _traces([_write("./t.txt", 1, "t1")], [_write("./t.txt", 1, "t2")])
+    info = _traces([_write("./cfg.txt", 3, "y")])
+    for single, world in ((info, same), (_traces([_write("./t.txt", 1, "t0")]), stamps)):
+        (item,) = written_files(single, world)
+        assert verdict(item) is None and file_findings([item]) == [], item
+    assert "the same bytes on every rank" in file_lines(written_files(info, same))[0][1]
+
+
+def _append(key: str, lines: int, sha1: str) -> dict:
+    return dict(_write(key, lines, sha1), mode="a")
+
+
+def test_appends_from_every_rank_are_compared_together_with_one_process_and_are_never_the_last_writers_share():
+    """One ``open(p, "a")`` per batch on every rank: the file holds every rank's lines, so their total is compared
+    with one process's, never as "the last writer's share"."""
+    single = _traces([_append("./log.txt", 1, f"s{i}") for i in range(4)])
+    even = [[_append("./log.txt", 1, f"r{r}{i}") for i in range(2)] for r in range(2)]
+    (item,) = written_files(single, _traces(*even))
+    assert item["appends"] and [c["lines"] for c in item["per_rank"]] == [2, 2]
+    assert verdict(item) is None and "as many together as one process writes" in file_lines([item])[0][1]
+    padded = [[_append("./log.txt", 1, f"r{r}{i}") for i in range(3)] for r in range(2)]
+    (item,) = written_files(single, _traces(*padded))
     assert verdict(item) == "contract" and file_hazards([item]) == []
-    assert any(text.startswith(hazards.NO_FIX) for _, text in file_lines([item]))
+    assert "6 line(s) together" in file_findings([item])[0]["problem"]
 
 
 def test_a_file_rank_0_alone_wrote_breaks_the_row_only_when_its_length_is_not_one_processs():
@@ -66,6 +88,15 @@ def test_a_file_per_rank_from_one_line_is_one_item_and_no_problem():
         None,
     )
     assert file_findings(items) == [] and "no rank's write replaces another's" in file_lines(items)[0][1]
+
+
+def test_files_per_rank_and_epoch_from_one_line_are_one_item_and_no_problem():
+    """``val_epoch{e}_rank{r}.csv``: every rank writes at one line, no two ranks to one path."""
+    per = [[_write(f"./e{e}_r{r}.csv", 4, f"{e}{r}") for e in range(2)] for r in range(2)]
+    single = _traces([_write(f"./e{e}_r0.csv", 8, f"{e}") for e in range(2)])
+    (item,) = written_files(single, _traces(*per))
+    assert (item["pattern"], len(item["keys"]), verdict(item)) == (ONE_PER_RANK, 4, None)
+    assert [c["lines"] for c in item["per_rank"]] == [8, 8] and item["single"]["lines"] == 16
 
 
 def _audit(model: str):
@@ -94,3 +125,14 @@ def test_the_audit_of_one_file_per_rank_finds_no_problem():
     (item,) = result.contract["files"]
     assert (item["pattern"], item["keys"]) == (ONE_PER_RANK, ["./val_ids_rank0.txt", "./val_ids_rank1.txt"])
     assert result.exit_code == 0, result.format()
+
+
+def test_every_rank_writing_into_the_log_dir_rank_0_broadcast_is_one_path_every_rank():
+    """``IdFileModule("log dir")``: ``trainer.log_dir`` is rank 0's folder on every rank (broadcast), which ranks
+    launched together share: one path, each rank's own share, the registry's entry with its fix."""
+    result = _audit("make_log_dir_file_model")
+
+    (item,) = result.contract["files"]
+    assert (item["key"], item["pattern"], item["ranks"]) == ("./val_ids.txt", EVERY_RANK, [0, 1])
+    assert result.hazards == [ONE_PATH], result.format()
+    assert hazards.fix_line(ONE_PATH) in " ".join(result.format().split())

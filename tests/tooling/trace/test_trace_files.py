@@ -2,7 +2,6 @@
 rank wrote through that file object, whatever another rank wrote to the same path. In-process, no world."""
 
 import builtins
-import gc
 import hashlib
 import io
 import os
@@ -93,21 +92,48 @@ def test_reads_library_opens_and_descriptors_are_not_recorded_and_open_is_restor
     assert builtins.open is io.open and builtins.open.__module__ in ("io", "_io")
 
 
-def test_a_file_the_code_never_closes_is_still_closed_when_dropped_and_recorded(tmp_path):
-    """The wrappers hold the file by a weak reference, so dropping it closes it (its bytes reach the disk) as
-    without the audit."""
+def test_a_file_the_code_never_closes_is_recorded_and_released_when_the_wrapper_goes(tmp_path):
+    """``open(p, "w").write(s)`` without a close: the wrappers hold the file until the stage ends, then take themselves
+    off, so the file is closed and flushed as soon as nothing else holds it; one the code still holds stays open."""
     notes, events = _notes()
     notes.install()
     try:
         open(tmp_path / "once.txt", "w").write("hello\n")
-        gc.collect()
-        assert (tmp_path / "once.txt").read_text() == "hello\n"
         kept = open(tmp_path / "kept.txt", "wb")
         kept.write(b"\x00\x01")
     finally:
         notes.uninstall()
     assert [(os.path.basename(f["path"]), f["size"]) for _, f in events] == [("once.txt", 6), ("kept.txt", 2)]
+    assert (tmp_path / "once.txt").read_text() == "hello\n"
+    assert not kept.closed and "write" not in vars(kept)
     kept.close()
+
+
+def test_the_file_object_is_the_one_open_returned_so_type_checks_repr_and_copy_behave_as_without_the_audit(tmp_path):
+    notes, events = _notes()
+    notes.install()
+    try:
+        with open(tmp_path / "t.txt", "w") as text, open(tmp_path / "b.bin", "wb") as binary:
+            assert type(text) is io.TextIOWrapper and type(binary) is io.BufferedWriter
+            assert repr(text).startswith("<_io.TextIOWrapper name=")
+            with open(tmp_path / "raw.bin", "wb", buffering=0) as raw:
+                assert isinstance(raw, io.FileIO)
+                raw.write(b"abc")
+    finally:
+        notes.uninstall()
+    assert sorted(os.path.basename(f["path"]) for _, f in events) == ["b.bin", "raw.bin", "t.txt"]
+
+
+def test_a_path_under_any_ranks_folder_of_the_world_is_keyed_as_under_the_shared_working_directory(tmp_path):
+    """``trainer.log_dir`` is chosen on rank 0 and broadcast: rank 1 writes under rank 0's folder, which ranks
+    launched together share as their working directory."""
+    rank1 = str(tmp_path / "world" / "rank1")
+    assert path_key(str(tmp_path / "world" / "rank0" / "lightning_logs" / "version_0" / "ids.txt"), rank1) == (
+        "./lightning_logs/version_0/ids.txt"
+    )
+    assert path_key(str(tmp_path / "world" / "other" / "ids.txt"), rank1) == str(
+        tmp_path / "world" / "other" / "ids.txt"
+    )
 
 
 def test_a_file_an_installed_package_opens_is_noted_at_the_users_line_that_called_it_and_not_without_one(tmp_path):
