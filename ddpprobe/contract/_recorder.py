@@ -79,6 +79,7 @@ def _build_class():
             self.first_step_taken = False
             self.generator_at_start = None
             self.batches_ran = False
+            self.eval_started = False
 
         def _take(self, trainer, pl_module, boundary: str, hook: str) -> None:
             try:
@@ -130,6 +131,21 @@ def _build_class():
                 # (Lightning calls a callback's hook before the module's, so on_train_start itself is too early).
                 self._take(trainer, pl_module, "train_start", "on_train_batch_start")
                 self.generator_at_start = _generator_digest()
+
+        def _eval_start(self, trainer, pl_module, hook: str) -> None:
+            if self._outside_fit(trainer) and not self.eval_started:
+                # Before the first batch of validate, test or predict: the module's own on_*_start ran.
+                self.eval_started = True
+                self._take(trainer, pl_module, "eval_start", hook)
+
+        def on_validation_batch_start(self, trainer, pl_module, *args, **kwargs):
+            self._eval_start(trainer, pl_module, "on_validation_batch_start")
+
+        def on_test_batch_start(self, trainer, pl_module, *args, **kwargs):
+            self._eval_start(trainer, pl_module, "on_test_batch_start")
+
+        def on_predict_batch_start(self, trainer, pl_module, *args, **kwargs):
+            self._eval_start(trainer, pl_module, "on_predict_batch_start")
 
         def on_before_optimizer_step(self, trainer, pl_module, optimizer, *args):
             if self.first_step_taken:

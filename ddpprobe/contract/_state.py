@@ -55,12 +55,15 @@ DATASET_ITEMS = 32
 #: The boundaries a record is taken at, in the order a ``fit`` passes them: ``setup`` (the callbacks' ``setup`` hook:
 #: the factories ran, DDP has not wrapped the module yet), ``start`` (``on_fit_start`` / ``on_validation_start`` ...:
 #: after DDP's wrap, before any batch), ``train_start`` (the first ``on_train_batch_start``: the loaders are built
-#: and the module's own ``on_fit_start`` and ``on_train_start`` ran, before any training step), ``train_batch_end``
-#: (after each training batch, so after its optimizer step), ``<stage>_epoch_end`` and ``end`` (``on_fit_end`` ...).
+#: and the module's own ``on_fit_start`` and ``on_train_start`` ran, before any training step), ``eval_start`` (the
+#: same for ``validate``, ``test`` and ``predict``: their loop's first batch start, after the module's own
+#: ``on_validation_start`` ...), ``train_batch_end`` (after each training batch, so after its optimizer step),
+#: ``<stage>_epoch_end`` and ``end`` (``on_fit_end`` ...).
 BOUNDARIES = (
     "setup",
     "start",
     "train_start",
+    "eval_start",
     "train_batch_end",
     "train_epoch_end",
     "val_epoch_end",

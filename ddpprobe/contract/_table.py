@@ -22,7 +22,16 @@ MAY_DIFFER = "may differ"
 
 #: Every boundary of a record (ddpprobe/contract/_state.py ``BOUNDARIES``) but ``setup``, which comes before
 #: DDP wraps the module and broadcasts rank 0's parameters and buffers.
-AFTER_WRAP = ("start", "train_start", "train_batch_end", "train_epoch_end", "val_epoch_end", "test_epoch_end", "end")
+AFTER_WRAP = (
+    "start",
+    "train_start",
+    "eval_start",
+    "train_batch_end",
+    "train_epoch_end",
+    "val_epoch_end",
+    "test_epoch_end",
+    "end",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,7 +187,7 @@ _ROWS = (
         "module attributes",
         "module.attr.*",
         EQUAL,
-        ("setup", "start", "train_start"),
+        ("setup", "start", "train_start", "eval_start"),
         "left to your code: Lightning syncs no attribute you set; before the first training step every rank ran "
         "the same code on the same inputs, so a difference then comes from the rank number, the rank's own data or "
         "its random draws (once batches ran, a list or dict attribute may hold rank-local outputs and is not "
@@ -193,7 +202,7 @@ _ROWS = (
         "datamodule attributes",
         "datamodule.attr.*",
         EQUAL,
-        ("setup", "start", "train_start"),
+        ("setup", "start", "train_start", "eval_start"),
         "left to your code: Lightning runs the datamodule's setup on every rank and syncs nothing it sets",
         (F + "test_what_ddp_keeps_equal.py::test_ranks_that_build_their_dataset_apart_shard_different_datasets",),
     ),

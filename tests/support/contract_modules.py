@@ -223,3 +223,18 @@ def make_own_loader_cycle():
 
 def make_steps_cycle():
     return StepsCycle()
+
+
+class RankScaleOnValidationStart(_Regression):
+    """Sets ``scale = 1 + global_rank`` in its own ``on_validation_start`` and logs the validation loss times it:
+    an attribute a ``validate`` run sets from the rank before its first batch."""
+
+    def on_validation_start(self):
+        self.scale = 1.0 + self.global_rank
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val_loss", self.scale * self.loss(batch), sync_dist=True)
+
+
+def make_rank_scale_on_validation_start():
+    return RankScaleOnValidationStart()

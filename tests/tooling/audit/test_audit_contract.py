@@ -137,3 +137,17 @@ def test_a_schedule_sized_by_the_modules_own_loader_plans_more_steps_than_the_ra
 def test_a_schedule_sized_by_the_trainers_count_follows_one_process_over_training():
     result = _audit("make_steps_cycle", data=False)
     assert result.contract["schedules"] == [] and result.exit_code == 0, result.problems
+
+
+def test_an_attribute_a_validate_run_sets_from_the_rank_is_a_break_at_the_first_validation_batch():
+    """``RankScaleOnValidationStart`` sets ``scale`` from the rank in its own ``on_validation_start``, after the
+    callbacks' ``start`` record: the record before the first validation batch (``eval_start``) sees it differ, with
+    the line that set it."""
+    result = audited(f"{M}:make_rank_scale_on_validation_start", f"{M}:make_data", world_size=2, timeout=TIMEOUT)
+
+    roots = _roots(result)
+    assert [(b["field"], b["boundary"], b["per_rank"]) for b in roots] == [
+        ("module.attr.scale", "eval_start", [1.0, 2.0])
+    ]
+    line = contract_modules_line("self.scale = 1.0 + self.global_rank")
+    assert roots[0]["written_at"] == [f"contract_modules.py:{line} in on_validation_start"] * 2
