@@ -13,6 +13,8 @@ import dataclasses
 import fnmatch
 from typing import Optional
 
+from ddpprobe.contract._state import BOUNDARIES
+
 F = "tests/facts/"
 
 #: The rule of a row: the field must be equal on every rank at the row's boundaries.
@@ -22,16 +24,7 @@ MAY_DIFFER = "may differ"
 
 #: Every boundary of a record (ddpprobe/contract/_state.py ``BOUNDARIES``) but ``setup``, which comes before
 #: DDP wraps the module and broadcasts rank 0's parameters and buffers.
-AFTER_WRAP = (
-    "start",
-    "train_start",
-    "eval_start",
-    "train_batch_end",
-    "train_epoch_end",
-    "val_epoch_end",
-    "test_epoch_end",
-    "end",
-)
+AFTER_WRAP = tuple(b for b in BOUNDARIES if b != "setup")
 
 
 @dataclasses.dataclass(frozen=True)

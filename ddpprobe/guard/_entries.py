@@ -33,7 +33,7 @@ from __future__ import annotations
 from typing import Optional
 
 from ddpprobe.hazards import guard_cause, guard_fix_lines
-from ddpprobe.hazards._match import FIELDS, compared
+from ddpprobe.hazards._match import FIELDS, compared, differing as differing_fields
 from ddpprobe.trace import describe_collective
 
 #: Fields of a collective (as the trace names them) that must be equal on every rank, in this order: the table
@@ -110,8 +110,7 @@ def differing(entries: list) -> dict:
     collectives = sorted((e for e in entries if e.get("kind") == "collective"), key=lambda e: e["rank"])
     if len(collectives) < 2:
         return {}
-    values = {name: [e["id"][_AT[name]] for e in collectives] for name in COLLECTIVE_ID}
-    return {name: vs for name, vs in values.items() if len({repr(v) for v in vs}) > 1}
+    return differing_fields([dict(zip(COLLECTIVE_ID, e["id"][1:])) for e in collectives])
 
 
 def _shown_as(name: str, value) -> dict:

@@ -73,3 +73,9 @@ def differing(values: list, kind: str = "") -> dict:
         if len({repr(v) for v in column}) > 1:
             out[name] = column
     return out
+
+
+def differing_kinds(values: list) -> set:
+    """The kinds (:data:`MISMATCH`, :data:`KEYS` ...) of the fields whose values differ between ``values``."""
+    kind_of = dict(MUST_MATCH)
+    return {kind_of[name] for name in differing(values)}

@@ -7,7 +7,7 @@ from typing import Optional
 
 from ddpprobe import hazards
 from ddpprobe.audit.evidence._culprit import diagnose
-from ddpprobe.hazards._match import KEYS, MISMATCH, ORDER, PURPOSE, compared, differing
+from ddpprobe.hazards._match import KEYS, MISMATCH, ORDER, PURPOSE, compared, differing_kinds
 from ddpprobe.trace import describe_collective
 
 #: Flight Recorder dtype names (c10's) in torch's spelling, as the Python-level trace writes them.
@@ -124,10 +124,10 @@ def _missing(i: int, entries: list, sequences: list, ended: list) -> Optional[di
     return _divergence("missing", i, entries, message, ranks=present, absent=absent)
 
 
-def _mismatch(i: int, entries: list) -> Optional[dict]:
+def _mismatch(i: int, entries: list, kinds: set) -> Optional[dict]:
     """The ranks called different collectives at ``i``: a field of the kind ``MISMATCH`` of what must match
     (ddpprobe/hazards/_match.py: op, reduce op, dtype, shape, group, root, list lengths) differs."""
-    if not differing([compared(e) for e in entries], MISMATCH):
+    if MISMATCH not in kinds:
         return None
     parts = [f"rank {r}: {describe_collective(e)}" for r, e in enumerate(entries)]
     return _divergence("mismatch", i, entries, "the ranks called different collectives: " + "; ".join(parts))
@@ -138,12 +138,10 @@ def _synced(entries: list) -> bool:
     return entries[0]["op"] != "barrier" and any(e.get("source") in ("self.log", "torchmetrics") for e in entries)
 
 
-def _keys(i: int, entries: list) -> Optional[dict]:
+def _keys(i: int, entries: list, kinds: set) -> Optional[dict]:
     """The same collective carrying different logged keys at ``i``: every rank's entry syncs a logged key (a
     logged key paired with a collective of another kind serves another purpose: :func:`_purpose`)."""
-    if not differing([compared(e) for e in entries], KEYS) or not _synced(entries):
-        return None
-    if not all(e.get("key") for e in entries):
+    if KEYS not in kinds or not _synced(entries) or not all(e.get("key") for e in entries):
         return None
     parts = [f"rank {r}: {describe_collective(e)}" for r, e in enumerate(entries)]
     message = (
@@ -153,10 +151,10 @@ def _keys(i: int, entries: list) -> Optional[dict]:
     return _divergence("keys", i, entries, message)
 
 
-def _purpose(i: int, entries: list) -> Optional[dict]:
+def _purpose(i: int, entries: list, kinds: set) -> Optional[dict]:
     """The same collective made for different purposes at ``i`` (a step and an epoch sync of one key, a
     ``self.log`` sync and a Metric's or the user's own collective)."""
-    if not differing([compared(e) for e in entries], PURPOSE) or not _synced(entries):
+    if PURPOSE not in kinds or not _synced(entries):
         return None
     parts = [f"rank {r}'s {describe_collective(e)}" for r, e in enumerate(entries)]
     message = (
@@ -166,10 +164,10 @@ def _purpose(i: int, entries: list) -> Optional[dict]:
     return _divergence("purpose", i, entries, message)
 
 
-def _order(i: int, entries: list) -> Optional[dict]:
+def _order(i: int, entries: list, kinds: set) -> Optional[dict]:
     """The user's own collectives of the same kind from different lines of their code at ``i``: each rank's value
     is reduced with what another line meant (the same calls in another order on each rank)."""
-    if not differing([compared(e) for e in entries], ORDER):
+    if ORDER not in kinds:
         return None
     parts = [f"rank {r}: {describe_collective(e)}" for r, e in enumerate(entries)]
     message = (
@@ -200,10 +198,16 @@ def first_divergence(sequences: list, ended: list) -> Optional[dict]:
     """
     for i in range(max((len(s) for s in sequences), default=0)):
         entries = [s[i] if i < len(s) else None for s in sequences]
-        found = _missing(i, entries, sequences, ended) or _mismatch(i, entries) or _keys(i, entries)
-        found = found or _purpose(i, entries) or _order(i, entries)
+        found = _missing(i, entries, sequences, ended)
         if found is not None:
             return found
+        kinds = differing_kinds([compared(e) for e in entries])  # once per position, read by each kind's check
+        if not kinds:
+            continue
+        for check in (_mismatch, _keys, _purpose, _order):
+            found = check(i, entries, kinds)
+            if found is not None:
+                return found
     return None
 
 
