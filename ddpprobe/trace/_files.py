@@ -109,7 +109,7 @@ class FileWrites:
         self.write, self.hook = write, hook
         self.user_code = _own_code(user_code)
         self.cwd = os.getcwd()
-        self._open: dict = {}  # token -> (fields, _Written) of the files not written yet
+        self._open: dict = {}  # token -> (fields, _Written, file) of the files not written yet
         self._installed = None
 
     def install(self) -> None:

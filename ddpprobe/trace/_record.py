@@ -86,13 +86,10 @@ class CollectiveTrace:
         _gradients.watch(self)
         self._hooks = HookCounter(lambda event, **fields: self.write(event, **fields))
         self._hooks.install()
-        self._files = FileWrites(
-            self.write, self.classifier.user_code, lambda: getattr(self.model, "_current_fx_name", None)
-        )
+        running = lambda: getattr(self.model, "_current_fx_name", None)  # noqa: E731 - the hook running, when asked
+        self._files = FileWrites(self.write, self.classifier.user_code, running)
         self._files.install()
-        self.writers = AttributeWriters(
-            self.classifier.user_code, lambda: getattr(self.model, "_current_fx_name", None)
-        )
+        self.writers = AttributeWriters(self.classifier.user_code, running)
         self.writers.watch(self.model, "module")
         self._original_log = self.model.log
         self.model.log = self._wrap_log(self.model.log)
