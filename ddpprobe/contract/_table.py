@@ -48,6 +48,10 @@ class ContractRow:
     keeps_it: str
     facts: tuple
 
+    def shown(self) -> str:
+        """``"The contract (<name>): <keeps_it> (shown by <facts>)"``: the row in a report's words."""
+        return f"The contract ({self.name}): {self.keeps_it} (shown by {'; '.join(self.facts)})"
+
     def must_be_equal(self, boundary: str) -> bool:
         return self.rule == EQUAL and boundary in self.boundaries
 

@@ -298,8 +298,7 @@ def contract_lines(contract: dict) -> list:
     size = contract.get("world_size") or 0
     for item in contract.get("schedules") or []:
         lines.append(("", schedule_text(item, size)))
-        row = SINGLE_PROCESS_SCHEDULE
-        lines.append(("  ", f"The contract ({row.name}): {row.keeps_it} (shown by {'; '.join(row.facts)})"))
+        lines.append(("  ", SINGLE_PROCESS_SCHEDULE.shown()))
         lines.append(("  ", f"{hazards.NO_FIX}: no registry entry's evidence holds for this field"))
     first = contract.get("first_step")
     roots = [b for b in items if not b.get("root")]
@@ -309,13 +308,7 @@ def contract_lines(contract: dict) -> list:
             lines.append(("", f"then {text}; it came after {roots[0]['field']} differed"))
         elif text:
             lines.append(("", text))
-            lines.append(
-                (
-                    "  ",
-                    f"The contract ({SINGLE_PROCESS_STEP.name}): {SINGLE_PROCESS_STEP.keeps_it} (shown by "
-                    f"{'; '.join(SINGLE_PROCESS_STEP.facts)})",
-                )
-            )
+            lines.append(("  ", SINGLE_PROCESS_STEP.shown()))
         elif first["status"] == "equal":
             lines.append(("", "the first optimizer step's gradient equals one process's on the same samples"))
         else:

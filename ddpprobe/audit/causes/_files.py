@@ -49,10 +49,7 @@ def evidence(item: dict) -> dict:
 def _total(item: dict) -> Optional[tuple]:
     """The lines (or bytes) of every rank's appends together: what a file every rank appends to holds."""
     kept = [c for c in item["per_rank"] if c is not None]
-    if not kept:
-        return None
-    lines = sum(c["lines"] for c in kept)
-    return ("lines", lines) if lines else ("bytes", sum(c["size"] for c in kept))
+    return _length({k: sum(c[k] for c in kept) for k in ("lines", "size")}) if kept else None
 
 
 def verdict(item: dict) -> Optional[str]:
@@ -138,12 +135,11 @@ def file_hazards(items: list) -> list:
 def file_lines(items: list) -> list:
     """The contract section's lines on files: ``[(indent, sentence)]``."""
     out = []
-    row = SINGLE_PROCESS_FILES
     for item in items:
         found = verdict(item)
         if found:
             out.append(("", problem_text(item)))
-            out.append(("  ", f"The contract ({row.name}): {row.keeps_it} (shown by {'; '.join(row.facts)})"))
+            out.append(("  ", SINGLE_PROCESS_FILES.shown()))
             if found == ONE_PATH:
                 out.append(("  ", f"The registry ({ONE_PATH}): {hazards.HAZARDS[ONE_PATH].summary}"))
                 out += [("  ", line) for line in hazards.advice(ONE_PATH, evidence(item))]
