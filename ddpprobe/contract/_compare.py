@@ -108,11 +108,44 @@ def _container(value) -> bool:
 
 #: Fields that a rank may lack where another has them only because its code set them there: attributes.
 _SET_BY_CODE = ("module.attr.", "datamodule.attr.")
+#: What a dataset's record keeps once its loop ran batches: its ``__getitem__`` may have changed the dataset's own
+#: state since (a cache of the items it read, a count of its calls), and each rank read its own shard.
+_DATASET_KEPT = ("type", "len")
+
+
+def _loop_of(path: str) -> Optional[str]:
+    """``"train"`` of ``"loader.train[0].dataset"``; None for any other field."""
+    if not (path.startswith("loader.") and path.endswith(".dataset")):
+        return None
+    return path[len("loader.") :].split("[", 1)[0]
+
+
+def _read_by_its_loop(path: str, per_rank: list) -> bool:
+    """Whether the dataset of ``path`` was read by its loop before these records (``loops_ran`` of any rank; a
+    record without it, by ``batches_ran``)."""
+    loop = _loop_of(path)
+    return loop is not None and any(
+        loop in r.get("loops_ran", ("train", "val", "test", "predict") if r.get("batches_ran") else ())
+        for r in per_rank
+    )
+
+
+def _dataset_kept(value):
+    return (
+        {k: v for k, v in value.items() if k in _DATASET_KEPT}
+        if isinstance(value, dict) and "digest" in value
+        else value
+    )
 
 
 def breaks(records: list) -> list:
     """The :class:`Break` of every must-be-equal field that differs between the ranks, at the first boundary where
     it differs, in the order the run met them; a break after the first one names the first as its ``root``.
+
+    Once batches ran, a list or dict attribute may hold rank-local outputs and is not compared; once a loop ran
+    batches, its dataset (``loader.<loop>[i].dataset``) is compared by type and length only, since its
+    ``__getitem__`` may have changed its state with the items of the rank's own shard (a record's ``loops_ran``:
+    the loops whose batches ran before it; one without it counts every loop as run once ``batches_ran``).
 
     Args:
         records: per rank, the list of its records in the order taken (one list per rank, rank 0 first).
@@ -131,6 +164,8 @@ def breaks(records: list) -> list:
             values = [r["fields"].get(path, MISSING) for r in per_rank]
             if ran and path.startswith(_SET_BY_CODE) and any(_container(v) for v in values):
                 continue  # after batches ran, a list or dict attribute may hold rank-local outputs
+            if _read_by_its_loop(path, per_rank):
+                values = [_dataset_kept(v) for v in values]  # only its type and length still must be equal
             if differs(values, missing_is_a_value=path.startswith(_SET_BY_CODE)):
                 first = per_rank[0]
                 found[path] = Break(

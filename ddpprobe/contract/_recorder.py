@@ -58,9 +58,12 @@ _recorder_class = None
 
 def state_recorder(write: Callable[[dict], None], fields: Optional[tuple] = None):
     """A Lightning ``Callback`` that calls ``write(record)`` at each boundary, where ``record`` is
-    ``{"boundary", "hook", "step", "epoch", "fields"}`` (``fields``: :func:`snapshot`, narrowed to the given
-    prefixes), and once, before the first optimizer step, a ``first_step`` record of the gradients
-    (:func:`gradient_fields`). Reads only: it changes nothing in the run and makes no collective."""
+    ``{"boundary", "hook", "step", "epoch", "batches_ran", "loops_ran", "fields"}`` (``fields``: :func:`snapshot`,
+    narrowed to the given prefixes; ``batches_ran``: whether any batch ran before it; ``loops_ran``: the loops,
+    ``"train"``, ``"val"``, ``"test"``, ``"predict"``, whose batches did), and once, before the first optimizer
+    step, a ``first_step`` record of the gradients (:func:`gradient_fields`). Reads only: it changes nothing in the
+    run (no item of a dataset is read, no random number drawn) and makes no collective; a record that cannot be
+    taken is written as ``{"snapshot": {"unreadable": "<error>"}}``, never raised."""
     global _recorder_class
     if _recorder_class is None:
         _recorder_class = _build_class()
@@ -79,6 +82,7 @@ def _build_class():
             self.first_step_taken = False
             self.generator_at_start = None
             self.batches_ran = False
+            self.loops_ran: list = []  # the loops whose batches ran ("train", "val" ...), in the order they first did
             self.eval_started = False
 
         def _take(self, trainer, pl_module, boundary: str, hook: str) -> None:
@@ -93,18 +97,24 @@ def _build_class():
                     "step": int(trainer.global_step),
                     "epoch": int(trainer.current_epoch),
                     "batches_ran": self.batches_ran,
+                    "loops_ran": list(self.loops_ran),
                     "fields": fields,
                 }
             )
 
-        def on_validation_batch_end(self, trainer, pl_module, *args, **kwargs):
+        def _ran(self, loop: str) -> None:
             self.batches_ran = True
+            if loop not in self.loops_ran:
+                self.loops_ran.append(loop)
+
+        def on_validation_batch_end(self, trainer, pl_module, *args, **kwargs):
+            self._ran("val")
 
         def on_test_batch_end(self, trainer, pl_module, *args, **kwargs):
-            self.batches_ran = True
+            self._ran("test")
 
         def on_predict_batch_end(self, trainer, pl_module, *args, **kwargs):
-            self.batches_ran = True
+            self._ran("predict")
 
         def _outside_fit(self, trainer) -> bool:
             return trainer.state.fn != "fit"
@@ -164,7 +174,7 @@ def _build_class():
             )
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, *args):
-            self.batches_ran = True
+            self._ran("train")
             self._take(trainer, pl_module, "train_batch_end", "on_train_batch_end")
 
         def on_train_epoch_end(self, trainer, pl_module):

@@ -34,8 +34,13 @@ few numbers a person can read; small values as themselves. A field that cannot b
     each attribute the user's code set on the LightningModule or LightningDataModule instance (its
     ``__dict__`` less Lightning's and torch's own attributes and private names): :func:`object_value`.
 ``loader.<stage>[i].dataset``
-    the dataset a rank's loader reads (``train``, ``val``, ``test``, ``predict``): its type, length and a digest
-    of its first ``DATASET_ITEMS`` items, so ranks that read different datasets show it.
+    the dataset a rank's loader reads (``train``, ``val``, ``test``, ``predict``): :func:`dataset_value`, its type,
+    length and a digest of its own state (the tensors, arrays, index and file lists it holds; never its items,
+    never its random generators), so ranks that hold different datasets show it.
+
+A record changes nothing in the run and never fails it: it reads attributes and tensors only (no item of a
+dataset, no forward, no random draw), and a field it cannot read (a lazy layer's parameter before its first
+forward, a meta tensor) is recorded as ``{"unreadable": "<reason>"}``.
 
 Each record also names its boundary (:data:`BOUNDARIES`): the hook after which it was taken.
 """
@@ -43,14 +48,16 @@ Each record also names its boundary (:data:`BOUNDARIES`): the hook after which i
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
+import os
 import re
+import types
+import weakref
 from typing import Optional
 
 #: Tensors with at most this many elements are recorded value by value.
 SMALL = 8
-#: Items of a dataset whose digest is recorded (the first ones, in index order).
-DATASET_ITEMS = 32
 
 #: The boundaries a record is taken at, in the order a ``fit`` passes them: ``setup`` (the callbacks' ``setup`` hook:
 #: the factories ran, DDP has not wrapped the module yet), ``start`` (``on_fit_start`` / ``on_validation_start`` ...:
@@ -90,6 +97,9 @@ def tensor_value(tensor) -> dict:
     ``sum`` and ``norm`` are float32 reductions, for reading (about 6 digits)."""
     import torch
 
+    reason = unreadable_reason(tensor)
+    if reason is not None:
+        return {"unreadable": reason}
     t = tensor.detach()
     if t.device.type != "cpu":
         t = t.cpu()
@@ -111,6 +121,19 @@ def tensor_value(tensor) -> dict:
     if t.numel() <= SMALL:
         out["values"] = [_number(v) if isinstance(v, float) else v for v in t.flatten().tolist()]
     return out
+
+
+def unreadable_reason(tensor):
+    """Why ``tensor``'s values cannot be read, or None: a lazy module's parameter or buffer before its first forward
+    (``torch.nn.parameter.UninitializedParameter`` / ``UninitializedBuffer``: no shape, no data yet) or a meta tensor
+    (``device="meta"``: a shape without data). Reading either raises in torch; a record says this instead."""
+    from torch.nn.parameter import UninitializedTensorMixin
+
+    if isinstance(tensor, UninitializedTensorMixin):
+        return f"{type(tensor).__name__}: a lazy module's tensor before its first forward (no shape or data yet)"
+    if tensor.is_meta:
+        return f"a meta tensor of shape {list(tensor.shape)}: a shape without data"
+    return None
 
 
 def object_value(value):
@@ -143,9 +166,10 @@ def _item_bytes(item) -> bytes:
     import torch
 
     if isinstance(item, torch.Tensor):
-        return (
-            item.detach().cpu().contiguous().numpy().tobytes() if item.dtype != torch.bfloat16 else repr(item).encode()
-        )
+        reason = unreadable_reason(item)
+        if reason is not None:
+            return f"unreadable: {reason}".encode()
+        return bytes(_tensor_bytes(item))
     if isinstance(item, tuple):
         return b"(" + b",".join(_item_bytes(i) for i in item) + b")"
     # An object's default repr holds its memory address, which differs from process to process.
@@ -280,64 +304,180 @@ def _loader_fields(out: dict, trainer) -> None:
                 _read(out, f"loader.{stage}[{i}].dataset", lambda d=dataset: dataset_value(d))
 
 
-#: ``{id(dataset): (dataset, value)}``: a dataset's value is read once (reading items can be slow).
-_DATASETS: dict = {}
+#: How deep :func:`dataset_value` follows the objects a dataset holds (a wrapper's dataset, a transform's fields).
+DATASET_DEPTH = 6
+#: Elements of a list, tuple, dict or set a dataset holds that are read one by one (a longer one of plain values
+#: is read whole from its ``repr``; of other values, its first ones and its length).
+DATASET_ELEMENTS = 10_000
+
+
+def _generator_types() -> tuple:
+    """The random generators a dataset may hold for its own draws: ``random.Random``, NumPy's ``Generator``,
+    ``RandomState``, ``BitGenerator`` and ``SeedSequence``, ``torch.Generator``."""
+    import random
+
+    import numpy
+    import torch
+
+    np_random = numpy.random
+    return (
+        random.Random,
+        torch.Generator,
+        np_random.Generator,
+        np_random.RandomState,
+        np_random.BitGenerator,
+        np_random.SeedSequence,
+    )
+
+
+#: Values read as their ``repr`` (which holds no memory address).
+_PLAIN = (type(None), bool, int, float, complex, str, bytes)
+
+
+class _DatasetDigest:
+    """The walk of :func:`dataset_value`: every value a dataset holds fed to one SHA-1, by reading attributes
+    (``vars``) only; ``left_out`` the paths of the random generators it skipped, ``unreadable`` the paths and
+    reasons of the tensors that hold no data."""
+
+    def __init__(self):
+        self.hash = hashlib.sha1()
+        self.left_out: list = []
+        self.unreadable: list = []
+        self._generators = _generator_types()
+        self._seen: set = set()
+
+    def feed(self, value, path: str, depth: int) -> None:
+        import numpy
+        import torch
+
+        update = self.hash.update
+        if isinstance(value, _PLAIN):
+            update(f"{type(value).__name__}:{value!r};".encode())
+            return
+        if isinstance(value, self._generators):
+            self.left_out.append(path)  # a per-rank generator is right: each rank draws its own augmentation
+            update(b"generator;")
+            return
+        if isinstance(value, torch.Tensor):
+            reason = unreadable_reason(value)
+            if reason is not None:
+                self.unreadable.append(f"{path}: {reason}")
+                update(f"unreadable tensor {list(value.shape) if value.is_meta else ''};".encode())
+                return
+            update(f"tensor {value.dtype} {list(value.shape)};".encode())
+            update(_held_tensor_digest(value))
+            return
+        if isinstance(value, numpy.ndarray):
+            update(f"ndarray {value.dtype} {list(value.shape)};".encode())
+            if value.dtype.hasobject:
+                self.feed(value.ravel().tolist(), path, depth)
+            else:
+                update(memoryview(numpy.ascontiguousarray(value)).cast("B"))
+            return
+        if isinstance(value, numpy.generic):
+            update(f"{type(value).__name__}:{value!r};".encode())
+            return
+        if isinstance(value, os.PathLike):
+            update(f"path:{os.fspath(value)!r};".encode())
+            return
+        if id(value) in self._seen or depth <= 0:
+            update(f"{type(value).__qualname__} (not followed);".encode())
+            return
+        self._seen.add(id(value))
+        try:
+            self._feed_container(value, path, depth)
+        finally:
+            self._seen.discard(id(value))
+
+    def _feed_container(self, value, path: str, depth: int) -> None:
+        update = self.hash.update
+        if isinstance(value, (list, tuple, set, frozenset, dict)):
+            items = list(value.items()) if isinstance(value, dict) else value
+            update(f"{type(value).__name__} of {len(value)};".encode())
+            if all(type(v) in _PLAIN for v in (value if isinstance(value, (list, tuple)) else ())):
+                update(repr(value).encode())  # an index list, a list of file names: read whole
+                return
+            if isinstance(value, (set, frozenset)):  # a set's order follows the process's string hashing
+                items = sorted(value, key=repr) if all(type(v) in _PLAIN for v in value) else list(value)
+            elif isinstance(value, dict):
+                items = sorted(items, key=lambda kv: repr(kv[0])) if all(type(k) in _PLAIN for k in value) else items
+            for i, item in enumerate(itertools.islice(items, DATASET_ELEMENTS)):
+                if isinstance(value, dict):
+                    update(f"key {item[0]!r};".encode() if type(item[0]) in _PLAIN else b"key;")
+                    self.feed(item[1], f"{path}[{item[0]!r}]", depth - 1)
+                else:
+                    self.feed(item, f"{path}[{i}]", depth - 1)
+            return
+        if isinstance(value, (type, types.FunctionType, types.BuiltinFunctionType, types.MethodType, types.ModuleType)):
+            name = getattr(value, "__qualname__", None) or getattr(value, "__name__", "")
+            update(f"{type(value).__name__} {getattr(value, '__module__', '')}.{name};".encode())
+            return
+        update(f"object {type(value).__module__}.{type(value).__qualname__};".encode())
+        attributes = getattr(value, "__dict__", None)
+        if not isinstance(attributes, dict):
+            return  # slots or a C object: its type only
+        for name in sorted(attributes):
+            update(f"attr {name};".encode())
+            self.feed(attributes[name], f"{path}.{name}", depth - 1)
+
+
+#: ``{id(tensor): (weak reference, version, data pointer, digest)}``: a tensor a dataset holds is hashed again only
+#: when torch's version counter says it changed in place (or it is another tensor); a dataset of a few hundred MB
+#: then costs its hash once, not at every boundary.
+_HELD: dict = {}
+
+
+def _held_tensor_digest(tensor) -> bytes:
+    key = (tensor._version, tensor.data_ptr(), tuple(tensor.shape), tuple(tensor.stride()), str(tensor.dtype))
+    cached = _HELD.get(id(tensor))
+    if cached is not None and cached[0]() is tensor and cached[1] == key:
+        return cached[2]
+    digest = hashlib.sha1(_tensor_bytes(tensor)).digest()
+    try:
+        _HELD[id(tensor)] = (weakref.ref(tensor, lambda _, k=id(tensor): _HELD.pop(k, None)), key, digest)
+    except TypeError:  # a tensor subclass without weak references: hashed every time
+        pass
+    return digest
+
+
+def _tensor_bytes(tensor) -> memoryview:
+    import torch
+
+    t = tensor.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    if t.layout != torch.strided:
+        t = t.to_dense()
+    t = t.contiguous()
+    raw = t.view(torch.int16) if t.dtype == torch.bfloat16 else t
+    return memoryview(raw.numpy()).cast("B")
 
 
 def dataset_value(dataset) -> dict:
-    """``{"type", "len", "digest"}`` of a map-style dataset (the digest over its first :data:`DATASET_ITEMS`
-    items); ``{"type", "len": None}`` for one without ``__len__`` (an ``IterableDataset``).
+    """``{"type", "len", "digest"}`` of the dataset a rank's loader reads, from the dataset's own state: its
+    class, its length (``len(dataset)``, None for one without ``__len__``, an ``IterableDataset``) and a SHA-1
+    (12 hex digits) over every value it holds, read attribute by attribute (``vars``): tensors and arrays by
+    their bytes, index and file lists, strings and numbers by their ``repr``, and the objects it holds the same
+    way, ``DATASET_DEPTH`` levels deep (``Subset``'s dataset and indices, ``ConcatDataset``'s datasets, a
+    transform's fields). Also ``"left_out"``: the paths (``"dataset.generator"``) of the random generators it holds
+    (``random.Random``, NumPy's, ``torch.Generator``), which are not read: a generator seeded per rank is right.
+    And ``"unreadable"``: the tensors that hold no data (meta tensors, lazy parameters), each ``"path: reason"``.
 
-    The items are read once per dataset object (later calls return the first value), under a fixed random state
-    that is put back afterwards: a random augmentation in ``__getitem__`` then reads alike on every rank, and the
-    run's own random draws are not disturbed."""
-    cached = _DATASETS.get(id(dataset))
-    if cached is not None and cached[0] is dataset:
-        return cached[1]
+    Reads only: no item is read (``__getitem__`` is never called), no random number is drawn, no property or
+    method of the dataset runs but ``__len__``; nothing is kept between calls, so a dataset changed later reads
+    as changed. Raises what ``__len__`` raises but ``TypeError`` (the caller records it as unreadable)."""
     try:
         size = len(dataset)
     except TypeError:
-        return {"type": type(dataset).__name__, "len": None}
-    digest = hashlib.sha1()
-    with _fixed_random_state():
-        for index in range(min(size, DATASET_ITEMS)):
-            digest.update(_item_bytes(_as_tuple(dataset[index])))
-    value = {"type": type(dataset).__name__, "len": size, "digest": digest.hexdigest()[:12]}
-    _DATASETS[id(dataset)] = (dataset, value)
+        size = None
+    walk = _DatasetDigest()
+    walk.feed(dataset, "dataset", DATASET_DEPTH)
+    value = {"type": type(dataset).__name__, "len": size, "digest": walk.hash.hexdigest()[:12]}
+    if walk.left_out:
+        value["left_out"] = walk.left_out
+    if walk.unreadable:
+        value["unreadable_parts"] = walk.unreadable
     return value
-
-
-class _fixed_random_state:
-    """Within: torch's, NumPy's and ``random``'s generators seeded 0; after: each put back as it was."""
-
-    def __enter__(self):
-        import random
-
-        import numpy
-        import torch
-
-        self._states = (torch.get_rng_state(), numpy.random.get_state(), random.getstate())
-        torch.manual_seed(0)
-        numpy.random.seed(0)
-        random.seed(0)
-
-    def __exit__(self, *exc):
-        import random
-
-        import numpy
-        import torch
-
-        torch.set_rng_state(self._states[0])
-        numpy.random.set_state(self._states[1])
-        random.setstate(self._states[2])
-
-
-def _as_tuple(item):
-    if isinstance(item, dict):
-        return tuple(item[k] for k in sorted(item))
-    if isinstance(item, list):
-        return tuple(item)
-    return item
 
 
 def snapshot(trainer, module, fields: Optional[tuple] = None) -> dict:

@@ -356,15 +356,18 @@ class CollectiveGuard(_state.StateHooks, pl.Callback):
         self._boundary("on_validation_batch_start", trainer, batch_idx, dataloader_idx)
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
-        self._batches_ran = True
+        self._ran("val")
         self._boundary("on_validation_batch_end", trainer, batch_idx, dataloader_idx)
 
     def on_test_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
         self._boundary("on_test_batch_start", trainer, batch_idx, dataloader_idx)
 
     def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
-        self._batches_ran = True
+        self._ran("test")
         self._boundary("on_test_batch_end", trainer, batch_idx, dataloader_idx)
+
+    def on_predict_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+        self._ran("predict")  # no boundary (below); its dataset may have changed its own state
 
     # No predict batch boundaries: ``trainer.predict`` shards with ``UnrepeatedDistributedSamplerWrapper``
     # (pytorch_lightning/trainer/connectors/data_connector.py ``_get_distributed_sampler``), so ranks may

@@ -73,9 +73,12 @@ def prefixes(fields: tuple, trainer) -> tuple:
     return tuple(f for f in fields if not f.startswith("loader"))
 
 
-def take(trainer, module, boundary: str, hook: str, fields: tuple, batches_ran: bool = False) -> dict:
-    """This rank's record at ``boundary`` (``{"boundary", "hook", "step", "epoch", "batches_ran", "fields"}``, the
-    contract's record shape) holding only the fields of ``fields`` that must be equal there. Reads only."""
+def take(
+    trainer, module, boundary: str, hook: str, fields: tuple, batches_ran: bool = False, loops_ran: tuple = ()
+) -> dict:
+    """This rank's record at ``boundary`` (``{"boundary", "hook", "step", "epoch", "batches_ran", "loops_ran",
+    "fields"}``, the contract's record shape) holding only the fields of ``fields`` that must be equal there. Reads
+    only: no item of a dataset, no random draw, no collective (ddpprobe/contract/_state.py)."""
     state = snapshot(trainer, module, prefixes(fields, trainer)) if fields else {}
     return {
         "boundary": boundary,
@@ -83,6 +86,7 @@ def take(trainer, module, boundary: str, hook: str, fields: tuple, batches_ran: 
         "step": int(trainer.global_step),
         "epoch": int(trainer.current_epoch),
         "batches_ran": batches_ran,
+        "loops_ran": list(loops_ran),
         "fields": must_be_equal(state, boundary),
     }
 
@@ -162,20 +166,27 @@ class StateHooks:
     _stepped = False
     _started_training = False
     _batches_ran = False
+    _loops_ran: tuple = ()
 
     def _state_check(self, trainer, pl_module, boundary: str, hook: str) -> None:
         if self._exchange is None or not self._state_fields:
             return
         ex = self._exchange
-        record = take(trainer, pl_module, boundary, hook, self._state_fields, self._batches_ran)
+        record = take(trainer, pl_module, boundary, hook, self._state_fields, self._batches_ran, self._loops_ran)
         self._check(entry(ex.n, ex.rank, record))
 
     def _state_after_batch(self, trainer, pl_module) -> None:
         """``train_batch_end`` once, at the first batch end after an optimizer step (``global_step`` > 0)."""
-        self._batches_ran = True
+        self._ran("train")
         if not self._stepped and trainer.global_step > 0:
             self._stepped = True
             self._state_check(trainer, pl_module, "train_batch_end", "on_train_batch_end")
+
+    def _ran(self, loop: str) -> None:
+        """Batches of ``loop`` (``"train"``, ``"val"``, ``"test"``) ran: its dataset may have changed its own state."""
+        self._batches_ran = True
+        if loop not in self._loops_ran:
+            self._loops_ran = self._loops_ran + (loop,)
 
     def _state_before_batch(self, trainer, pl_module) -> None:
         """``train_start`` once, at the first training batch's start: after the module's own ``on_train_start``."""
