@@ -20,10 +20,18 @@ Lightning package is chosen.
 
 from __future__ import annotations
 
-from ddpprobe.contract._compare import MISSING, Break, aligned, breaks, differs
+from ddpprobe.contract._compare import MISSING, Break, aligned, breaks, differs, named_by_rank
 from ddpprobe.contract._recorder import gradient_fields, state_recorder
 from ddpprobe.contract._single import FirstStep, compare_first_step, not_comparable_reason
-from ddpprobe.contract._state import BOUNDARIES, dataset_value, object_value, show, snapshot, tensor_value
+from ddpprobe.contract._state import (
+    BOUNDARIES,
+    dataset_value,
+    object_value,
+    show,
+    snapshot,
+    tensor_value,
+    unreadable_reason,
+)
 from ddpprobe.contract._table import (
     CONTRACT,
     EQUAL,
@@ -53,6 +61,7 @@ __all__ = [
     "dataset_value",
     "differs",
     "gradient_fields",
+    "named_by_rank",
     "not_comparable_reason",
     "object_value",
     "row_for",
@@ -60,4 +69,5 @@ __all__ = [
     "snapshot",
     "state_recorder",
     "tensor_value",
+    "unreadable_reason",
 ]

@@ -9,6 +9,7 @@ of rank 1), so ranks that ran different numbers of batches are compared where bo
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Optional
 
 from ddpprobe.contract._table import ContractRow, row_for
@@ -113,6 +114,25 @@ _SET_BY_CODE = ("module.attr.", "datamodule.attr.")
 _DATASET_KEPT = ("type", "len")
 
 
+def named_by_rank(values: list) -> bool:
+    """Whether the values (one per rank, rank 0 first) are strings that differ only by each rank's own number in
+    them, as a whole number (``"preds_rank0.csv"``, ``"preds_rank1.csv"``): a name made per rank (a file each rank
+    writes), not state that must be equal."""
+    if len(values) < 2 or not all(isinstance(v, str) for v in values):
+        return False
+    parts = [re.split(r"(\d+)", v) for v in values]  # text, number, text, number ... text
+    if len({len(p) for p in parts}) > 1:
+        return False
+    by_rank = False
+    for i, column in enumerate(zip(*parts)):
+        if len(set(column)) == 1:
+            continue
+        if i % 2 == 0 or any(int(number) != rank for rank, number in enumerate(column)):
+            return False  # other text, or a number that is not each rank's own
+        by_rank = True
+    return by_rank
+
+
 def _loop_of(path: str) -> Optional[str]:
     """``"train"`` of ``"loader.train[0].dataset"``; None for any other field."""
     if not (path.startswith("loader.") and path.endswith(".dataset")):
@@ -142,10 +162,12 @@ def breaks(records: list) -> list:
     """The :class:`Break` of every must-be-equal field that differs between the ranks, at the first boundary where
     it differs, in the order the run met them; a break after the first one names the first as its ``root``.
 
-    Once batches ran, a list or dict attribute may hold rank-local outputs and is not compared; once a loop ran
-    batches, its dataset (``loader.<loop>[i].dataset``) is compared by type and length only, since its
-    ``__getitem__`` may have changed its state with the items of the rank's own shard (a record's ``loops_ran``:
-    the loops whose batches ran before it; one without it counts every loop as run once ``batches_ran``).
+    An attribute whose values are strings that differ only by each rank's own number in them
+    (:func:`named_by_rank`: a file name per rank) is no break. Once batches ran, a list or dict attribute may hold
+    rank-local outputs and is not compared; once a loop ran batches, its dataset (``loader.<loop>[i].dataset``) is
+    compared by type and length only, since its ``__getitem__`` may have changed its state with the items of the
+    rank's own shard (a record's ``loops_ran``: the loops whose batches ran before it; one without it counts every
+    loop as run once ``batches_ran``).
 
     Args:
         records: per rank, the list of its records in the order taken (one list per rank, rank 0 first).
@@ -166,6 +188,8 @@ def breaks(records: list) -> list:
                 continue  # after batches ran, a list or dict attribute may hold rank-local outputs
             if _read_by_its_loop(path, per_rank):
                 values = [_dataset_kept(v) for v in values]  # only its type and length still must be equal
+            if path.startswith(_SET_BY_CODE) and named_by_rank(values):
+                continue  # a file name (or another name) made per rank: each rank's own by design
             if differs(values, missing_is_a_value=path.startswith(_SET_BY_CODE)):
                 first = per_rank[0]
                 found[path] = Break(

@@ -330,6 +330,12 @@ def _generator_types() -> tuple:
     )
 
 
+def _is_seed(path: str, value) -> bool:
+    """An integer attribute named as a seed (``seed``, ``aug_seed``, ``base_seed`` ...): the seed of the dataset's
+    own generator, which may be the rank's as the generator is."""
+    return isinstance(value, int) and not isinstance(value, bool) and "seed" in path.rsplit(".", 1)[-1].lower()
+
+
 #: Values read as their ``repr`` (which holds no memory address).
 _PLAIN = (type(None), bool, int, float, complex, str, bytes)
 
@@ -351,12 +357,12 @@ class _DatasetDigest:
         import torch
 
         update = self.hash.update
-        if isinstance(value, _PLAIN):
-            update(f"{type(value).__name__}:{value!r};".encode())
-            return
-        if isinstance(value, self._generators):
+        if isinstance(value, self._generators) or _is_seed(path, value):
             self.left_out.append(path)  # a per-rank generator is right: each rank draws its own augmentation
             update(b"generator;")
+            return
+        if isinstance(value, _PLAIN):
+            update(f"{type(value).__name__}:{value!r};".encode())
             return
         if isinstance(value, torch.Tensor):
             reason = unreadable_reason(value)
@@ -460,7 +466,8 @@ def dataset_value(dataset) -> dict:
     their bytes, index and file lists, strings and numbers by their ``repr``, and the objects it holds the same
     way, ``DATASET_DEPTH`` levels deep (``Subset``'s dataset and indices, ``ConcatDataset``'s datasets, a
     transform's fields). Also ``"left_out"``: the paths (``"dataset.generator"``) of the random generators it holds
-    (``random.Random``, NumPy's, ``torch.Generator``), which are not read: a generator seeded per rank is right.
+    (``random.Random``, NumPy's, ``torch.Generator``) and of the integers named as their seeds (``"seed"`` in the
+    attribute's name), which are not read: a generator seeded per rank is right.
     And ``"unreadable"``: the tensors that hold no data (meta tensors, lazy parameters), each ``"path: reason"``.
 
     Reads only: no item is read (``__getitem__`` is never called), no random number is drawn, no property or

@@ -242,3 +242,26 @@ def test_a_lazy_layer_and_a_meta_tensor_are_recorded_unreadable_and_the_fit_goes
     last = records[-1]["fields"]
     assert last["param.layer.weight"]["shape"] == [1, 3], last["param.layer.weight"]
     assert contract.show(setup["param.layer.weight"]) == "unreadable"
+
+
+@pytest.mark.parametrize(
+    "values, per_rank_name",
+    [
+        (["/tmp/run7a1/predictions_rank0.csv", "/tmp/run7a1/predictions_rank1.csv"], True),
+        (["epoch10_rank0.pt", "epoch10_rank1.pt"], True),
+        (["out/shard-00", "out/shard-01", "out/shard-02"], True),
+        (["run_0", "run_2"], False),  # rank 1 holds another rank's number
+        (["rank0_lr0.1", "rank1_lr0.2"], False),  # a number besides the rank differs
+        (["cosine", "linear"], False),
+        ([0.1, 0.2], False),
+    ],
+)
+def test_an_attribute_that_differs_only_by_each_ranks_own_number_is_a_name_made_per_rank(values, per_rank_name):
+    """A module attribute set before training must be equal on every rank, except a name each rank makes with its
+    own number (a file it writes): then ``breaks`` finds nothing; any other difference is a break."""
+    records = [
+        [{"boundary": "start", "hook": "on_fit_start", "step": 0, "epoch": 0, "fields": {"module.attr.path": v}}]
+        for v in values
+    ]
+    assert contract.named_by_rank(values) is per_rank_name
+    assert (contract.breaks(records) == []) is per_rank_name
