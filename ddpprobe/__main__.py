@@ -5,8 +5,9 @@ Exit codes: 0 no problem found; 1 a problem found (a logged key rank-divergent, 
 single-process value or logged on some ranks only; the ranks' collectives diverging; data not sharded;
 the stage raising or the world failing; a logged key no run stored); 2 bad input, reported before any
 world starts (a factory that cannot be imported, raises or returns the wrong type; a module mixing both
-Lightning packages; a module without the stage's step method; ``--world-size`` outside 2..64, since 1
-would compare nothing; ``--max-epochs`` below 1; ``--seed`` outside 0..2**32-1; a bad ``--timeout``).
+Lightning packages; a Lightning release below the support range, ddpprobe/_support.py; a module without
+the stage's step method; ``--world-size`` outside 2..64, since 1 would compare nothing; ``--max-epochs`` below
+1; ``--seed`` outside 0..2**32-1; a bad ``--timeout``).
 """
 
 from __future__ import annotations
@@ -76,6 +77,13 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Optional[list] = None) -> int:
     """Run the command line; return the exit code (``python -m ddpprobe`` exits with it)."""
     args = _parser().parse_args(argv)
+    from ddpprobe._support import UnsupportedLightning, require
+
+    try:
+        require("ddpprobe audit")  # before anything imports Lightning: a refusal takes milliseconds
+    except UnsupportedLightning as exc:
+        print(f"ddpprobe audit: error: {exc}", file=sys.stderr)
+        return 2
     from ddpprobe.audit import AuditInputError, audit
 
     try:

@@ -55,6 +55,7 @@ import os
 import sys
 from typing import Callable, Optional, Union
 
+from ddpprobe._support import require
 from ddpprobe.audit.causes._fixes import FIXES
 from ddpprobe.audit.causes._kinds import (
     FLOORED_COUNT_ISSUE,
@@ -161,6 +162,7 @@ def audit(
             or ``world_size`` below 2; raised before any world starts.
         ddpprobe.WorldError: the single-process world failed (the module cannot run at all).
     """
+    require("ddpprobe audit")  # a Lightning release below the support range: refused (ddpprobe/_support.py)
     from ddpprobe.audit.worlds._run import assemble, run_worlds
 
     settings = check_options(stage, world_size, limit_batches, max_epochs, seed, backend, timeout)

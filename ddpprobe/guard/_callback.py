@@ -18,6 +18,7 @@ import torch.distributed
 
 from ddpprobe import trace
 from ddpprobe._lightning import pl
+from ddpprobe._support import require
 from ddpprobe.guard import _entries, _state
 from ddpprobe.guard._errors import CollectiveMismatch, install_excepthook
 from ddpprobe.guard._exchange import Exchange
@@ -187,6 +188,7 @@ class CollectiveGuard(_state.StateHooks, pl.Callback):
     """
 
     def __init__(self, timeout: Optional[float] = None, collectives: bool = True, state=True):
+        require("CollectiveGuard", pl.__name__)  # a release below the support range: refused (ddpprobe/_support.py)
         if timeout is not None and not (_seconds(timeout) is not None and _seconds(timeout) > 0):
             raise ValueError(f"CollectiveGuard(timeout={timeout!r}): use a positive number of seconds")
         if not isinstance(collectives, bool):
