@@ -39,6 +39,7 @@ import pathlib
 import shlex
 import subprocess
 import sys
+import time
 
 import nox
 
@@ -94,6 +95,11 @@ except ModuleNotFoundError as exc:
 else:
     print("no")
 """
+
+#: When this nox process started, and the ``facts`` sessions it ran: ``nox -s facts matrix`` runs every session in
+#: one process, so the ``matrix`` session states the whole run's wall time in docs/matrix.md (none when it ran alone).
+_STARTED = time.monotonic()
+_RAN_FACTS: list = []
 
 nox.options.sessions = ["facts", "matrix"]
 nox.options.error_on_missing_interpreters = True
@@ -219,6 +225,7 @@ def facts(session: nox.Session, distribution: str, version: str) -> None:
     )
     if ran is not None and not card.with_suffix(".json").exists():  # None: ``nox --install-only``
         session.error(f"pytest ended without writing {card.with_suffix('.json')}")
+    _RAN_FACTS.append(f"{distribution}=={version}")
 
 
 @nox.session(default=True)
@@ -231,6 +238,15 @@ def matrix(session: nox.Session) -> None:
     _uv_settings(session)
     session.install("packaging", "jsonschema>=4.18")
     session.install("--no-deps", "-e", ".")
+    wall = ["--wall-s", f"{time.monotonic() - _STARTED:.0f}"] if _RAN_FACTS else []
     session.run(
-        "python", "-m", "ddpprobe.card.matrix", *cards, "--out", "docs/matrix.md", "--command", "nox -s facts matrix"
+        "python",
+        "-m",
+        "ddpprobe.card.matrix",
+        *cards,
+        "--out",
+        "docs/matrix.md",
+        "--command",
+        "nox -s facts matrix",
+        *wall,
     )

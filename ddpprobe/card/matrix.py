@@ -24,6 +24,8 @@ from typing import Optional
 
 from packaging.version import Version
 
+from ddpprobe import _support
+from ddpprobe.card.changes import change_of
 from ddpprobe.card.schema import OUTCOMES, SCHEMA, TEST_OUTCOMES, card_problems
 
 #: The cell of a fact a run did not have (the test did not exist in that release's run).
@@ -257,11 +259,99 @@ def _tooling(matrix: dict) -> list:
     return lines
 
 
-def render_matrix(matrix: dict, command: str = "nox -s facts matrix") -> str:
-    """The matrix as Markdown: the runs, a legend, the facts that differ between the two packages at the
-    same release, the facts that differ across releases (each with the reason for every cell that is
-    not *holds*), then every fact by topic."""
+def _duration(seconds: float) -> str:
+    minutes = round(seconds / 60)
+    return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
+
+
+def _tooling_failed(column: dict) -> str:
+    t = column["tooling"]
+    if t is None:
+        return ABSENT
+    failed = t["summary"]["failed"] + t["summary"]["error"]
+    return f"**{failed}**" if failed else "0"
+
+
+def support_cell(version: str) -> str:
+    """Whether ``ddpprobe audit`` and ``CollectiveGuard`` run on a release (ddpprobe/_support.py): *supported*,
+    *refused* (below the range: what the release lacks is in the refusal) or *untested* (newer than the range)."""
+    if _support.missing_features(version):
+        return "refused"
+    minor = _support._minor(version)
+    return "untested" if minor is not None and minor > _support.NEWEST_TESTED else "supported"
+
+
+def transitions(row: dict, columns: list) -> list:
+    """``[(column, outcome before, outcome from there)]``: where a row's outcome changes from one column to the
+    next of ``columns`` (in order; a column the row is absent from is skipped)."""
+    found, previous = [], None
+    for column in columns:
+        cell = row["cells"][column]
+        if cell is None:
+            continue
+        if previous is not None and cell["outcome"] != previous:
+            found.append((column, previous, cell["outcome"]))
+        previous = cell["outcome"]
+    return found
+
+
+def _changes(matrix: dict) -> list:
+    """One line per test function whose verdict changes between pytorch-lightning releases: where it changes,
+    from what to what, and why (:mod:`ddpprobe.card.changes`)."""
+    columns = [c["column"] for c in matrix["columns"] if c["distribution"] == "pytorch-lightning"]
+    by_function: dict = {}
+    for row in differing_rows(matrix, columns):
+        steps = transitions(row, columns)
+        if not steps:
+            continue
+        key = row["nodeid"].split("[", 1)[0]
+        entry = by_function.setdefault(key, {"cases": 0, "steps": {}})
+        entry["cases"] += 1
+        for column, before, after in steps:
+            entry["steps"].setdefault((column, before, after), 0)
+            entry["steps"][(column, before, after)] += 1
+    lines = ["", "## What changes between releases, and why", ""]
+    if not by_function:
+        return lines + ["No fact changes its verdict between the pytorch-lightning releases of this run."]
+    explained = sum(change_of(k) is not None for k in by_function)
+    lines += [
+        f"{len(by_function)} fact(s) ({sum(e['cases'] for e in by_function.values())} test cases) change their "
+        f"verdict between the pytorch-lightning releases of this run; {explained} with the Lightning change "
+        "behind it (ddpprobe/card/changes.py). *At 2.0.9.post0* means: between the column before it and that one.",
+        "",
+    ]
+    for key, entry in by_function.items():
+        steps = "; ".join(
+            f"{OUTCOMES[before].cell} → {OUTCOMES[after].cell} at {column}"
+            + (f" ({n} of {entry['cases']} cases)" if n != entry["cases"] else "")
+            for (column, before, after), n in entry["steps"].items()
+        )
+        change = change_of(key)
+        why = (
+            f"{change.why} Source: {change.source}."
+            if change
+            else "Why: not yet explained in ddpprobe/card/changes.py."
+        )
+        lines.append(f"- `{key}` ({entry['cases']} case{'s' if entry['cases'] > 1 else ''}): {steps}. {why}")
+    return lines
+
+
+def render_matrix(
+    matrix: dict, command: str = "nox -s facts matrix", wall_s: Optional[float] = None, note: Optional[str] = None
+) -> str:
+    """The matrix as Markdown: the runs, a legend, the facts that change between releases with the release
+    and why (:mod:`ddpprobe.card.changes`), the facts that differ between the two packages at the same
+    release, the facts that differ across releases (each with the reason for every cell that is not
+    *holds*), then every fact by topic.
+
+    Args:
+        matrix: :func:`build_matrix`'s result.
+        command: the command named in the header.
+        wall_s: seconds of wall time the whole run took (every ``facts`` session), stated in the header.
+        note: a sentence added to the header (e.g. which releases a partial run left out).
+    """
     columns = [c["column"] for c in matrix["columns"]]
+    took = f" The whole run took {_duration(wall_s)} of wall time." if wall_s is not None else ""
     lines = [
         "# Version matrix: which facts hold on which Lightning release",
         "",
@@ -270,21 +360,22 @@ def render_matrix(matrix: dict, command: str = "nox -s facts matrix") -> str:
         "per release, each in its own virtual environment with the same torch, and each run's semantics card "
         "(`--semantics-report`) was merged here. A column named by a version alone is `pytorch-lightning`; "
         "`lightning X` is the unified package (`import lightning.pytorch`). Do not edit by hand; rerun the "
-        "command.",
+        f"command.{took}" + (f" {note}" if note else ""),
         "",
-        "| release | torchmetrics | torch | Python | facts | holds | does not hold | bug present "
-        "| bug absent | n/a (skipped) | error |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        _RUNS_HEADER + " holds | does not hold | bug present "
+        "| bug absent | n/a (skipped) | error | tooling failed | audit and guard |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for c in matrix["columns"]:
         s = c["summary"]
         lines.append(
             f"| {c['column']} | {c['torchmetrics']} | {c['torch']} | {c['python']} | {sum(s.values())} "
             f"| {s['holds']} | {s['does_not_hold']} | {s['bug_present']} | {s['bug_fixed']} | {s['skipped']} "
-            f"| {s['error'] + s['not_run']} |"
+            f"| {s['error'] + s['not_run']} | {_tooling_failed(c)} | {support_cell(c['version'])} |"
         )
     lines += ["", "Cells:", ""] + [f"- {cell}: {meaning}" for cell, meaning in legend()]
     lines += _tooling(matrix)
+    lines += _changes(matrix)
 
     pairs = package_pairs(matrix)
     if pairs:
@@ -326,12 +417,38 @@ def render_matrix(matrix: dict, command: str = "nox -s facts matrix") -> str:
     return re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).rstrip() + "\n"
 
 
+#: The first cells of the runs table's header row (:func:`render_matrix`), which :func:`facts_per_column` reads.
+_RUNS_HEADER = "| release | torchmetrics | torch | Python | facts |"
+
+
+def facts_per_column(markdown: str) -> dict:
+    """``{column: facts}`` from a rendered matrix's runs table (the ``facts`` cell of each release's row):
+    how many facts each run reported, skipped ones included. Empty when the text has no runs table.
+
+    ``tests/tooling/docs/test_matrix_current.py`` compares it with the suite's facts, so a fact added to the
+    suite fails there until ``nox -s facts matrix`` reports it.
+    """
+    found: dict = {}
+    lines = markdown.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith(_RUNS_HEADER):
+            for row in lines[i + 2 :]:
+                if not row.startswith("|"):
+                    break
+                cells = [c.strip() for c in row.strip("|").split("|")]
+                found[cells[0]] = int(cells[4])
+            break
+    return found
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ddpprobe.card.matrix", description=__doc__.split("\n\n")[0])
     parser.add_argument("cards", nargs="+", help="semantics card JSON files, one per Lightning release and package")
     parser.add_argument("--out", default="docs/matrix.md", help="Markdown file to write (default docs/matrix.md)")
     parser.add_argument("--json", default=None, help="also write the merged matrix as JSON here")
     parser.add_argument("--command", default="nox -s facts matrix", help="the command named in the header")
+    parser.add_argument("--wall-s", type=float, default=None, help="seconds of wall time the whole run took")
+    parser.add_argument("--note", default=None, help="a sentence for the header (e.g. what a partial run left out)")
     args = parser.parse_args(argv)
 
     try:
@@ -341,7 +458,7 @@ def main(argv=None) -> int:
         return 2
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render_matrix(matrix, command=args.command), encoding="utf-8")
+    out.write_text(render_matrix(matrix, command=args.command, wall_s=args.wall_s, note=args.note), encoding="utf-8")
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(matrix, indent=1) + "\n", encoding="utf-8")
     print(

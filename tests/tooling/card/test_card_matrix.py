@@ -228,3 +228,70 @@ def test_the_tooling_column_counts_each_releases_tooling_tests_and_names_every_o
     miscounted = copy.deepcopy(cards[0])
     miscounted["tooling"]["summary"]["passed"] = 2
     assert any(p.startswith("card.tooling.summary: ") for p in card_problems(miscounted)), card_problems(miscounted)
+
+
+def test_the_runs_table_states_each_releases_tooling_failures_and_whether_the_audit_and_guard_run_there():
+    """Cards of 2.1.4 (two tooling tests failed), 2.6.6 (none) and a 2.7.0 no matrix ran before: the runs
+    table shows 2 (bold) and 0 tooling failures, and *refused* below the support range (ddpprobe/_support.py:
+    2.1 lacks the process group before prepare_data), *supported* inside it, *untested* above it;
+    ``facts_per_column`` reads back each run's count of facts (skipped ones included); the header states
+    the whole run's wall time when given."""
+    facts = [_fact("test_a", "holds"), _fact("test_b", "skipped", detail="applies to pytorch-lightning >=2.6")]
+    failing = [("tests/tooling/t.py::test_1", "failed", "x"), ("tests/tooling/t.py::test_2", "error", "y")]
+    passing = [("tests/tooling/t.py::test_1", "passed", None), ("tests/tooling/t.py::test_2", "passed", None)]
+    cards = [
+        _card("pytorch-lightning", "2.1.4", facts, failing),
+        _card("pytorch-lightning", "2.6.6", facts, passing),
+        _card("pytorch-lightning", "2.7.0", facts[:1], passing),
+    ]
+    text = matrix.render_matrix(matrix.build_matrix(cards), wall_s=5400)
+    runs = text.split("\nCells:")[0]
+    rows = {line.split("|")[1].strip(): line for line in runs.splitlines() if line.startswith("| 2.")}
+    assert rows["2.1.4"].endswith("| **2** | refused |"), rows["2.1.4"]
+    assert rows["2.6.6"].endswith("| 0 | supported |"), rows["2.6.6"]
+    assert rows["2.7.0"].endswith("| 0 | untested |"), rows["2.7.0"]
+    assert matrix.facts_per_column(text) == {"2.1.4": 2, "2.6.6": 2, "2.7.0": 1}
+    assert "The whole run took 1 h 30 min of wall time." in text
+    assert matrix.facts_per_column("# no table here\n") == {}
+
+
+def test_each_fact_that_changes_between_releases_is_listed_with_the_release_where_it_changes_and_why(monkeypatch):
+    """Three pytorch-lightning releases: ``test_a`` fails on 1.9.5 and holds from 2.0.9.post0 on (both its
+    cases), ``test_b`` holds on 1.9.5 and 2.0.9.post0 and is skipped on 2.6.6, ``test_c`` holds everywhere.
+    The section names ``test_a`` with "does not hold → holds at 2.0.9.post0" and its reason from
+    ddpprobe/card/changes.py, ``test_b`` with "holds → n/a at 2.6.6" as not yet explained, and not ``test_c``;
+    a difference only the lightning column has is not a change between releases."""
+    from ddpprobe.card import changes
+
+    monkeypatch.setitem(
+        changes.CHANGES, "tests/facts/test_x.py::test_a", changes.Change("Lightning 2.0 changed A.", "CHANGELOG 2.0.0")
+    )
+    old = [_fact("test_a", "does_not_hold", case=c, detail="no") for c in ("1", "2")] + [
+        _fact("test_b", "holds"),
+        _fact("test_c", "holds"),
+    ]
+    new = [_fact("test_a", "holds", case=c) for c in ("1", "2")] + [_fact("test_b", "holds"), _fact("test_c", "holds")]
+    newest = [_fact("test_a", "holds", case=c) for c in ("1", "2")] + [
+        _fact("test_b", "skipped", detail="applies to pytorch-lightning <2.6"),
+        _fact("test_c", "holds"),
+    ]
+    only_lightning = newest[:3] + [_fact("test_c", "does_not_hold", detail="lightning only")]
+    built = matrix.build_matrix(
+        [
+            _card("pytorch-lightning", "1.9.5", old),
+            _card("pytorch-lightning", "2.0.9.post0", new),
+            _card("pytorch-lightning", "2.6.6", newest),
+            _card("lightning", "2.6.6", only_lightning),
+        ]
+    )
+    section = matrix.render_matrix(built).split("## What changes between releases, and why")[1].split("\n## ")[0]
+    assert (
+        "- `tests/facts/test_x.py::test_a` (2 cases): does not hold → holds at 2.0.9.post0. "
+        "Lightning 2.0 changed A. Source: CHANGELOG 2.0.0." in section
+    ), section
+    assert (
+        "- `tests/facts/test_x.py::test_b` (1 case): holds → n/a at 2.6.6. "
+        "Why: not yet explained in ddpprobe/card/changes.py." in section
+    ), section
+    assert "test_c" not in section, section
+    assert "2 fact(s) (3 test cases) change their verdict" in section and "; 1 with the Lightning change" in section
