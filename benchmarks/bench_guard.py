@@ -25,13 +25,19 @@ hook boundaries only (no comm hook) and with the full guard (every bucket checke
 
 And one world per world size runs ``tests/support/guard_state_cost.py:timed_state``: ``trainer.fit`` of a
 ``Linear(1000, 1000)`` (1,001,000 parameters, SGD with momentum) for ``--state-epochs`` epochs of 2 batches per
-rank, without the guard, with hook boundaries only (``collectives=False, state=False``) and with boundaries and
-the state checks (``collectives=False, state=True``), alternating; then
+rank, without the guard, with hook boundaries only (``collectives=False, state=False``), with boundaries and the state
+checks at the boundaries only (the per-step fields turned off) and with every state check (``collectives=False,
+state=True``), alternating; then
 
-- per state check: (state - boundaries only) / (the state checks: start, the first step, each epoch's end, end);
+- per state check: (state at the boundaries only - boundaries only) / (the state checks: start, the first step,
+  each epoch's end, end);
 - the digest per boundary: the state check's own work at an epoch's end (snapshot of the contract's fields,
   the must-be-equal filter, the digest), no store request, median of 20;
-- the collectives each mode's fit made (the default process group's sequence number): the state checks add none.
+- the collectives each mode's fit made (the default process group's sequence number): the state checks add none;
+- the small fields at every step (optimizer settings and param-group membership, scheduler state, the loop's
+  counters: ``_state.STEP_FIELDS``), which ride on each training batch's end check: their work per step measured
+  alone (``_state.step_record``, the entry and its digest, median of 500; target under 1 ms at W = 2), and end to
+  end, (state - state without them) / steps, which on a shared machine is within the noise of a step.
 
 Usage (from the repository root)::
 
@@ -101,12 +107,17 @@ def measure_state(world_size: int, epochs: int, repeats: int) -> dict:
     t = {mode: _median_of_slowest(records, mode) for mode in guard_state_cost.MODES}
     checks, collectives = records[0]["checks"], records[0]["collectives"]
     state_checks = checks["state"] - checks["boundaries"]
+    steps = epochs * 2
     return {
+        "steps": steps,
+        "per_step_ms": (t["state"] - t["steps_off"]) / steps * 1e3,
+        "step_ms": max(rec["step_ms"] for rec in records),
+        "step_fields": records[0]["step_fields"],
         "params": records[0]["params"],
         "seconds": t,
         "state_checks": state_checks,
         "collectives": collectives,
-        "per_state_check_ms": (t["state"] - t["boundaries"]) / state_checks * 1e3,
+        "per_state_check_ms": (t["steps_off"] - t["boundaries"]) / state_checks * 1e3,
         "digest_ms": max(rec["digest_ms"] for rec in records),
         "fields": records[0]["fields"],
         "record_bytes": records[0]["record_bytes"],
@@ -161,6 +172,12 @@ def _print_state(world_size: int, m: dict) -> None:
         f"per state check {m['per_state_check_ms']:.1f} ms, of which the digest {m['digest_ms']:.1f} ms "
         f"({m['fields']} fields, a {m['record_bytes']} byte record sent only when digests differ); collectives "
         f"per fit: {c['off']} unguarded, {c['boundaries']} boundaries only, {c['state']} with the state checks"
+    )
+    print(
+        f"W={world_size}: the small fields at every step ({m['step_fields']} fields: optimizer settings and "
+        f"membership, schedulers, loop state): {m['step_ms']:.3f} ms per step measured alone (median of 500, "
+        f"slowest rank); end to end {m['per_step_ms']:+.3f} ms per step over {m['steps']} steps "
+        f"({s['steps_off']:.2f} s without them, {s['state']:.2f} s with them; no collective and no store request added)"
     )
 
 

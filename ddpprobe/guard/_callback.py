@@ -197,6 +197,7 @@ class CollectiveGuard(_state.StateHooks, pl.Callback):
         self.collectives = collectives
         self.state = state
         self._state_fields = _state.fields_option(state)
+        self._step_fields = _state.step_fields(self._state_fields)
         self.checks = 0
         self._exchange: Optional[Exchange] = None
         self._listener = _GuardListener(self)
@@ -305,7 +306,9 @@ class CollectiveGuard(_state.StateHooks, pl.Callback):
         if entry["kind"] == "collective" and self._eval.in_batch:
             self._eval.collectives += 1
 
-    def _boundary(self, hook: str, trainer, batch_idx: Optional[int] = None, dataloader_idx: int = 0) -> None:
+    def _boundary(
+        self, hook: str, trainer, batch_idx: Optional[int] = None, dataloader_idx: int = 0, state=None
+    ) -> None:
         if self._exchange is None:
             return
         ex = self._exchange
@@ -314,7 +317,7 @@ class CollectiveGuard(_state.StateHooks, pl.Callback):
             if self._eval.skip(hook, ex):
                 return
         last = _last_batch(trainer, hook) if batch_idx is not None else None
-        entry = _entries.boundary(ex.n, ex.rank, hook, trainer.current_epoch, batch_idx, dataloader_idx, last)
+        entry = _entries.boundary(ex.n, ex.rank, hook, trainer.current_epoch, batch_idx, dataloader_idx, last, state)
         try:
             self._check(entry)
         except CollectiveMismatch as exc:
@@ -351,7 +354,10 @@ class CollectiveGuard(_state.StateHooks, pl.Callback):
         self._boundary("on_train_batch_start", trainer, batch_idx)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        self._boundary("on_train_batch_end", trainer, batch_idx)
+        # The small must-be-equal fields (optimizer settings, loop state, schedulers) ride on this boundary's check
+        # after every batch: a rate changed on one rank is named at the next step, at no store request of its own.
+        state = None if self._exchange is None else _state.step_record(trainer, pl_module, self._step_fields)
+        self._boundary("on_train_batch_end", trainer, batch_idx, state=state)
         self._state_after_batch(trainer, pl_module)
 
     def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):

@@ -152,15 +152,18 @@ def boundary(
     batch_idx: Optional[int] = None,
     dataloader_idx: int = 0,
     last: Optional[bool] = None,
+    state: Optional[dict] = None,
 ) -> dict:
     """The entry of a hook boundary: ``hook`` (``"setup"``, ``"on_train_batch_start"`` ...) in ``epoch``;
-    ``last``: whether the loop's data fetcher has no batch after this one (None where unknown)."""
+    ``last``: whether the loop's data fetcher has no batch after this one (None where unknown); ``state``: a step
+    record of the small must-be-equal fields (ddpprobe/guard/_state.py ``step_record``), whose digest then ends the
+    ``id`` and which the entry carries as ``record`` (it crosses the store only when the ids differ)."""
     where = [f"epoch {epoch}"]
     if batch_idx is not None:
         where.insert(0, f"batch {batch_idx}" + (f" of dataloader {dataloader_idx}" if dataloader_idx else ""))
     if last:
         where.append("this rank's last batch")
-    return {
+    entry = {
         "kind": "boundary",
         "n": n,
         "rank": rank,
@@ -168,6 +171,10 @@ def boundary(
         "fields": {"hook": hook, "batch_idx": batch_idx},
         "text": f"is at {hook} ({', '.join(where)})",
     }
+    if state is not None:
+        entry["id"].append(state.pop("digest"))
+        entry["record"] = state
+    return entry
 
 
 def raised(n: int, rank: int, error: str, hook: Optional[str]) -> dict:

@@ -50,6 +50,46 @@ DEFAULT_FIELDS = (
 )
 
 
+#: The small must-be-equal fields compared at every training batch's end, after its optimizer step (folded into
+#: that boundary's check: no store request and no collective added): the loop's counters and stop flag, every
+#: optimizer's hyperparameters and param-group membership, every scheduler's state. Parameters, buffers and
+#: datasets, whose digests cost milliseconds, stay at the boundaries of :class:`StateHooks`.
+STEP_FIELDS = (
+    "trainer.global_step",
+    "trainer.current_epoch",
+    "trainer.should_stop",
+    "trainer.accumulate_grad_batches",
+    "optimizer",
+    "scheduler",
+)
+
+
+def step_fields(fields: Optional[tuple]) -> tuple:
+    """The prefixes of :data:`STEP_FIELDS` that ``fields`` (the guard's ``state`` prefixes) covers, narrowed to
+    them: ``("optimizer",)`` gives ``("optimizer",)``, ``("param.",)`` gives ``()``."""
+    out = []
+    for step in STEP_FIELDS:
+        for f in fields or ():
+            if step.startswith(f):
+                out.append(step)
+            elif f.startswith(step):
+                out.append(f)
+    return tuple(dict.fromkeys(out))
+
+
+def step_record(trainer, module, fields: tuple) -> Optional[dict]:
+    """This rank's record of the :func:`step_fields` at a training batch's end (boundary ``train_batch_end``, the
+    contract's record shape), and the digest of its fields as ``record["digest"]`` (16 hex digits); None when
+    ``fields`` is empty. Reads only (ddpprobe/contract/_state.py ``snapshot``)."""
+    if not fields:
+        return None
+    record = take(trainer, module, "train_batch_end", "on_train_batch_end", fields, batches_ran=True)
+    record["loops_ran"] = ["train"]
+    blob = json.dumps(record["fields"], sort_keys=True, default=str).encode()
+    record["digest"] = hashlib.blake2b(blob, digest_size=8).hexdigest()
+    return record
+
+
 def fields_option(state) -> Optional[tuple]:
     """The field prefixes of ``CollectiveGuard(state=...)``: ``True`` :data:`DEFAULT_FIELDS`, ``False`` None (no
     state check), a tuple or list of non-empty strings itself. Raises ``ValueError`` for anything else."""
@@ -119,8 +159,14 @@ def entry(n: int, rank: int, record: dict) -> dict:
 
 
 def same_check(entries: list) -> bool:
-    """Every entry is a state check at the same boundary and hook (so only the state may differ)."""
-    return all(e["kind"] == "state" for e in entries) and len({tuple(e["id"][1:3]) for e in entries}) == 1
+    """Every entry is a state check at the same boundary and hook (so only the state may differ), or every entry
+    is the same hook boundary carrying a step record (:func:`step_record`) whose digests alone differ."""
+    if all(e["kind"] == "state" for e in entries) and len({tuple(e["id"][1:3]) for e in entries}) == 1:
+        return True
+    return (
+        all(e["kind"] == "boundary" and e.get("record") for e in entries)
+        and len({json.dumps(e["id"][:-1]) for e in entries}) == 1
+    )
 
 
 def diverged(head: str, n: int, entries: list) -> Optional[StateDiverged]:

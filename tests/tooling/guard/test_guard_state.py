@@ -153,3 +153,38 @@ def test_only_the_fields_that_must_be_equal_at_the_boundary_are_compared_there()
     state = {"module.attr.outputs": {"type": "list", "len": 3}, LR: 0.1, "callback.EarlyStopping.wait_count": 2}
     assert _state.must_be_equal(state, "train_epoch_end") == {LR: 0.1}
     assert _state.must_be_equal(state, "start") == {"module.attr.outputs": {"type": "list", "len": 3}, LR: 0.1}
+
+
+# --- the small fields at every step ------------------------------------------------------------------------------
+
+
+def test_a_learning_rate_halved_on_rank_0_at_an_epochs_start_is_named_at_the_next_optimizer_step(run_world):
+    """A ``@rank_zero_only`` helper halves rank 0's rate in ``on_train_epoch_start`` of epoch 1 (4 batches a rank
+    and epoch). The optimizer's settings ride on every training batch's end check, so both ranks raise at the end
+    of epoch 1's first batch, its optimizer step being step 4 + 1 = 5, naming the two rates, not at the epoch's
+    end (step 8) after 4 steps apart."""
+    from tests.support.guard_forms import lr_halved_on_rank_zero
+
+    steps_per_epoch = 32 // 4 // 2
+    for message in _diverged(run_world, lr_halved_on_rank_zero).values():
+        assert _where(message) == ("train_batch_end", "on_train_batch_end", 1, steps_per_epoch + 1), message
+        assert _fields(message) == {LR: {0: "0.05", 1: "0.1"}}, message
+        _contract_and_no_fix(message, "optimizer settings", [LR])
+
+
+@pytest.mark.parametrize(
+    "state, step",
+    [
+        (True, _state.STEP_FIELDS),
+        (("optimizer",), ("optimizer",)),
+        (("optimizer[0].group[0].lr",), ("optimizer[0].group[0].lr",)),
+        (
+            ("trainer.",),
+            ("trainer.global_step", "trainer.current_epoch", "trainer.should_stop", "trainer.accumulate_grad_batches"),
+        ),
+        (("param.", "buffer."), ()),
+        (False, ()),
+    ],
+)
+def test_the_fields_checked_at_every_step_are_the_small_ones_the_state_option_covers(state, step):
+    assert _state.step_fields(_state.fields_option(state)) == step
