@@ -18,8 +18,13 @@ last check (``GuardTimeout``). All are ``GuardError``. The guard makes no collec
 
 At the start of each stage, after the first optimizer step, at each epoch's end and at the end, every rank
 also posts a digest of the state the DDP contract says must be equal on every rank (ddpprobe/contract/:
-optimizer settings, parameters, module attributes ...); a difference raises ``StateDiverged`` on every
-rank, naming the field and each rank's value (``CollectiveGuard(state=False)`` turns it off).
+optimizer settings, parameters, module attributes, datasets by their own state ...); the small fields of it
+(optimizer settings, schedulers, the loop's counters) ride on every training batch's end check too. A difference
+raises ``StateDiverged`` on every rank, naming the field and each rank's value (``CollectiveGuard(state=False)``
+turns it off). The records read only: no item of a dataset, no random draw, no collective.
+
+Every rank also meets at a check at Lightning's barrier after ``prepare_data`` (which Lightning runs on some ranks
+only), so a collective made there is named at once, not after the guard's timeout.
 
 Layout: ``_callback.py`` (the callback and the wrappers), ``_exchange.py`` (the store protocol),
 ``_entries.py`` (what a rank posts, the comparison, the error text), ``_state.py`` (the state checks),

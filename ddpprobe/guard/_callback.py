@@ -207,6 +207,7 @@ class CollectiveGuard(_state.StateHooks, pl.Callback):
         self._thread = threading.get_ident()
         self._trainer = None
         self._eval = _EvalBatches()
+        _patch_prepare_data_barrier()
         if collectives:
             # Armed from here on: the first collective of a Trainer holding this guard, once its strategy made the
             # process group (the log-dir broadcast of the Trainer's setup, or a collective in prepare_data), starts
@@ -439,6 +440,111 @@ class _EvalBatches:
                 raise self.pending
             self.pending, self.off = None, True
         return self.off
+
+
+#: Where Lightning's barrier around ``prepare_data`` is, in the words of a side: every rank but those running
+#: ``prepare_data`` waits there (pytorch_lightning/trainer/connectors/data_connector.py ``prepare_data``).
+PREPARE_DATA_BARRIER = "Lightning's barrier after prepare_data"
+_PREPARE_DATA_TEXT = (
+    f"is at {PREPARE_DATA_BARRIER} (`_InfiniteBarrier`, pytorch_lightning/trainer/connectors/data_connector.py), "
+    "which waits for prepare_data: Lightning runs that hook on local rank 0 only (prepare_data_per_node) or global "
+    "rank 0 only"
+)
+
+
+def _guard_of(frame) -> tuple:
+    """``(guard, trainer)``: the ``CollectiveGuard`` of the Trainer whose method is on the stack from ``frame``, or
+    ``(None, None)``."""
+    while frame is not None:
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, pl.Trainer):
+            guard = next((c for c in owner.callbacks if isinstance(c, CollectiveGuard)), None)
+            return guard, owner
+        frame = frame.f_back
+    return None, None
+
+
+def _session(guard: CollectiveGuard, trainer) -> Optional[Exchange]:
+    """The guard's session for ``trainer``, started here if its process group exists and none is (the hooks before
+    a callback's ``setup``)."""
+    if guard._exchange is None or guard._trainer is not trainer:
+        dist = torch.distributed
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+            return None
+        guard._start(trainer, trainer.lightning_module)
+    return guard._exchange
+
+
+def _barrier_enter(original):
+    @functools.wraps(original)
+    def __enter__(self):
+        entered = original(self)
+        guard, trainer = _guard_of(sys._getframe(1))
+        ex = None if guard is None else _session(guard, trainer)
+        if ex is not None:  # the ranks that run prepare_data may take long: the others wait for them, as Lightning
+            ex.busy("in prepare_data's step (Lightning's barrier after it has no timeout)", unbounded=True)
+        return entered
+
+    return __enter__
+
+
+def _barrier_exit(original):
+    @functools.wraps(original)
+    def __exit__(self, exc_type, exc, tb):
+        guard, trainer = _guard_of(sys._getframe(1))
+        ex = None if guard is None or guard._trainer is not trainer else guard._exchange
+        if ex is not None:
+            try:
+                if exc is None:  # a collective prepare_data made on its ranks alone meets this check on the others
+                    epoch = trainer.current_epoch
+                    guard._check(
+                        dict(_entries.boundary(ex.n, ex.rank, PREPARE_DATA_BARRIER, epoch), text=_PREPARE_DATA_TEXT)
+                    )
+                elif ex.error is None:
+                    return original(self, exc_type, exc, tb)
+            except BaseException:
+                _drop_group(self)
+                raise
+            if ex.error is not None:  # the guard stopped the ranks: none waits in the barrier for the others
+                _drop_group(self)
+                return None
+        return original(self, exc_type, exc, tb)
+
+    return __exit__
+
+
+def _drop_group(barrier) -> None:
+    group = getattr(barrier, "group", None)
+    if group is not None:
+        try:
+            torch.distributed.destroy_process_group(group)
+        except Exception:  # noqa: BLE001 - the group of a world that is ending
+            pass
+
+
+_BARRIER_PATCHED = []
+
+
+def _patch_prepare_data_barrier() -> None:
+    """Wrap ``__enter__`` and ``__exit__`` of Lightning's ``_InfiniteBarrier`` (lightning_fabric/utilities/
+    distributed.py), the barrier without a timeout every rank passes around ``prepare_data``, once per process: for
+    a Trainer holding a ``CollectiveGuard`` the ranks note at its start that they may wait for ``prepare_data``
+    as long as Lightning does, and at its end meet at a check (:data:`PREPARE_DATA_BARRIER`), so a collective made
+    in ``prepare_data`` on its ranks alone is a ``CollectiveMismatch`` at once instead of a wait for the guard's
+    timeout; where the guard raised, no rank waits in the barrier. A Trainer without a guard passes through
+    unchanged. Left installed for the life of the process (a pass-through without a guard)."""
+    if _BARRIER_PATCHED:
+        return
+    _BARRIER_PATCHED.append(True)
+    try:
+        import importlib
+
+        connector = importlib.import_module(f"{pl.__name__}.trainer.connectors.data_connector")
+        barrier = connector._InfiniteBarrier
+    except (ImportError, AttributeError):  # a release without it: the guard's timeout applies
+        return
+    barrier.__enter__ = _barrier_enter(barrier.__enter__)
+    barrier.__exit__ = _barrier_exit(barrier.__exit__)
 
 
 def _start_early(guard: CollectiveGuard, call: trace.Call) -> None:

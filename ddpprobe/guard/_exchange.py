@@ -162,36 +162,47 @@ class Exchange:
                 if "timeout" not in str(exc).lower():
                     raise
                 waited += timeout
+                notes = self._busy_notes(n)
+                if notes and all(note.get("unbounded") for note in notes):
+                    timeout = self.timeout_s
+                    continue  # the missing ranks are in a step Lightning waits for without a timeout: so do we
                 timeout = min(self.timeout_s, self.pg_timeout_s - waited)
-                if timeout > 0.001 and self._all_busy(n):
+                if timeout > 0.001 and notes:
                     continue  # the missing ranks are in a Lightning step that keeps one rank away: wait on
                 self._waited_s = waited
                 self._timed_out(n, entry)  # returns only if the last arrival closed the check in the meantime
                 break
         return self.store.get(key).decode()
 
-    def busy(self, step: str) -> None:
+    def busy(self, step: str, unbounded: bool = False) -> None:
         """Note in this rank's position record that it is in ``step`` (e.g. ``"writing a checkpoint
         (Trainer.save_checkpoint)"``), a step of Lightning's that keeps this rank alone away from the next
         check: a peer whose wait times out meanwhile waits on, up to the process-group timeout (what it
-        would wait in the collective without the guard). The next check replaces the note."""
+        would wait in the collective without the guard), or, ``unbounded``, as long as the step lasts (what
+        Lightning's own barrier without a timeout around ``prepare_data`` waits). The next check replaces the
+        note."""
         text = f"is {step} (after check #{self.n - 1})"
+        note = {"n": self.n - 1, "text": text, "busy": step, "unbounded": unbounded}
         try:
-            self.store.set(f"s/{self.rank}", json.dumps({"n": self.n - 1, "text": text, "busy": step}))
+            self.store.set(f"s/{self.rank}", json.dumps(note))
             self._has_slot = True
         except Exception:  # noqa: BLE001 - a note only: the peers' timeout applies without it
             pass
 
-    def _all_busy(self, n: int) -> bool:
-        """Whether every rank missing at check ``n`` noted a Lightning step it is in (``busy``)."""
-        missing = [r for r in range(self.world_size) if r != self.rank and not self._arrived(r, n)]
-        return bool(missing) and all(self._busy_note(r) for r in missing)
-
-    def _arrived(self, rank: int, n: int) -> bool:
-        return self.store.check([f"s/{rank}"]) and json.loads(self.store.get(f"s/{rank}"))["n"] >= n
-
-    def _busy_note(self, rank: int):
-        return self.store.check([f"s/{rank}"]) and json.loads(self.store.get(f"s/{rank}")).get("busy")
+    def _busy_notes(self, n: int) -> Optional[list]:
+        """The position records of the ranks missing at check ``n`` where every one noted a Lightning step it is in
+        (``busy``), else None."""
+        notes = []
+        for r in range(self.world_size):
+            if r == self.rank:
+                continue
+            record = json.loads(self.store.get(f"s/{r}")) if self.store.check([f"s/{r}"]) else None
+            if record is not None and record["n"] >= n:
+                continue  # arrived
+            if record is None or not record.get("busy"):
+                return None
+            notes.append(record)
+        return notes or None
 
     def _explain(self, n: int, entry: dict) -> None:
         """The digests differ: every rank writes its full entry; read all ``W`` and raise the difference."""
