@@ -44,7 +44,8 @@ evidence is printed.
 
 Command line: ``python -m ddpprobe audit mypkg.models:make_model --data mypkg.data:make_data``.
 
-The path from records to report is one pipeline in four rooms, each a subpackage: ``worlds`` (run the worlds),
+The path from records to report reads one way: ``_pipeline.py`` (which worlds run, in which order, and the
+assembly of the result) at the top, then four rooms, each a subpackage: ``worlds`` (run one world, the rank side),
 ``evidence`` (what the records prove), ``causes`` (the contract and the registry: verdicts and causes) and
 ``report`` (the result and its text); this module is the entry point and the public names.
 """
@@ -163,7 +164,7 @@ def audit(
         ddpprobe.WorldError: the single-process world failed (the module cannot run at all).
     """
     require("ddpprobe audit")  # a Lightning release below the support range: refused (ddpprobe/_support.py)
-    from ddpprobe.audit.worlds._run import assemble, run_worlds
+    from ddpprobe.audit._pipeline import assemble, run_worlds
 
     settings = check_options(stage, world_size, limit_batches, max_epochs, seed, backend, timeout)
     model_ref, data_ref = _ref(model_factory, "model"), _ref(data_factory, "data")

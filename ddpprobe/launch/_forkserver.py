@@ -200,3 +200,81 @@ def _stop_server(server, owner_pid: int) -> None:
             break
         time.sleep(0.01)
     server._forkserver_pid = None
+
+
+#: ``{(hash seed, pid): server}``: the preloaded forkservers started with a given ``PYTHONHASHSEED``, one per seed per
+#: process (:func:`hash_seeded_context`).
+_seeded: dict = {}
+
+
+class _SeededForkServer(multiprocessing.forkserver.ForkServer):
+    """A preloaded forkserver of this process whose interpreter starts with ``PYTHONHASHSEED=seed``: every process
+    forked from it shares that string-hash secret (which an interpreter fixes at its start: a forked process
+    cannot change it)."""
+
+    def __init__(self, seed: str):
+        super().__init__()
+        self.seed = seed
+        self.set_forkserver_preload(FORKSERVER_PRELOAD)
+
+    def ensure_running(self) -> None:
+        saved = os.environ.get("PYTHONHASHSEED")
+        os.environ["PYTHONHASHSEED"] = self.seed
+        try:
+            super().ensure_running()
+        finally:
+            if saved is None:
+                os.environ.pop("PYTHONHASHSEED", None)
+            else:
+                os.environ["PYTHONHASHSEED"] = saved
+
+
+def hash_seeded_context(seed: str):
+    """A ``multiprocessing`` context whose processes fork from a preloaded server started with
+    ``PYTHONHASHSEED=seed`` (started at the first use, ended at this process's exit as the default one is). Each
+    costs one interpreter importing torch and Lightning (about 5 s of CPU), once per seed per process."""
+    key = (seed, os.getpid())
+    if key not in _seeded:
+        _seeded[key] = _SeededForkServer(seed)
+        atexit.register(_stop_server, _seeded[key], os.getpid())
+    return _SeededContext(seed)
+
+
+class _SeededPopen(multiprocessing.popen_forkserver.Popen):
+    """``popen_forkserver.Popen`` connecting to the server of the process's hash seed."""
+
+    def _launch(self, process_obj):
+        # As multiprocessing/popen_forkserver.py Popen._launch, with that server's connection.
+        server = _seeded[(process_obj._hash_seed, os.getpid())]
+        prep_data = spawn.get_preparation_data(process_obj._name)
+        buf = io.BytesIO()
+        set_spawning_popen(self)
+        try:
+            reduction.dump(prep_data, buf)
+            reduction.dump(process_obj, buf)
+        finally:
+            set_spawning_popen(None)
+        self.sentinel, w = server.connect_to_new_process(self._fds)
+        _parent_w = os.dup(w)
+        self.finalizer = util.Finalize(self, util.close_fds, (_parent_w, self.sentinel))
+        with open(w, "wb", closefd=True) as f:
+            f.write(buf.getbuffer())
+        self.pid = multiprocessing.forkserver.read_signed(self.sentinel)
+
+
+class _SeededProcess(multiprocessing.context.ForkServerProcess):
+    _hash_seed = ""
+
+    @staticmethod
+    def _Popen(process_obj):
+        return _SeededPopen(process_obj)
+
+
+class _SeededContext(multiprocessing.context.ForkServerContext):
+    def __init__(self, seed: str):
+        self.seed = seed
+
+    def Process(self, *args, **kwargs):  # noqa: N802 - multiprocessing's name
+        process = _SeededProcess(*args, **kwargs)
+        process._hash_seed = self.seed
+        return process

@@ -62,6 +62,7 @@ def run_world(
     env: Optional[dict] = None,
     keep_cluster_env: bool = False,
     num_nodes: int = 1,
+    hash_seeds: Optional[list] = None,
     **params,
 ) -> WorldResult:
     """Run ``scenario(rank_info, **params)`` in ``world_size`` fresh rank processes; return their records.
@@ -97,6 +98,12 @@ def run_world(
             ``ddpprobe.launch._arguments.LAUNCHER_ENV``) cannot be replaced (``ValueError``).
         keep_cluster_env: keep ``SLURM_*``, ``TORCHELASTIC_*`` and similar variables in the ranks
             (they are removed by default, since they make Lightning pick another cluster environment).
+        hash_seeds: one ``PYTHONHASHSEED`` value per rank (strings of digits): rank ``r`` starts in an interpreter
+            with that string-hash secret, as processes a launcher starts each have their own (torchrun's do, unless
+            the environment sets ``PYTHONHASHSEED``), so a ``set`` of strings iterates in another order on each
+            rank. Forkserver ranks fork from a preloaded server per seed (ddpprobe/launch/_forkserver.py
+            ``hash_seeded_context``, about 5 s of CPU once per seed per process); spawned ranks get the variable.
+            Default None: every rank shares this launcher's secret (forked) or ``PYTHONHASHSEED`` (spawned).
         **params: JSON-like keyword arguments passed to the scenario.
 
     Returns:
@@ -154,7 +161,8 @@ def run_world(
             keep_cluster_env=keep_cluster_env,
             parent_env=dict(os.environ),
         )
-        return _World(spec, context(settings.start_method), settings.timeout).run()
+        seeds = _check_hash_seeds(hash_seeds, world_size)
+        return _World(spec, context(settings.start_method), settings.timeout, seeds, settings.start_method).run()
     finally:
         del store
         if not os.environ.get("DDPPROBE_KEEP_WORLD_DIR"):
@@ -164,7 +172,7 @@ def run_world(
 class _World:
     """One launched world: its processes, their pipes, and the bookkeeping of who has finished."""
 
-    def __init__(self, spec: LaunchSpec, ctx, timeout: float):
+    def __init__(self, spec: LaunchSpec, ctx, timeout: float, hash_seeds=None, start_method: str = "forkserver"):
         # ``results``: rank -> RankMessage, as received (or "died" when the process ended without one).
         self.spec = spec
         self.ctx = ctx
@@ -177,6 +185,8 @@ class _World:
         self.arrival = []  # ranks that failed, in the order their failure arrived
         self.timed_out = False
         self.stuck = []  # ranks still running when the world was ended
+        self.hash_seeds = hash_seeds
+        self.start_method = start_method
 
     def run(self) -> WorldResult:
         try:
@@ -192,9 +202,10 @@ class _World:
 
     def _start_ranks(self) -> None:
         for rank in range(self.spec.world_size):
-            result_r, result_w = self.ctx.Pipe(duplex=False)
-            life_r, life_w = self.ctx.Pipe(duplex=False)
-            process = self.ctx.Process(
+            ctx = self._context_of(rank)
+            result_r, result_w = ctx.Pipe(duplex=False)
+            life_r, life_w = ctx.Pipe(duplex=False)
+            process = ctx.Process(
                 target=rank_main,
                 args=(self.spec, rank, result_w, life_r),
                 name=f"ddpprobe-rank{rank}",
@@ -202,13 +213,22 @@ class _World:
                 # itself kills and reaps every rank, and a rank ends when the launcher goes away.
                 daemon=False,
             )
-            process.start()
+            with _hash_seed_env(self.hash_seeds[rank] if self.hash_seeds and self.start_method == "spawn" else None):
+                process.start()
             result_w.close()
             life_r.close()
             self.processes.append(process)
             self.sentinels[process.sentinel] = rank
             self.conns[result_r] = rank
             self.lifelines.append(life_w)
+
+    def _context_of(self, rank: int):
+        """The context rank ``rank`` starts from: its hash seed's forkserver where ``hash_seeds`` gives one."""
+        if self.hash_seeds and self.start_method == "forkserver":
+            from ddpprobe.launch._forkserver import hash_seeded_context
+
+            return hash_seeded_context(self.hash_seeds[rank])
+        return self.ctx
 
     def _wait(self) -> None:
         """Wait until every rank reported, one failed, or the deadline passed."""
@@ -387,3 +407,38 @@ def _signal(pid: int, sig: int) -> None:
         os.kill(pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _check_hash_seeds(seeds: Optional[list], world_size: int) -> Optional[list]:
+    """``seeds`` as strings, checked: one per rank, each a whole number from 1 to 4294967295 (0 turns hashing's
+    randomization off, which no launcher does); None stays None.
+
+    Raises:
+        ValueError: naming the bad value and what fits.
+    """
+    if seeds is None:
+        return None
+    seeds = [str(s) for s in seeds]
+    if len(seeds) != world_size or not all(s.isdigit() and 0 < int(s) <= 4294967295 for s in seeds):
+        raise ValueError(
+            f"hash_seeds={seeds!r}: give one PYTHONHASHSEED per rank ({world_size}), each a whole number from 1 to "
+            "4294967295"
+        )
+    return seeds
+
+
+@contextlib.contextmanager
+def _hash_seed_env(seed: Optional[str]):
+    """``PYTHONHASHSEED=seed`` in this process's environment while a spawned rank starts (it inherits it)."""
+    if seed is None:
+        yield
+        return
+    saved = os.environ.get("PYTHONHASHSEED")
+    os.environ["PYTHONHASHSEED"] = seed
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("PYTHONHASHSEED", None)
+        else:
+            os.environ["PYTHONHASHSEED"] = saved

@@ -17,9 +17,14 @@ noted; when that file is closed (or when the wrapper is uninstalled, for a file 
 - ``size`` (bytes), ``lines`` (newline characters) and ``sha1`` (hex) of what this rank wrote through that file
   object (what another rank wrote to the same path is not in it).
 
-Only what a rank's code writes through Python's ``open`` is seen, as the name ``open`` (or ``io.open``) finds it at
-the call: ``torch.save`` to a path and C extensions open files on their own, and a library that kept a reference
-to ``open`` from before the run (``numpy.savetxt`` through ``numpy.lib._datasource``) is not seen. What the
+What a rank's code writes through Python's ``open`` is seen, as the name ``open`` (or ``io.open``) finds it at
+the call, and what it saves with ``torch.save`` to a path (torch's C++ writer opens the file itself, so ``open``
+never sees it): ``torch.save`` is wrapped while installed, and its event carries ``writer: "torch.save"``, the
+file's ``size`` on disk, ``lines`` 0, ``sha1`` over the saved object's structure and tensors (:func:`saved_content`:
+equal objects, equal digests, whatever the zip file's layout), and ``saved``: up to 20 ``[key, shape]`` pairs of a
+dict (a ``state_dict``), so a file saved from the DDP wrap (keys prefixed ``module.``) shows it. Other C extensions
+open files on their own, and a library that kept a reference to ``open`` from before the run (``numpy.savetxt``
+through ``numpy.lib._datasource``) is not seen. What the
 contract reads of a dataset (ddpprobe/contract/) is not the user's writing, even where ``__getitem__`` writes.
 
 Reads only: the user's code gets the very file object ``open`` returned (its type, ``repr`` and ``isinstance``
@@ -126,6 +131,46 @@ class FileWrites:
             return fh
 
         builtins.open = io.open = open
+        self._install_save()
+
+    def _install_save(self) -> None:
+        torch = sys.modules.get("torch")
+        serialization = sys.modules.get("torch.serialization")
+        if torch is None or serialization is None or getattr(torch.save, "_ddpprobe_original", None):
+            return
+        original, notes = torch.save, self
+
+        def save(obj, f, *args, **kwargs):
+            out = original(obj, f, *args, **kwargs)
+            if isinstance(f, (str, bytes, os.PathLike)):
+                user = notes.user_code(sys._getframe(1))
+                if user is not None:
+                    notes._saved(obj, os.fsdecode(os.path.abspath(f)), user)
+            return out
+
+        save._ddpprobe_original = original
+        torch.save = serialization.save = save
+        self._saved_original = original
+
+    def _saved(self, obj, path: str, user) -> None:
+        from ddpprobe.trace._classify import call_site_of
+
+        try:
+            size = os.path.getsize(path)
+        except OSError:
+            size = 0
+        self.write(
+            "file",
+            path=path,
+            key=path_key(path, self.cwd),
+            mode="wb",
+            call_site=call_site_of(user),
+            hook=self.hook(),
+            writer="torch.save",
+            size=size,
+            lines=0,
+            **saved_content(obj),
+        )
 
     def uninstall(self) -> None:
         """Restore ``open``; write the files still open as this rank has written them so far, and take the wrappers
@@ -133,6 +178,12 @@ class FileWrites:
         if self._installed is not None:
             builtins.open = io.open = self._installed
             self._installed = None
+        original = getattr(self, "_saved_original", None)
+        if original is not None:
+            import torch
+
+            torch.save = torch.serialization.save = original
+            self._saved_original = None
         for token in list(self._open):
             self._closed(token)
 
@@ -203,3 +254,57 @@ class _Written:
 
     def content(self) -> dict:
         return {"size": self.size, "lines": self.lines, "sha1": self.sha1.hexdigest()}
+
+
+#: Keys of a saved dict listed in a ``torch.save`` event (``saved``); the digest covers them all.
+SAVED_KEYS = 20
+
+
+def saved_content(obj) -> dict:
+    """``{"sha1", "saved"}`` of an object given to ``torch.save``: ``sha1`` over its structure (dict keys, sequence
+    lengths, types) and every tensor's dtype, shape and bytes; ``saved``: ``[[key, shape or type name]]`` of its
+    first :data:`SAVED_KEYS` entries where it is a dict, ``[["", shape]]`` for a tensor, else ``[]``. Reads only (a
+    tensor is copied to the CPU to be read, never changed); an object it cannot read gives
+    ``{"sha1": "unreadable: <reason>"}``."""
+    digest = hashlib.sha1()
+    try:
+        _digest_into(digest, obj, 0)
+    except Exception as exc:  # noqa: BLE001 - a record never fails the run
+        return {"sha1": f"unreadable: {type(exc).__name__}", "saved": []}
+    listed = []
+    if hasattr(obj, "shape") and hasattr(obj, "dtype"):
+        listed.append(["", list(obj.shape)])
+    elif isinstance(obj, dict):
+        for key, value in list(obj.items())[:SAVED_KEYS]:
+            shape = list(value.shape) if hasattr(value, "shape") else type(value).__name__
+            listed.append([str(key), shape])
+    return {"sha1": digest.hexdigest(), "saved": listed}
+
+
+def _digest_into(digest, obj, depth: int) -> None:
+    torch = sys.modules.get("torch")
+    if depth > 20:
+        digest.update(b"...")
+        return
+    if torch is not None and isinstance(obj, torch.Tensor):
+        value = obj.detach()
+        digest.update(f"T{value.dtype}{tuple(value.shape)}".encode())
+        if value.device.type != "meta" and not value.is_sparse:
+            value = value.cpu().contiguous()
+            digest.update(value.view(torch.uint8).numpy().tobytes() if value.numel() else b"")
+        return
+    if isinstance(obj, dict):
+        digest.update(f"D{len(obj)}".encode())
+        for key, value in obj.items():
+            digest.update(repr(key).encode())
+            _digest_into(digest, value, depth + 1)
+        return
+    if isinstance(obj, (list, tuple)):
+        digest.update(f"L{len(obj)}".encode())
+        for value in obj:
+            _digest_into(digest, value, depth + 1)
+        return
+    digest.update(_ADDRESS.sub("at 0x?", repr(obj)).encode())
+
+
+_ADDRESS = re.compile(r"at 0x[0-9a-fA-F]+")

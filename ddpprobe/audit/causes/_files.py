@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Optional
 
 from ddpprobe import hazards
-from ddpprobe.audit.evidence._files import EVERY_RANK, ONE_PER_RANK, content_text
+from ddpprobe.audit.evidence._files import EVERY_RANK, ONE_PER_RANK, content_text, wrapped_keys
 from ddpprobe.contract import SINGLE_PROCESS_FILES
 
 #: The registry entry of ranks that each write their own share to one path.
@@ -30,8 +30,12 @@ def _differ(item: dict) -> bool:
 
 
 def _length(content: Optional[dict]) -> Optional[tuple]:
+    """How much a file holds: its lines, else its bytes; for what ``torch.save`` wrote, the saved keys and shapes
+    (its bytes are the zip file's, padded to the same size for small tensors of other lengths)."""
     if content is None:
         return None
+    if content.get("writer") == "torch.save" and content.get("saved"):
+        return ("saved", repr(content["saved"]))
     return ("lines", content["lines"]) if content["lines"] else ("bytes", content["size"])
 
 
@@ -79,11 +83,19 @@ def _per_rank(item: dict) -> str:
 
 
 def _length_text(length: Optional[tuple]) -> str:
-    return "none" if length is None else f"{length[1]} {'line(s)' if length[0] == 'lines' else 'bytes'}"
+    if length is None:
+        return "none"
+    if length[0] == "saved":
+        return f"saved {length[1]}"
+    return f"{length[1]} {'line(s)' if length[0] == 'lines' else 'bytes'}"
 
 
 def problem_text(item: dict) -> str:
-    """The problem sentence of a file item whose :func:`verdict` is not None."""
+    """The problem sentence of a file item whose :func:`verdict` is not None (with :func:`_wrapped_text`)."""
+    return _problem_head(item) + _wrapped_text(item)
+
+
+def _problem_head(item: dict) -> str:
     single = content_text(item["single"]) if item["single"] else "no such file"
     if verdict(item) == ONE_PATH:
         return hazards.cause(ONE_PATH, **_numbers(item))
@@ -99,8 +111,24 @@ def problem_text(item: dict) -> str:
     )
 
 
+def _wrapped_text(item: dict) -> str:
+    """The sentence on a ``torch.save`` of a ``state_dict`` from the DDP wrap, where :func:`wrapped_keys` finds one."""
+    ranks = wrapped_keys(item)
+    if not ranks:
+        return ""
+    return (
+        f"; rank(s) {ranks} saved keys that all start with 'module.' where one process's do not: a state_dict of "
+        "the DistributedDataParallel wrap (trainer.model), which the module loads only with the prefix stripped; "
+        "save self.state_dict() (the LightningModule's own) instead"
+    )
+
+
 def _no_problem(item: dict) -> str:
-    """The contract section's sentence on a file item that breaks nothing."""
+    """The contract section's sentence on a file item that breaks nothing (with :func:`_wrapped_text`)."""
+    return _no_problem_head(item) + _wrapped_text(item)
+
+
+def _no_problem_head(item: dict) -> str:
     single = f"; one process wrote {content_text(item['single'])}" if item["single"] else ""
     if item["pattern"] == ONE_PER_RANK:
         return (

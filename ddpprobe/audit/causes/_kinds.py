@@ -85,6 +85,8 @@ class KeyRow:
         evidence: the numbers the cause was proven from (``{"name": value}``).
         hazards: the registry entries the evidence proves (a problem row only); one without an applicable fix
             is printed as "No proven fix applies" with the evidence.
+        padding_only: the value differs from single-process by DistributedSampler's repeats alone (one process
+            running the ranks' samples, repeats included, gives it: ddpprobe/audit/causes/_proven.py).
     """
 
     key: str
@@ -104,3 +106,4 @@ class KeyRow:
     fixes: list = dataclasses.field(default_factory=list)
     evidence: dict = dataclasses.field(default_factory=dict)
     hazards: list = dataclasses.field(default_factory=list)
+    padding_only: bool = False

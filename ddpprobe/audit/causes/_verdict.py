@@ -26,6 +26,7 @@ from ddpprobe.audit.causes._kinds import (
     TRAINED_APART_LOCAL,
     KeyRow,
 )
+from ddpprobe.audit.causes._proven import Proof, proven
 from ddpprobe.audit.causes._rank_local import _not_stored, _rank_divergent, _some_ranks_only, _synced_by
 from ddpprobe.audit.evidence._keys import _Inputs, _Key
 from ddpprobe.audit.evidence._values import _step_values, applicable, as_float, loader_kind
@@ -69,7 +70,31 @@ def _unshown_sync(ins: _Inputs, key: _Key) -> str:
     args = ", ".join(
         f"{k}={call.get(k)!r}" for k in ("sync_dist", "reduce_fx", "on_step", "on_epoch", "rank_zero_only")
     )
-    return f"no rank's trace shows a collective that synced it, although its self.log call asks for it ({args})"
+    text = f"no rank's trace shows a collective that synced it, although its self.log call asks for it ({args})"
+    if key.sync_dist and any(c.get("rank_zero_only") for c in key.calls):
+        text += (
+            ": rank_zero_only=True turns the sync off (Lightning's _Sync makes no collective for a value logged with "
+            "rank_zero_only=True, whatever sync_dist says: pytorch_lightning/trainer/connectors/logger_connector/"
+            "result.py _Sync.__call__)"
+        )
+    return text
+
+
+def _divergent_though_asked(ins: _Inputs, key: _Key, found: tuple) -> tuple:
+    """A rank-divergent key whose flags ask for a sync the trace lacks: the sentence naming what turned it off
+    (:func:`_unshown_sync`) comes first, and "sync_dist=True gives it" (``rank_local_mean``, whose fix is the
+    argument the call already passes) is said as what the sync the call asks for would give, without that fix."""
+    unshown = _unshown_sync(ins, key)
+    if not unshown:
+        return found
+    verdict, cause, names, evidence = found
+    if "rank_local_mean" in names:
+        names = [n for n in names if n != "rank_local_mean"]
+        cause = (
+            "each rank keeps its own shard's value; the logger writes rank 0's value only; the mean of the ranks' "
+            "values equals single-process, so the sync the call asks for would give it"
+        )
+    return verdict, f"{unshown}; {cause}", names, evidence
 
 
 def _padding_coincidence(key: _Key) -> str:
@@ -131,7 +156,7 @@ def _epoch_verdict(ins: _Inputs, key: _Key, reference: Optional[dict], ref_logs:
         )
         return NO_VALUE_ON_SOME, cause, [], {}
     if not all(ins.close(v, key.per_rank[0]) for v in key.per_rank):
-        return _rank_divergent(ins, key)
+        return _divergent_though_asked(ins, key, _rank_divergent(ins, key))
     verdict, cause, fixes, evidence = _agreeing(ins, key, reference, ref_logs)
     if verdict in (SYNCED_EQUAL, SYNCED_DIFFERS) and _unsynced(ins, key):
         return _rank_local_agreeing(ins, key, ref_logs, (verdict, cause, fixes, evidence))
@@ -282,6 +307,7 @@ def rows(worlds, rtol: float = 1e-5, atol: float = 1e-6) -> list:
         rtol, atol: tolerance for "equal" (float32 sums in a different order differ by ~1e-7 relative).
     """
     ins = _Inputs(worlds, rtol, atol)
+    proof = getattr(worlds, "proof", None) or Proof()
     reference, world = ins.reference, ins.world
     records = [reference.record, *([reference.same_weights] if reference.same_weights else []), *world]
     names = list(dict.fromkeys(call["name"] for record in records for call in record["log_calls"]))
@@ -292,19 +318,18 @@ def rows(worlds, rtol: float = 1e-5, atol: float = 1e-6) -> list:
             verdict, cause, names_, evidence = _with_unmoved(ins, key, _epoch_verdict(ins, key, record, ref_logs))
             cause = _with_arithmetic(ins, key, verdict, cause)
             problem = verdict in PROBLEMS
-            out.append(
-                KeyRow(
-                    **key.common(),
-                    single=key.single,
-                    per_rank=key.per_rank,
-                    verdict=verdict,
-                    cause=cause,
-                    problem=problem,
-                    fixes=applicable(names_, evidence) if problem else [],
-                    evidence=evidence,
-                    hazards=names_ if problem else [],
-                )
+            row = KeyRow(
+                **key.common(),
+                single=key.single,
+                per_rank=key.per_rank,
+                verdict=verdict,
+                cause=cause,
+                problem=problem,
+                fixes=applicable(names_, evidence) if problem else [],
+                evidence=evidence,
+                hazards=names_ if problem else [],
             )
+            out.append(proven(row, ins, key, proof))
         if key.on_step and len(key.logged_on) == len(world):
             row = _step_row(ins, key, ref_logs)
             if row is not None:

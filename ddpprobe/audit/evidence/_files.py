@@ -30,12 +30,15 @@ def _combined(events: list) -> Optional[dict]:
     if not kept:
         return None
     digest = kept[0]["sha1"] if len(kept) == 1 else hashlib.sha1("".join(e["sha1"] for e in kept).encode()).hexdigest()
-    return {
+    out = {
         "size": sum(e["size"] for e in kept),
         "lines": sum(e["lines"] for e in kept),
         "sha1": digest,
         "appends": all("a" in e.get("mode", "") for e in events),
     }
+    if kept[-1].get("writer"):
+        out.update({"writer": kept[-1]["writer"], "saved": kept[-1].get("saved") or []})
+    return out
 
 
 def _writes(trace: dict) -> dict:
@@ -135,7 +138,32 @@ def _summed(contents: list) -> Optional[dict]:
 
 
 def content_text(content: Optional[dict]) -> str:
-    """``"9 lines, 75 bytes"`` (``"none"`` for None)."""
+    """``"9 lines, 75 bytes"`` (``"none"`` for None); ``"torch.save, 3 keys, 1203 bytes"`` for what ``torch.save``
+    wrote."""
     if content is None:
         return "none"
+    if content.get("writer") == "torch.save":
+        saved = content.get("saved") or []
+        what = f"a tensor of shape {saved[0][1]}, " if len(saved) == 1 and saved[0][0] == "" else ""
+        what = what or (f"{len(saved)} key(s), " if saved else "")
+        return f"torch.save, {what}{content['size']} bytes"
     return f"{content['lines']} line(s), {content['size']} bytes"
+
+
+#: The prefix ``DistributedDataParallel.state_dict()`` gives every key (torch/nn/parallel/distributed.py: the
+#: wrapped module is its attribute ``module``).
+WRAP_PREFIX = "module."
+
+
+def wrapped_keys(item: dict) -> list:
+    """The ranks whose ``torch.save`` of a dict has every key prefixed ``module.`` where the single process's file
+    has none so prefixed: a ``state_dict`` saved from the DDP wrap (``trainer.model``), not from the module."""
+    single = (item.get("single") or {}).get("saved") or []
+    if not single or any(k.startswith(WRAP_PREFIX) for k, _ in single):
+        return []
+    out = []
+    for r, content in enumerate(item.get("per_rank") or []):
+        saved = (content or {}).get("saved") or []
+        if saved and all(k.startswith(WRAP_PREFIX) for k, _ in saved):
+            out.append(r)
+    return out

@@ -93,6 +93,7 @@ def _header(result) -> list:
     ]
     if result.lightning != "pytorch_lightning":
         lines.append(f"Lightning package: {result.lightning} (from the model's base class)")
+    lines += _references_lines(result)
     for kind, info in result.counts.items():
         lines += _wrap(f"{kind} set: " + _counts_line(info, result.loaders.get(kind), w), "")
     weights = result.weights or {}
@@ -379,12 +380,58 @@ def warning_needs(result) -> list:
     return list(dict.fromkeys(out))
 
 
+def _references_lines(result) -> list:
+    """What the W=N run is compared with, said only from what the references recorded: the single process that
+    raised where a one-rank DDP world did not (then the values are compared with that world), and whether a
+    one-rank DDP world raised the W=N run's error too."""
+    refs = result.references or {}
+    single, one = refs.get("single_process_raised"), refs.get("one_rank_ddp")
+    lines = []
+    if refs.get("compared_with") == "one-rank DDP world" and single:
+        lines += _wrap(
+            f"note: the single process (Trainer(devices=1), Lightning's default strategy, no process group) raised "
+            f'{single["type"]}: {_clip(single["message"])}; a one-rank DDP world (strategy="ddp", W=1) ran the '
+            "stage, so the values are compared with that world: the stage needs DDP's strategy to run at all",
+            "",
+        )
+    world = [r for r in (result.raised or {}).get("world") or [] if r]
+    if one is not None and world and refs.get("compared_with") == "single process" and not single:
+        if one.get("raised"):
+            lines += _wrap(
+                f'note: a one-rank DDP world (strategy="ddp", W=1) raised {one["raised"]["type"]} too, where the '
+                "single process ran: DDP's strategy (the wrap, the process group, the sampler), not a second rank, "
+                "makes the stage raise",
+                "",
+            )
+        else:
+            lines += _wrap(
+                'note: a one-rank DDP world (strategy="ddp", W=1) ran the stage without raising: the W='
+                f"{result.world_size} error needs more than one rank",
+                "",
+            )
+    return lines
+
+
+def _clip(text: str, limit: int = 160) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _outcome(result) -> list:
     """The problems grouped by root cause: the ranks' divergence first with what it took down under it, each
     marked as a consequence, then the others."""
     findings = result.findings
     if not findings:
         return ["", "no problems found, exit code 0"]
+    if result.exit_code == 3:
+        lines = [
+            "",
+            f"{len(findings)} problem(s), exit code 3: each value differs from single-process by "
+            "DistributedSampler's repeated samples alone (documented DDP semantics):",
+        ]
+        for finding in findings:
+            lines.append(f"  - {finding['problem']}")
+        return lines
     lines = ["", f"{len(findings)} problem(s), exit code 1:"]
     for finding in findings:
         lines.append(f"  - {finding['problem']}")

@@ -60,6 +60,10 @@ class AuditResult:
             length stands otherwise to the steps taken (``schedules``).
         skipped_hooks: each hook in which some W=N rank made a collective and which another rank, going past it,
             never entered (ddpprobe/audit/evidence/_hooks.py): ``{"hook", "ranks", "collectives", "runs_on", "fact"}``.
+        references: what the W=N run is compared with (ddpprobe/audit/_pipeline.py): ``{"compared_with":
+            "single process" | "one-rank DDP world", "single_process_raised": {"type", "message"} | None,
+            "one_rank_ddp": None (not run) | {"raised": {"type", "message"} | None}, "proving": [the proving runs
+            that completed: "another split", "padded samples"]}``.
 
     The ``trace`` schema (version 1): ``level`` is ``"flight_recorder"`` when every rank left torch's
     Flight Recorder entries (the backend's own sequence, DDP's gradient all_reduces included) or
@@ -98,6 +102,7 @@ class AuditResult:
     unmoved: list = dataclasses.field(default_factory=list)
     contract: dict = dataclasses.field(default_factory=dict)
     skipped_hooks: list = dataclasses.field(default_factory=list)
+    references: dict = dataclasses.field(default_factory=dict)
 
     @property
     def findings(self) -> list:
@@ -139,8 +144,21 @@ class AuditResult:
     def exit_code(self) -> int:
         """1 when any epoch-level key is rank-divergent, differs from single-process or is logged on some
         ranks only, a step value logged with sync_dist (or a Metric) is rank-local, the ranks'
-        collectives diverge, the world failed, the data is not sharded, or the stage raised; else 0."""
-        return 1 if self.problems else 0
+        collectives diverge, the world failed, the data is not sharded, or the stage raised; 3 when every such
+        problem is a value that differs from single-process by DistributedSampler's repeated samples alone
+        (:attr:`padding_only`: documented DDP semantics a CI run may accept, ``ddpprobe audit ... ||
+        [ $? -eq 3 ]``); else 0."""
+        if not self.problems:
+            return 0
+        return 3 if self.padding_only else 1
+
+    @property
+    def padding_only(self) -> bool:
+        """Every problem is a key whose value one process running the ranks' samples, repeats included, gives
+        (``KeyRow.padding_only``), and there is at least one."""
+        keys = {r.key for r in self.rows if r.problem}
+        only = {r.key for r in self.rows if r.problem and r.padding_only}
+        return bool(keys) and keys == only and len(self.findings) == len(only)
 
     def row(self, key: str, level: Optional[str] = None) -> KeyRow:
         """The row of ``key`` (its epoch row when it has both, unless ``level="step"``). Raises

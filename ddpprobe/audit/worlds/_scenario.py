@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader
 
 from ddpprobe._lightning import pl
 from ddpprobe.audit.evidence._stages import TRAINER_LOADERS
-from ddpprobe.audit.worlds import _reference
+from ddpprobe.audit.worlds import _partitions, _reference
 from ddpprobe.audit.worlds._errors import AuditInputError
 from ddpprobe.audit.worlds._inputs import resolve_ref
 from ddpprobe.audit.worlds._loaders import as_loaders, describe
@@ -217,6 +217,8 @@ def audit_rank(
     trace_dir: str = "",
     weights: str = "",
     reference: str = "",
+    one_rank_ddp: bool = False,
+    sampler_order: str = "",
 ) -> dict:
     """Scenario: build ``model_ref()`` and ``data_ref()``, run ``stage`` under DDP, record what happened.
 
@@ -242,6 +244,13 @@ def audit_rank(
             loads its initial weights and makes one optimizer step on its ranks' first batches put together
             (stage ``"fit"``, ``world_size`` of that run in ``limit_batches``' place is not needed: the folder holds
             one batch file per rank).
+        one_rank_ddp: at W=1, run the stage in a one-rank DDP world (``Trainer(strategy="ddp")``, a process group of
+            one rank, the module wrapped in ``DistributedDataParallel``) instead of the user's single process
+            (:func:`single_process_trainer`): the second reference, which separates DDP's wrap from more than one
+            rank.
+        sampler_order: run the stage's samples in another order (ddpprobe/audit/worlds/_partitions.py): ``"blocks"``
+            (each rank a contiguous block of DistributedSampler's list) or ``"padded:<W>"`` (one process runs the
+            padded list W ranks run); ``""``: as Lightning samples.
 
     Record keys: ``input_error`` (a message, and nothing else, when a factory returned the wrong
     type), ``model_class``, ``log_calls`` (one entry per distinct call site: name, hook, on_step,
@@ -279,9 +288,13 @@ def audit_rank(
         ]
         if stage == "fit" and info.world_size > 1:
             callbacks.append(_reference.FirstBatchSaver(folder, info.rank))
-        trainer = ddp_trainer(info, logger=logger, max_epochs=max_epochs, callbacks=callbacks, **limits)
+        if info.world_size == 1 and not one_rank_ddp:
+            trainer = single_process_trainer(info, logger=logger, max_epochs=max_epochs, callbacks=callbacks, **limits)
+        else:
+            trainer = ddp_trainer(info, logger=logger, max_epochs=max_epochs, callbacks=callbacks, **limits)
         trace.stage_started(stage, info.rank, info.world_size)
-        raised, predictions = _run_stage(trainer, model, stage, loaders, trace)
+        with _partitions.sampler_order(sampler_order):
+            raised, predictions = _run_stage(trainer, model, stage, loaders, trace)
     _stdout_flush()
     if stage == "fit" and info.rank == 0 and raised is None:
         torch.save(model.state_dict(), os.path.join(trace_dir or info.rank_dir, WEIGHTS_FILE))
@@ -303,6 +316,42 @@ def audit_rank(
         "metrics": _metric_settings(model),
         "global_step": int(trainer.global_step),
     }
+
+
+#: The variables a launcher sets that describe a distributed world (ddpprobe/launch/_rank.py ``_set_environment``,
+#: and what torchrun sets): a user's ``python train.py`` has none of them.
+WORLD_ENV = (
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "WORLD_SIZE",
+    "NODE_RANK",
+    "GROUP_RANK",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "RANK",
+    "TORCHELASTIC_USE_AGENT_STORE",
+)
+
+
+def single_process_trainer(info: RankInfo, **overrides):
+    """The user's single process: ``Trainer(accelerator=..., devices=1)`` with Lightning's default strategy
+    (``SingleDeviceStrategy``: no process group, no ``DistributedDataParallel`` wrap, no ``DistributedSampler``),
+    in a process whose environment names no world (:data:`WORLD_ENV` removed, so Lightning's cluster detection
+    sees a plain process, lightning_fabric/plugins/environments/torchelastic.py ``detect``). Progress bar, model
+    summary and checkpointing are off unless ``overrides`` turn them on, as in ``ddp_trainer``."""
+    for name in WORLD_ENV:
+        os.environ.pop(name, None)
+    kwargs = dict(
+        accelerator=info.accelerator,
+        devices=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        default_root_dir=info.rank_dir,
+    )
+    kwargs.update(overrides)
+    return pl.Trainer(**kwargs)
 
 
 def _metric_settings(model) -> list:

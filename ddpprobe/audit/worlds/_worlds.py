@@ -69,6 +69,11 @@ class Worlds:
             tests); by default built from the worlds (:attr:`reference`).
         first_step: after a ``fit``, W=1 making one optimizer step on the W=N ranks' first batches put
             together, from the W=N initial weights (ddpprobe/audit/worlds/_reference.py), else None.
+        partition: the W=N world again with each rank a contiguous block of the same samples, and ``padded``: one
+            process running the ranks' samples, repeats included (ddpprobe/audit/worlds/_partitions.py); None where
+            not run (ddpprobe/audit/_pipeline.py runs them where a row's verdict rests on them).
+        process: the user's single process (``Trainer(devices=1)``, no process group) where ``single`` is not it,
+            and ``one_rank_ddp``: the one-rank DDP world (DDP's wrap, one rank) where it ran, else None.
     """
 
     single: World
@@ -78,6 +83,27 @@ class Worlds:
     limit_batches: Optional[int] = None
     compared_with: Optional[Reference] = None
     first_step: Optional[World] = None
+    partition: Optional[World] = None
+    padded: Optional[World] = None
+    process: Optional[World] = None
+    one_rank_ddp: Optional[World] = None
+
+    @property
+    def proof(self):
+        """The proving runs' values (:class:`~ddpprobe.audit.causes._proven.Proof`), from the worlds that
+        completed."""
+        from ddpprobe.audit.causes._proven import Proof
+
+        def done(world):
+            return world is not None and world.error is None and not any(r.get("raised") for r in world.records)
+
+        partition = [r["callback_metrics"] for r in self.partition.records] if done(self.partition) else None
+        padded = self.padded if done(self.padded) else None
+        return Proof(
+            partition=partition,
+            padded=padded.records[0]["callback_metrics"] if padded else None,
+            padded_logs=padded.traces[0]["logs"] if padded else None,
+        )
 
     @classmethod
     def of_records(cls, single: dict, world: list, stage: str = "validate", **fields) -> "Worlds":

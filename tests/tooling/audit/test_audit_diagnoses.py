@@ -171,13 +171,14 @@ def test_a_rank_local_per_sample_mean_without_padding_is_fixed_by_sync_dist():
     assert "the mean of the ranks' values equals single-process, so sync_dist=True gives it" in row.cause, row.cause
 
 
-def test_a_rank_local_per_sample_mean_with_padding_is_not_called_non_decomposable_the_cause_is_unknown():
+def test_a_rank_local_per_sample_mean_with_padding_is_settled_by_one_process_on_the_padded_samples():
     """The same module on 9 samples at W=2: ``DistributedSampler`` pads rank 1's shard with a repeat of
     sample 0, so the ranks' values average to the padded set's mean, not the single process's. A per-sample
-    mean synced over the ranks would count the repeat too, so the records cannot tell "not a per-sample
-    mean" from "the repeated sample": the audit says unknown whether sync_dist=True would give it, not
-    "sync_dist=True cannot fix it", and gives the fix that holds for either (drop the repeats) and, as the key
-    is logged with sync_dist=False from validation_step where no rank ran a collective, that entry's fix
+    mean synced over the ranks would count the repeat too, so one W=N run cannot tell "not a per-sample
+    mean" from "the repeated sample"; one process running the ranks' 10 samples, repeats included, settles it:
+    it gives the ranks' mean, so the audit says sync_dist=True gives that padded set's value and dropping the
+    repeats gives single-process (never "sync_dist=True cannot fix it"), and gives the fix for the repeats and, as
+    the key is logged with sync_dist=False from validation_step where no rank ran a collective, that entry's fix
     (sync_dist=True); no list of candidates with "nothing recorded" for or against them."""
     n, world_size = 9, 2
     result = _audit("make_unsynced_mean_model", "make_ids_9")
@@ -194,7 +195,9 @@ def test_a_rank_local_per_sample_mean_with_padding_is_not_called_non_decomposabl
     assert row.verdict == ddp_audit.RANK_DIVERGENT, row
     assert row.fixes == ["repeated_samples", "step_mean_rank_local"], row
     cause = " ".join(row.cause.split())
-    assert "unknown whether sync_dist=True would give it: the ranks ran 10 samples, 1 of them repeats" in cause, cause
+    assert f"gives {padded:.6g}, the mean of the ranks' values: sync_dist=True gives that padded set's value" in cause
+    assert f"dropping the repeats gives single-process {single:.6g}" in cause, cause
+    assert "unknown whether" not in cause, cause
     assert "'val_mean' is logged from validation_step with sync_dist=False" in cause, cause
     assert "Candidates" not in cause and "nothing recorded" not in cause, cause
     assert "sync_dist=True cannot fix it" not in cause, cause

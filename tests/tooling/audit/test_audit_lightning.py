@@ -88,7 +88,7 @@ def test_a_module_mixing_both_packages_is_refused_with_exit_code_2():
 #: Loads what ``ddpprobe audit`` loads before it reads the user's module (the audit's runner and the trace),
 #: then prints which Lightning trainer packages are imported.
 _LOADED_BEFORE_CHOICE = (
-    "import json, sys, ddpprobe.audit, ddpprobe.audit.worlds._run, ddpprobe.trace; "
+    "import json, sys, ddpprobe.audit, ddpprobe.audit._pipeline, ddpprobe.trace; "
     "print(json.dumps(sorted(m for m in ('pytorch_lightning', 'lightning.pytorch') if m in sys.modules)))"
 )
 

@@ -1,9 +1,11 @@
-"""Running the audit's worlds and assembling their records into an :class:`~ddpprobe.audit.AuditResult`.
+"""The audit's pipeline: which worlds run, in which order (:func:`run_worlds`), and the assembly of their records
+into an :class:`~ddpprobe.audit.AuditResult` (:func:`assemble`).
 
-Each world is a :func:`ddpprobe.run_world` of ``ddpprobe.audit.worlds._scenario.audit_rank``: the single process
-(W=1), the distributed run (W=N) and, after a ``fit`` whose weights trained differently at W=1, a single
-process validating the weights the distributed run trained (``same_weights``), so validation values are
-compared on the same weights. Each rank writes its trace into a folder of the audit's own.
+Each world is a :func:`ddpprobe.run_world` of ``ddpprobe.audit.worlds._scenario.audit_rank``: the user's single
+process (W=1, ``Trainer(devices=1)``), the distributed run (W=N) and, where they are needed, the one-rank DDP
+world, a single process validating the weights a distributed ``fit`` trained (``same_weights``), one process
+stepping on the ranks' first batches, and the proving runs (another split of the samples; the ranks' samples with
+their repeats in one process). Each rank writes its trace into a folder of the audit's own.
 """
 
 from __future__ import annotations
@@ -15,12 +17,13 @@ import tempfile
 from typing import Callable, Optional
 
 from ddpprobe.audit.causes._contract import CONTRACT_BREAK, apart_cause, contract_evidence, weights_apart
-from ddpprobe.audit.causes._kinds import RANK_DIVERGENT, SYNCED_DIFFERS
+from ddpprobe.audit.causes._kinds import RANK_DIVERGENT, SYNCED_DIFFERS, SYNCED_EQUAL
 from ddpprobe.audit.causes._verdict import rows
 from ddpprobe.audit.evidence._callbacks import callback_rows
 from ddpprobe.audit.evidence._experiment import experiment_rows
 from ddpprobe.audit.evidence._hooks import collectives_in_hooks_some_ranks_skip
 from ddpprobe.audit.evidence._sequences import trace_summary
+from ddpprobe.audit.evidence._stages import STAGE_LOOP
 from ddpprobe.audit.evidence._values import loader_kind, padding_duplicates
 from ddpprobe.audit.report._result import AuditResult
 from ddpprobe.audit.worlds._inputs import AuditInputError
@@ -30,6 +33,16 @@ from ddpprobe.trace import FLIGHT_RECORDER_ENV, read_trace, split_trace
 
 #: Lightning's hint that a logged value should be synced (rank 0's warnings are counted in the report).
 SYNC_DIST_HINT = "It is recommended to use `self.log("
+
+
+def hash_seeds(size: int) -> Optional[list]:
+    """Each rank's string-hash secret (``PYTHONHASHSEED``): one of its own per rank, as processes a launcher starts
+    each have (torchrun's, unless the environment sets the variable), fixed per rank so an audit is reproducible
+    (rank r: ``1 + r``; the single process shares rank 0's). None where this environment sets ``PYTHONHASHSEED``:
+    then a launch's processes all inherit it, and the ranks share this process's."""
+    if os.environ.get("PYTHONHASHSEED"):
+        return None
+    return [str(1 + r) for r in range(size)]
 
 
 def run_one(params: dict, size: int, root: str, settings, progress: Optional[Callable], what: str = "") -> World:
@@ -43,7 +56,9 @@ def run_one(params: dict, size: int, root: str, settings, progress: Optional[Cal
     from ddpprobe.launch import WorldError, run_world
 
     if progress is not None:
-        ranks = "single process" if size == 1 else f"{size} ranks"
+        ranks = (
+            "a one-rank DDP world" if params.get("one_rank_ddp") else "single process" if size == 1 else f"{size} ranks"
+        )
         progress(
             f"running {params['stage']} of {params['model_ref']} at W={size} ({ranks}{what}, at most "
             f"{settings.timeout:g} s; --timeout changes it)"
@@ -56,6 +71,7 @@ def run_one(params: dict, size: int, root: str, settings, progress: Optional[Cal
             backend=settings.backend,
             timeout=settings.timeout,
             env=FLIGHT_RECORDER_ENV,
+            hash_seeds=hash_seeds(size),
             trace_dir=folder,
             **params,
         )
@@ -83,27 +99,109 @@ def run_one(params: dict, size: int, root: str, settings, progress: Optional[Cal
 
 
 def run_worlds(params: dict, world_size: int, settings, progress: Optional[Callable]) -> Worlds:
-    """The :class:`Worlds` of one audit: W=1, W=N, and after a ``fit`` whose trained weights differ between
-    the two, W=1 validating the weights the W=N run trained."""
+    """The :class:`Worlds` of one audit, in this order:
+
+    1. the user's single process (``Trainer(devices=1)``, Lightning's default strategy, no process group) and the
+       W=N world;
+    2. where either stage raised, the one-rank DDP world (``Trainer(strategy="ddp")`` at W=1): it tells DDP's wrap
+       from more than one rank, and where the single process raised and it did not (code that needs a process
+       group) it is the reference the values are compared with;
+    3. after a ``fit`` whose trained weights differ between the two, W=1 validating the weights the W=N run trained;
+       and one process stepping once on the W=N ranks' first batches;
+    4. the proving runs (:func:`_proving`), where a row's verdict rests on them.
+    """
     root = tempfile.mkdtemp(prefix="ddpprobe-audit-")
     try:
-        single = run_one(params, 1, root, settings, progress)
+        process = run_one(params, 1, root, settings, progress)
         world = run_one(params, world_size, root, settings, progress)
+        one_rank = None
+        if _raised(process) or _raised(world) or world.error:
+            one_rank = _optional(
+                {**params, "one_rank_ddp": True}, 1, root, settings, progress, " of DDP: DDP's wrap, one rank"
+            )
+        single, reference = process, params
+        if _raised(process) and one_rank is not None and not _raised(one_rank):
+            single, reference = one_rank, {**params, "one_rank_ddp": True}
         same = None
         apart = Worlds(single, world, stage=params["stage"]).trained_apart
         if params["stage"] == "fit" and apart and world.weights and _validates(world):
             same = run_one(
-                {**params, "stage": "validate", "weights": world.weights},
+                {**reference, "stage": "validate", "weights": world.weights},
                 1,
                 root,
                 settings,
                 progress,
                 " validating the weights the W=N fit trained",
             )
-        first_step = _first_step(params, world, root, settings, progress) if params["stage"] == "fit" else None
-        return Worlds(single, world, same, params["stage"], params["limit_batches"], first_step=first_step)
+        first_step = _first_step(reference, world, root, settings, progress) if params["stage"] == "fit" else None
+        worlds = Worlds(
+            single,
+            world,
+            same,
+            params["stage"],
+            params["limit_batches"],
+            first_step=first_step,
+            process=process if single is not process else None,
+            one_rank_ddp=one_rank,
+        )
+        return _proving(worlds, params, reference, root, settings, progress)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _raised(world: World) -> bool:
+    return any(record.get("raised") for record in world.records)
+
+
+def _optional(params: dict, size: int, root: str, settings, progress, what: str) -> Optional[World]:
+    """:func:`run_one`, or None where that world failed (a proving or second reference run is evidence, not the
+    user's run: its failure takes no verdict down)."""
+    from ddpprobe.launch import WorldError
+
+    try:
+        found = run_one(params, size, root, settings, progress, what)
+    except WorldError:
+        return None
+    return None if found.error else found
+
+
+def _proving(worlds: Worlds, params: dict, reference: dict, root: str, settings, progress) -> Worlds:
+    """``worlds`` with the proving runs (ddpprobe/audit/worlds/_partitions.py, ddpprobe/audit/causes/_proven.py)
+    added where a verdict of a ``validate`` or ``test`` whose W=N world completed rests on them: the second split
+    where an epoch value is "synced, equals single-process" or the mean of rank-local values equals it; one
+    process on the ranks' padded samples where the ranks ran repeats and a value differs."""
+    if params["stage"] not in ("validate", "test") or not worlds.completed or worlds.world.error:
+        return worlds
+    found = rows(worlds)
+    epoch = [r for r in found if r.level == "epoch"]
+    claims = [
+        r
+        for r in epoch
+        if r.verdict == SYNCED_EQUAL or (r.verdict == RANK_DIVERGENT and "rank_local_mean" in r.hazards)
+    ]
+    counts = worlds.counts.get(STAGE_LOOP[params["stage"]])
+    repeats = counts is not None and counts.identified and counts.duplicates and not counts.unsharded
+    differ = [r for r in epoch if r.problem and r.verdict in (SYNCED_DIFFERS, RANK_DIVERGENT)]
+    partition = padded = None
+    if claims:
+        partition = _optional(
+            {**params, "sampler_order": "blocks"},
+            worlds.world_size,
+            root,
+            settings,
+            progress,
+            ", each rank a contiguous block of the same samples: equal under a second split?",
+        )
+    if repeats and differ:
+        padded = _optional(
+            {**reference, "sampler_order": f"padded:{worlds.world_size}"},
+            1,
+            root,
+            settings,
+            progress,
+            " on the ranks' samples, repeats included: what do the repeats explain?",
+        )
+    return dataclasses.replace(worlds, partition=partition, padded=padded)
 
 
 def _first_step(params: dict, world: World, root: str, settings, progress) -> Optional[World]:
@@ -202,6 +300,7 @@ def assemble(worlds: Worlds, inputs: dict, rtol: float, atol: float) -> AuditRes
         unmoved=worlds.unmoved,
         contract=contract_evidence(worlds),
         skipped_hooks=collectives_in_hooks_some_ranks_skip(world.traces),
+        references=_references(worlds),
     )
     # A key the ranks' divergence took down is its consequence: the divergence's note carries the fix.
     if weights_apart(result.contract) is not None:
@@ -224,6 +323,25 @@ def _explained_by_contract(result: AuditResult, row):
         return row
     evidence = {**(row.evidence or {}), CONTRACT_BREAK: apart["field"]}
     return dataclasses.replace(row, cause=apart_cause(apart), fixes=[], hazards=[], evidence=evidence)
+
+
+def _short(raised: Optional[dict]) -> Optional[dict]:
+    return {"type": raised["type"], "message": raised["message"]} if raised else None
+
+
+def _references(worlds: Worlds) -> dict:
+    """What the W=N run was compared with (``AuditResult.references``)."""
+    process = worlds.process or worlds.single
+    one = worlds.one_rank_ddp
+    proof = worlds.proof
+    return {
+        "compared_with": "one-rank DDP world" if worlds.process is not None else "single process",
+        "single_process_raised": _short(process.records[0].get("raised")),
+        "one_rank_ddp": None if one is None else {"raised": _short(one.records[0].get("raised"))},
+        "proving": [
+            name for name, ran in (("another split", proof.partition), ("padded samples", proof.padded)) if ran
+        ],
+    }
 
 
 def _weights(worlds: Worlds) -> dict:

@@ -1,0 +1,264 @@
+"""Modules for the audit's fidelity tests (tests/tooling/audit/test_audit_fidelity.py): the reference is the user's
+single process, an equality is proven under a second split of the samples, padding is told apart from a cause.
+
+The F1 data (:func:`make_f1_8`) is chosen so that every competing semantics gives another number. Sample ``i``
+carries its own prediction and target (the model's weights play no part, so every run scores the same outputs):
+
+====  ===  ===  ===  ===  ===  ===  ===  ===
+i     0    1    2    3    4    5    6    7
+====  ===  ===  ===  ===  ===  ===  ===  ===
+kind  FP   FP   FP   TN   FN   FN   FN   TP
+====  ===  ===  ===  ===  ===  ===  ===  ===
+
+F1 = 2 TP / (2 TP + FP + FN). Over the whole set 2 / (2 + 3 + 3) = 1/4. At W=2 ``DistributedSampler`` gives rank 0
+samples 0, 2, 4, 6 (F1 0) and rank 1 samples 1, 3, 5, 7 (F1 2 / 4 = 1/2): the mean of the ranks' F1 is 1/4, equal to
+the whole set's by chance. Split into contiguous blocks (0-3 and 4-7) the ranks' F1 are 0 and 2 / 5, mean 1/5.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from ddpprobe._lightning import pl
+
+#: (prediction, target) of each sample of :func:`make_f1_8` (module docstring).
+F1_8 = [(1, 0), (1, 0), (1, 0), (0, 0), (0, 1), (0, 1), (0, 1), (1, 1)]
+
+
+class Scored(Dataset):
+    """Sample ``i``: ``{"id": i, "pred": p, "target": t}`` from a list of ``(p, t)``."""
+
+    def __init__(self, outcomes: list):
+        self.outcomes = list(outcomes)
+
+    def __len__(self) -> int:
+        return len(self.outcomes)
+
+    def __getitem__(self, i: int) -> dict:
+        pred, target = self.outcomes[i]
+        return {"id": i, "pred": pred, "target": target}
+
+
+def f1_of(pairs) -> float:
+    """F1 of ``[(prediction, target)]`` (0 where there is no positive prediction or target), computed here from
+    its definition, not by any library the audited modules use."""
+    tp = sum(1 for p, t in pairs if p and t)
+    fp = sum(1 for p, t in pairs if p and not t)
+    fn = sum(1 for p, t in pairs if t and not p)
+    return 2 * tp / (2 * tp + fp + fn) if tp + fp + fn else 0.0
+
+
+class PerRankF1(pl.LightningModule):
+    """The seed question's bug: each rank keeps its predictions and targets in lists and computes F1 from them in
+    ``on_validation_epoch_end``, logged with ``sync_dist`` as given (the ranks' F1 are then averaged)."""
+
+    def __init__(self, sync_dist: bool):
+        super().__init__()
+        self.layer = torch.nn.Linear(1, 1)
+        self.sync_dist = sync_dist
+        self.preds, self.targets = [], []
+
+    def validation_step(self, batch, batch_idx):
+        self.preds += batch["pred"].tolist()
+        self.targets += batch["target"].tolist()
+
+    def on_validation_epoch_end(self):
+        pairs = list(zip(self.preds, self.targets))
+        tp = sum(1 for p, t in pairs if p and t)
+        wrong = sum(1 for p, t in pairs if bool(p) != bool(t))
+        f1 = 2 * tp / (2 * tp + wrong) if tp + wrong else 0.0
+        self.log("val_f1", torch.tensor(f1), sync_dist=self.sync_dist)
+        self.preds, self.targets = [], []
+
+
+def make_synced_per_rank_f1() -> PerRankF1:
+    return PerRankF1(sync_dist=True)
+
+
+def make_unsynced_per_rank_f1() -> PerRankF1:
+    return PerRankF1(sync_dist=False)
+
+
+def make_f1_8() -> DataLoader:
+    """The 8 samples of the module docstring in batches of 2."""
+    return DataLoader(Scored(F1_8), batch_size=2)
+
+
+class MetricF1(pl.LightningModule):
+    """The documented recipe: a torchmetrics ``BinaryF1Score`` updated in ``validation_step`` and logged as the
+    object (its counts are summed over the ranks at ``compute()``)."""
+
+    def __init__(self):
+        super().__init__()
+        from torchmetrics.classification import BinaryF1Score
+
+        self.layer = torch.nn.Linear(1, 1)
+        self.f1 = BinaryF1Score()
+
+    def validation_step(self, batch, batch_idx):
+        self.f1.update(batch["pred"], batch["target"])
+        self.log("val_f1", self.f1, on_epoch=True)
+
+
+def make_metric_f1() -> MetricF1:
+    return MetricF1()
+
+
+#: 7 samples (FP, FP, FN, TN, TP, TP, TN): at W=2 ``DistributedSampler`` repeats sample 0 (an FP) on rank 1. Whole
+#: set: TP 2, FP 2, FN 1, F1 4 / 7; with the repeat: FP 3, F1 4 / 8.
+F1_7 = [(1, 0), (1, 0), (0, 1), (0, 0), (1, 1), (1, 1), (0, 0)]
+
+
+def make_f1_7() -> DataLoader:
+    """The 7 samples of :data:`F1_7` in batches of 2."""
+    return DataLoader(Scored(F1_7), batch_size=2)
+
+
+class BatchF1(pl.LightningModule):
+    """F1 of each batch logged with ``sync_dist=True``: the epoch value averages per-batch F1 (non-decomposable),
+    whatever the repeats add."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(1, 1)
+
+    def validation_step(self, batch, batch_idx):
+        pairs = list(zip(batch["pred"].tolist(), batch["target"].tolist()))
+        tp = sum(1 for p, t in pairs if p and t)
+        wrong = sum(1 for p, t in pairs if bool(p) != bool(t))
+        self.log("val_f1", 2 * tp / (2 * tp + wrong) if tp + wrong else 0.0, batch_size=len(pairs), sync_dist=True)
+
+
+def make_batch_f1() -> BatchF1:
+    return BatchF1()
+
+
+class OwnAllReduce(pl.LightningModule):
+    """Sums each batch's targets with ``torch.distributed.all_reduce`` (no check that a process group exists):
+    a single-device ``Trainer(devices=1)`` raises there, DDP at any W runs it."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(1, 1)
+
+    def validation_step(self, batch, batch_idx):
+        total = batch["target"].float().sum()
+        torch.distributed.all_reduce(total)
+        self.log("val_positives", total, reduce_fx="sum")
+
+
+def make_own_all_reduce() -> OwnAllReduce:
+    return OwnAllReduce()
+
+
+class ReadsTheWrappedModel(pl.LightningModule):
+    """Reads ``self.trainer.model.hparams`` at the validation epoch's end: in one process ``trainer.model`` is the
+    module; in a ``fit`` under DDP's strategy it is the ``DistributedDataParallel`` wrap, which has no ``hparams``
+    (at W=1 as at W=N; pytorch_lightning/strategies/ddp.py ``DDPStrategy.setup`` wraps the module when fitting)."""
+
+    def __init__(self):
+        super().__init__()
+        self.save_hyperparameters({"threshold": 0.5})
+        self.layer = torch.nn.Linear(1, 1)
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val_positives", batch["target"].float().sum(), reduce_fx="sum", sync_dist=True)
+
+    def on_validation_epoch_end(self):
+        self.log("val_threshold", float(self.trainer.model.hparams["threshold"]))
+
+    def training_step(self, batch, batch_idx):
+        return self.layer(batch["pred"].float().unsqueeze(-1)).pow(2).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def make_reads_the_wrapped_model() -> ReadsTheWrappedModel:
+    return ReadsTheWrappedModel()
+
+
+def make_f1_8_fit() -> dict:
+    """:func:`make_f1_8`'s samples as the training and the validation set."""
+    return {"train": DataLoader(Scored(F1_8), batch_size=2), "val": DataLoader(Scored(F1_8), batch_size=2)}
+
+
+class SavesWithTorch(pl.LightningModule):
+    """Saves what it wrote with ``torch.save`` (torch's C++ writer, which Python's ``open`` never sees): every rank
+    its predictions to one fixed path at the validation epoch's end, and global rank 0 the weights of
+    ``trainer.model`` after training (the DDP wrap in a DDP ``fit``: keys prefixed ``module.``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(1, 1)
+        self.preds = []
+
+    def training_step(self, batch, batch_idx):
+        return self.layer(batch["pred"].float().unsqueeze(-1)).pow(2).mean()
+
+    def validation_step(self, batch, batch_idx):
+        self.preds.append(batch["pred"])
+
+    def on_validation_epoch_end(self):
+        torch.save(torch.cat(self.preds), "preds.pt")
+        self.preds = []
+
+    def on_train_end(self):
+        if self.trainer.is_global_zero:
+            torch.save(self.trainer.model.state_dict(), "weights.pt")
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.0)
+
+
+def make_saves_with_torch() -> SavesWithTorch:
+    return SavesWithTorch()
+
+
+class RankZeroOnlySynced(pl.LightningModule):
+    """Logs each batch's positive rate with ``sync_dist=True`` *and* ``rank_zero_only=True`` on every rank: the second
+    argument turns the sync off (pytorch_lightning/trainer/connectors/logger_connector/result.py ``_Sync``), so each
+    rank keeps its own shard's value."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(1, 1)
+
+    def validation_step(self, batch, batch_idx):
+        rate = batch["target"].float().mean()
+        self.log("val_rate", rate, batch_size=len(batch["id"]), sync_dist=True, rank_zero_only=True)
+
+
+def make_rank_zero_only_synced() -> RankZeroOnlySynced:
+    return RankZeroOnlySynced()
+
+
+#: 8 samples whose targets put 3 positives on rank 0's shard (samples 0, 2, 4) and 1 on rank 1's (sample 5) at W=2.
+RATES_8 = [(0, 1), (0, 0), (0, 1), (0, 0), (0, 1), (0, 1), (0, 0), (0, 0)]
+
+
+def make_rates_8() -> DataLoader:
+    """The 8 samples of :data:`RATES_8` in batches of 2."""
+    return DataLoader(Scored(RATES_8), batch_size=2)
+
+
+from tests.support.process_traits import HASHED_NAMES  # noqa: E402 - the light module the torchrun script runs
+
+
+class SetOrderBuffers(pl.LightningModule):
+    """Registers one buffer per name of a ``set`` of strings, in the set's iteration order, each holding its position:
+    the buffers' values follow the string-hash secret, which differs between the processes of a launch."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(1, 1)
+        for position, name in enumerate(set(HASHED_NAMES)):
+            self.register_buffer(f"slot_{name}", torch.tensor(float(position)))
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val_slot_alpha", self.slot_alpha, sync_dist=True)
+
+
+def make_set_order_buffers() -> SetOrderBuffers:
+    return SetOrderBuffers()

@@ -1,0 +1,241 @@
+"""The audit compares with the user's single process and proves its equalities (ddpprobe/audit/_pipeline.py,
+ddpprobe/audit/causes/_proven.py, ddpprobe/audit/worlds/_partitions.py).
+
+- The reference is ``Trainer(devices=1)`` with Lightning's default strategy (no process group, no DDP wrap). Where
+  it raises and a one-rank DDP world does not, the values are compared with that world and the report says so;
+  where the W=N run raises, the one-rank DDP world tells DDP's strategy from a second rank.
+- "Equals single-process" stands only where a second split of the same samples gives the same value: a mean of
+  per-rank F1 equal to the whole set's F1 by chance (the seed question's bug, on data where it happens) is named.
+- What DistributedSampler's repeats explain is told apart: a value one process gives on the ranks' samples with
+  the repeats is "padding only" (exit code 3); a value it does not give keeps its own cause.
+
+Expected values come from the data (``tests/support/fidelity_modules.py``: each sample carries its prediction and
+target, and ``f1_of`` computes F1 from its definition).
+"""
+
+from __future__ import annotations
+
+import pytest
+from torch.utils.data import DistributedSampler, SequentialSampler
+
+from ddpprobe.audit import RANK_DIVERGENT, SYNCED_DIFFERS, SYNCED_EQUAL
+from ddpprobe.audit.worlds._partitions import padded_indices, sampler_order
+from tests.support.audit_runs import audited
+from tests.support.fidelity_modules import F1_7, F1_8, RATES_8, f1_of
+
+M = "tests.support.fidelity_modules:"
+
+
+def _text(result) -> str:
+    """The report with its line wrapping undone."""
+    return " ".join(result.format().split())
+
+
+def test_the_second_split_gives_each_rank_a_contiguous_block_of_the_same_padded_list_and_restores_the_sampler():
+    """Under ``"blocks"`` DistributedSampler's ranks together run the same multiset as Lightning's split (the same
+    repeats), each a contiguous block; under ``"padded:W"`` one process's SequentialSampler yields that multiset;
+    both classes are as before afterwards."""
+    data = list(range(7))
+    strided = [list(DistributedSampler(data, num_replicas=2, rank=r, shuffle=False)) for r in range(2)]
+    with sampler_order("blocks"):
+        blocks = [list(DistributedSampler(data, num_replicas=2, rank=r, shuffle=False)) for r in range(2)]
+    with sampler_order("padded:2"):
+        padded = list(SequentialSampler(data))
+        assert len(SequentialSampler(data)) == 8
+    assert strided == [[0, 2, 4, 6], [1, 3, 5, 0]]
+    assert blocks == [[0, 1, 2, 3], [4, 5, 6, 0]]
+    assert sorted(padded) == sorted(strided[0] + strided[1]) == sorted(padded_indices(7, 2))
+    assert list(DistributedSampler(data, num_replicas=2, rank=1, shuffle=False)) == strided[1]
+    assert list(SequentialSampler(data)) == data
+    with pytest.raises(ValueError, match="'sideways'"):
+        with sampler_order("sideways"):
+            pass
+
+
+def test_a_synced_mean_of_per_rank_f1_that_equals_the_whole_set_by_chance_is_named_non_decomposable():
+    """The seed question's bug with ``sync_dist=True``: on this data the ranks' F1 (0 and 1/2) average to the whole
+    set's 1/4, so one split cannot tell it from a correct value; under the second split (contiguous blocks: 0 and
+    2/5) it moves, so the row says non-decomposable and gives the Metric-object fix, not "equals"."""
+    result = audited(M + "make_synced_per_rank_f1", M + "make_f1_8")
+    row = result.row("val_f1")
+    whole = f1_of(F1_8)
+    ranks = [f1_of(F1_8[0::2]), f1_of(F1_8[1::2])]
+    blocks = (f1_of(F1_8[:4]) + f1_of(F1_8[4:])) / 2
+    assert (whole, ranks, blocks) == (0.25, [0.0, 0.5], 0.2)
+    assert row.single == pytest.approx(whole) and row.per_rank == pytest.approx([sum(ranks) / 2] * 2)
+    assert row.verdict == SYNCED_DIFFERS and row.problem
+    assert row.hazards == ["non_decomposable"] and row.fixes == ["non_decomposable"]
+    assert row.evidence["under another split"] == pytest.approx(blocks)
+    assert "moves with how the samples are split" in row.cause
+    assert result.exit_code == 1
+
+
+def test_an_unsynced_per_rank_f1_whose_mean_equals_the_whole_set_by_chance_is_not_told_sync_dist_fixes_it():
+    """Without ``sync_dist`` the ranks keep 0 and 1/2; their mean is the whole set's 1/4 on this split only, so the
+    audit must not claim "sync_dist=True gives it": the second split's mean 1/5 names a whole-set metric computed
+    per rank, with the Metric-object fix."""
+    result = audited(M + "make_unsynced_per_rank_f1", M + "make_f1_8")
+    row = result.row("val_f1")
+    assert row.verdict == RANK_DIVERGENT
+    assert row.per_rank == pytest.approx([f1_of(F1_8[0::2]), f1_of(F1_8[1::2])])
+    assert row.hazards == ["rank_local_metric"] and row.fixes == ["rank_local_metric"]
+    assert "sync_dist=True gives it" not in row.cause and "sync_dist=True cannot fix it" in row.cause
+    assert row.evidence["mean of the ranks' values under another split"] == pytest.approx(
+        (f1_of(F1_8[:4]) + f1_of(F1_8[4:])) / 2
+    )
+
+
+def test_a_per_sample_mean_synced_stays_equal_under_the_second_split():
+    """Silent where it must be: a per-sample mean logged with its batch size and ``sync_dist=True`` is the whole
+    set's under both splits, so the row stays "synced, equals single-process" and says it was checked twice."""
+    result = audited("tests.support.audit_modules:make_mean_model", "tests.support.audit_modules:make_ids_8")
+    row = result.row("val_mean")
+    assert row.verdict == SYNCED_EQUAL and not row.problem
+    assert row.single == pytest.approx(sum(i * i for i in range(8)) / 8)
+    assert "equal under a second split of the same samples too" in row.cause
+    assert result.references["proving"] == ["another split"] and result.exit_code == 0
+
+
+def test_a_torchmetrics_f1_that_differs_by_the_repeated_samples_alone_is_padding_only_with_exit_code_3():
+    """The README's recipe (a torchmetrics F1 object) on 7 samples at W=2: the ranks' synced F1 counts the repeated
+    sample 0 (an FP): 4/8 against the whole set's 4/7. One process running the same 8 samples gives 4/8 too, so the
+    repeats are the whole difference: ``padding_only``, exit code 3 (documented DDP semantics a CI run may accept),
+    not the exit code 1 of a bug."""
+    result = audited(M + "make_metric_f1", M + "make_f1_7")
+    row = result.row("val_f1")
+    padded = [F1_7[i] for i in padded_indices(len(F1_7), 2)]
+    assert row.single == pytest.approx(f1_of(F1_7)) and row.per_rank == pytest.approx([f1_of(padded)] * 2)
+    assert f1_of(F1_7) != pytest.approx(f1_of(padded))
+    assert row.verdict == SYNCED_DIFFERS and row.padding_only and row.hazards == ["repeated_samples"]
+    assert result.padding_only and result.exit_code == 3
+    assert "exit code 3" in result.format()
+
+
+def test_a_per_batch_f1_with_repeats_keeps_its_own_cause_apart_from_the_repeats():
+    """Per-batch F1 synced as a mean, on the same 7 samples: the repeats are there, but one process running the
+    ranks' 8 samples (in other batches) gives another average, so the row names the repeats *and* the
+    non-decomposable average, exit code 1."""
+    result = audited(M + "make_batch_f1", M + "make_f1_7")
+    row = result.row("val_f1")
+    assert row.verdict == SYNCED_DIFFERS and not row.padding_only
+    assert "repeated_samples" in row.hazards and "non_decomposable" in row.hazards
+    assert "not the whole difference" in row.cause
+    assert result.exit_code == 1
+
+
+def test_code_that_needs_a_process_group_is_compared_with_a_one_rank_ddp_world_and_the_note_says_why():
+    """``torch.distributed.all_reduce`` without a process group raises in the user's single process
+    (``Trainer(devices=1)``); a one-rank DDP world runs it. The values are compared with that world, the report
+    says so with the single process's error, and the single process's error is no DDP problem."""
+    result = audited(M + "make_own_all_reduce", M + "make_f1_8")
+    refs = result.references
+    assert refs["compared_with"] == "one-rank DDP world"
+    assert refs["single_process_raised"]["type"] == "ValueError"
+    assert refs["one_rank_ddp"] == {"raised": None}
+    assert result.row("val_positives").single == pytest.approx(sum(t for _, t in F1_8))
+    assert 'a one-rank DDP world (strategy="ddp", W=1) ran the stage' in _text(result)
+    assert result.exit_code == 0
+
+
+def test_an_error_raised_under_ddps_strategy_at_one_rank_too_is_not_blamed_on_a_second_rank():
+    """Reading ``trainer.model.hparams`` in a ``fit``: the W=2 ranks raise AttributeError (``trainer.model`` is the
+    DDP wrap), the single process does not, and a one-rank DDP world raises it too: the report says DDP's
+    strategy, not a second rank, makes the stage raise."""
+    result = audited(M + "make_reads_the_wrapped_model", M + "make_f1_8_fit", stage="fit")
+    refs = result.references
+    assert refs["compared_with"] == "single process" and refs["single_process_raised"] is None
+    assert refs["one_rank_ddp"]["raised"]["type"] == "AttributeError"
+    assert {r["type"] for r in result.raised["world"] if r} == {"AttributeError"}
+    assert "not a second rank, makes the stage raise" in _text(result)
+
+
+def test_a_module_that_runs_everywhere_gets_no_second_reference_and_no_note():
+    """Silent where it must be: nothing raised, so no one-rank DDP world ran and the report has no note."""
+    result = audited(M + "make_metric_f1", M + "make_f1_8")
+    assert result.references["one_rank_ddp"] is None
+    assert result.references["compared_with"] == "single process"
+    assert "note:" not in result.format()
+    assert result.exit_code == 0
+
+
+def test_a_sync_that_rank_zero_only_turned_off_is_named_and_sync_dist_is_not_offered_as_the_fix():
+    """``sync_dist=True, rank_zero_only=True``: the flags ask for a sync the trace lacks. The row names
+    ``rank_zero_only=True`` as what turned it off and never prints "Fix: sync_dist=True", which the call already
+    passes. The ranks keep their shards' positive rates (samples 0, 2, 4, 6: 3/4 and 1, 3, 5, 7: 1/4)."""
+    result = audited(M + "make_rank_zero_only_synced", M + "make_rates_8")
+    row = result.row("val_rate")
+    shards = [[t for _, t in RATES_8[r::2]] for r in range(2)]
+    assert row.per_rank == pytest.approx([sum(s) / len(s) for s in shards]) == [0.75, 0.25]
+    assert row.verdict == RANK_DIVERGENT
+    assert "rank_zero_only=True turns the sync off" in row.cause
+    assert "rank_local_mean" not in row.fixes and "so sync_dist=True gives it" not in row.cause
+
+
+def test_the_audits_ranks_each_have_their_own_string_hash_secret_as_a_launchs_processes_do():
+    """Ranks forked from one server would share its string-hash secret; the audit's ranks each start from a server of
+    their own seed (``PYTHONHASHSEED`` 1 + rank, ddpprobe/audit/_pipeline.py ``hash_seeds``), so a ``set`` of strings
+    iterates in each rank's own order, that of a fresh interpreter with that seed. Without the option, the ranks
+    share one."""
+    from ddpprobe.audit._pipeline import hash_seeds
+    from ddpprobe.launch import run_world
+    from tests.support.process_traits import process_traits, set_order_under
+
+    seeds = hash_seeds(2)
+    assert seeds == ["1", "2"]
+    own = [r.record for r in run_world(process_traits, 2, hash_seeds=seeds)]
+    shared = [r.record for r in run_world(process_traits, 2)]
+    assert [r["set_order"] for r in own] == [set_order_under(s) for s in seeds]
+    assert own[0]["hash"] != own[1]["hash"] and own[0]["pid"] != own[1]["pid"]
+    assert shared[0]["hash"] == shared[1]["hash"]
+
+
+def test_a_hash_seed_list_that_does_not_fit_the_world_is_refused_before_any_rank_starts():
+    """One seed per rank, each 1 to 4294967295 (0 turns randomization off, which no launcher does)."""
+    from ddpprobe.launch import run_world
+    from tests.support.process_traits import process_traits
+
+    with pytest.raises(ValueError, match=r"hash_seeds=\['1'\].*one PYTHONHASHSEED per rank \(2\)"):
+        run_world(process_traits, 2, hash_seeds=["1"])
+    with pytest.raises(ValueError, match=r"hash_seeds=\['0', '1'\]"):
+        run_world(process_traits, 2, hash_seeds=["0", "1"])
+
+
+@pytest.mark.integration
+def test_under_real_torchrun_the_ranks_string_hash_secrets_differ_too(tmp_path):
+    """The other side of the fidelity test: ``torchrun`` (no ``PYTHONHASHSEED`` set) starts each rank as an
+    interpreter of its own, so the ranks' string hashes and ``set`` orders differ, as the audit's ranks' do."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.support.torchrun import ROOT
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED" and not k.startswith(("PYTEST_", "DDPPROBE_"))}
+    env.update(OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    command += ["tests/support/process_traits.py", str(tmp_path)]
+    subprocess.run(command, cwd=ROOT, env=env, check=True, capture_output=True, timeout=120)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [r["rank"] for r in ranks] == ["0", "1"]
+    assert ranks[0]["hash"] != ranks[1]["hash"] and ranks[0]["pid"] != ranks[1]["pid"]
+
+
+def test_buffers_registered_in_a_sets_order_are_named_as_differing_between_the_ranks():
+    """A module registers one buffer per name of a ``set`` of strings, each holding its position: under a launch each
+    rank's secret gives another order, so the buffers differ between the ranks and the DDP contract names them, with
+    each rank's value as a fresh interpreter of that rank's seed orders the set."""
+    from tests.support.process_traits import HASHED_NAMES, set_order_under
+
+    result = audited(M + "make_set_order_buffers", M + "make_f1_8")
+    orders = [set_order_under(s) for s in ("1", "2")]
+    expected = {
+        f"buffer.slot_{name}": [float(order.index(name)) for order in orders]
+        for name in HASHED_NAMES
+        if orders[0].index(name) != orders[1].index(name)
+    }
+    assert expected, "the two seeds order the set alike: choose other names"
+    found = {b["field"]: b["per_rank"] for b in result.contract["breaks"]}
+    for field, values in expected.items():
+        assert field in found, (field, sorted(found))
+        assert [v["values"] for v in found[field]] == [[value] for value in values], (field, found[field])
