@@ -22,8 +22,145 @@ class Change:
     source: str  # where it is recorded: a CHANGELOG entry and its PR/issue, or the changed function
 
 
+_SAMPLER_2_0 = Change(
+    "Up to 1.9 Lightning wraps every loader's sampler in a `DistributedSamplerWrapper`, which reorders what the "
+    "user's sampler yields; from 2.0.0 a loader with a `RandomSampler` or `SequentialSampler` gets a plain "
+    "`DistributedSampler` over the dataset (what the fact asserts), and only other samplers are wrapped.",
+    "`_get_distributed_sampler` in pytorch_lightning/trainer/connectors/data_connector.py, 1.9.5 against 2.0.0",
+)
+_EPOCH_END_REMOVED = Change(
+    "2.0.0 removed the `{training,validation,test}_epoch_end` hooks (defining one raises `NotImplementedError`): "
+    "the 1.x fact applies up to 1.9, the 2.x one from 2.0.",
+    "pytorch_lightning CHANGELOG 2.0.0, #16520",
+)
+_STEP_END_REMOVED = Change(
+    "2.0.0 removed the `training_step_end`, `validation_step_end` and `test_step_end` hooks (a defined one is never "
+    "called): the 1.x fact applies up to 1.9, the 2.x one from 2.0.",
+    "pytorch_lightning CHANGELOG 2.0.0, #16791",
+)
+_FLOORED_COUNT = Change(
+    "From 2.0.7 a mean sync over gloo divides in place (`result.copy_(result / world_size)`), so the int64 "
+    "`cumulated_batch_size` that weights the epoch mean is floored when the ranks' count does not divide by the "
+    "world size, inflating the mean (upstream issue #21859); 1.9.5 divided out of place into a float "
+    "(`result / world_size`), so there the weighted mean is exact and the fact asserting the floor does not hold.",
+    "lightning_fabric CHANGELOG 2.0.7, 'Fixed an issue with Fabric.all_reduce() not performing an inplace operation "
+    "for all backends consistently' (#18235); `_sync_ddp` in lightning_fabric/utilities/distributed.py",
+)
+_PREDICT_DATALOADERS = Change(
+    "The fact's probe reads the loader from `trainer.predict_dataloaders`, a list of loaders up to 1.9 "
+    "(`AttributeError: 'list' object has no attribute 'batch_sampler'`) and the loader as given from 2.0.0, when the "
+    "loops took over their data: on 1.9.5 the probe fails, not Lightning's prediction.",
+    "pytorch_lightning CHANGELOG 2.0.0, 'The top-level loops now own the data sources and combined dataloaders' "
+    "(#16726)",
+)
+_USE_DISTRIBUTED_SAMPLER = Change(
+    "2.0.0 renamed `Trainer(replace_sampler_ddp=...)` to `Trainer(use_distributed_sampler=...)`, which the fact's "
+    "probe passes: 1.9.5's Trainer raises `TypeError: unexpected keyword argument 'use_distributed_sampler'`.",
+    "pytorch_lightning CHANGELOG 2.0.0, #16829",
+)
+_SYNC_DIST_GROUP_PICKLE = Change(
+    "On 1.9.5 with torch 2.x, `_ResultMetric.to` runs `apply_to_collection` over the module's own `__dict__`, which "
+    "deep-copies the logged key's metadata, and a `sync_dist_group` process group cannot be pickled: the members' "
+    "`self.log(..., sync_dist_group=group)` raises `TypeError: cannot pickle 'ProcessGroup' object`. 2.0.0 passes a "
+    "plain copy of the `__dict__` (the workaround for pytorch/pytorch#96198).",
+    "`_ResultMetric.to` in pytorch_lightning/trainer/connectors/logger_connector/result.py, 1.9.5 against 2.0.0",
+)
+
 #: ``{"tests/facts/<file>.py::<test function>": Change}``.
-CHANGES: dict = {}
+CHANGES: dict = {
+    "tests/facts/test_sharding.py::test_each_rank_sees_a_disjoint_strided_shard_when_n_divides_by_world_size": (
+        _SAMPLER_2_0
+    ),
+    "tests/facts/test_training_loop.py::test_the_training_sampler_shuffles_whatever_the_user_loader_says_and_"
+    "reshuffles_every_epoch": _SAMPLER_2_0,
+    "tests/facts/test_training_loop.py::test_validation_inside_fit_keeps_the_users_order_every_epoch": _SAMPLER_2_0,
+    "tests/facts/test_removed_hooks.py::test_defining_validation_epoch_end_raises_not_implemented_error_on_"
+    "every_rank": _EPOCH_END_REMOVED,
+    "tests/facts/test_lightning_1x_hooks.py::test_validation_epoch_end_receives_only_the_ranks_own_outputs": (
+        _EPOCH_END_REMOVED
+    ),
+    "tests/facts/test_removed_hooks.py::test_defining_validation_step_end_is_silently_never_called": _STEP_END_REMOVED,
+    "tests/facts/test_lightning_1x_hooks.py::test_validation_step_end_receives_only_the_local_step_output": (
+        _STEP_END_REMOVED
+    ),
+    "tests/facts/test_log_reductions.py::test_the_synced_epoch_mean_is_the_batch_size_weighted_mean_even_when_the_"
+    "count_does_not_divide_by_world_size": _FLOORED_COUNT,
+    "tests/facts/test_uneven_shards.py::test_uneven_shards_give_the_true_mean_with_an_epoch_level_synced_log": (
+        _FLOORED_COUNT
+    ),
+    "tests/facts/test_uneven_shards.py::test_uneven_shards_floor_the_synced_count_so_the_epoch_level_synced_mean_is_"
+    "inflated": _FLOORED_COUNT,
+    "tests/facts/test_uneven_shards.py::test_uneven_shards_logged_through_a_torchmetrics_mean_metric_give_the_true_"
+    "mean": Change(
+        "The torchmetrics `MeanMetric` gives the true mean on every release; the fact also asserts the floored "
+        "`self.log` value beside it, and that floor exists from 2.0.7 only: " + _FLOORED_COUNT.why,
+        _FLOORED_COUNT.source,
+    ),
+    "tests/facts/test_user_samplers.py::test_with_a_user_unrepeated_sampler_the_synced_mean_is_the_dataset_mean": (
+        Change(
+            "On 1.9.5: "
+            + _USE_DISTRIBUTED_SAMPLER.why
+            + " From 2.0.9.post0 the synced mean is floored: "
+            + _FLOORED_COUNT.why,
+            _USE_DISTRIBUTED_SAMPLER.source + "; " + _FLOORED_COUNT.source,
+        )
+    ),
+    "tests/facts/test_predict.py::test_predict_does_not_pad_so_ranks_run_different_numbers_of_batches": (
+        _PREDICT_DATALOADERS
+    ),
+    "tests/facts/test_predict.py::test_predict_returns_only_the_rank_s_own_predictions_and_none_without_return_"
+    "predictions": _PREDICT_DATALOADERS,
+    "tests/facts/test_predict.py::test_predict_writer_gets_the_rank_s_batch_indices_but_at_epoch_end_nested_one_"
+    "level_deeper_than_predictions": _PREDICT_DATALOADERS,
+    "tests/facts/test_predict.py::test_predict_recipe_merging_every_rank_s_written_predictions_by_index_equals_"
+    "single_process": _PREDICT_DATALOADERS,
+    "tests/facts/test_user_samplers.py::test_use_distributed_sampler_false_makes_every_rank_see_the_whole_dataset": (
+        _USE_DISTRIBUTED_SAMPLER
+    ),
+    "tests/facts/test_user_samplers.py::test_use_distributed_sampler_keeps_a_user_distributed_sampler_with_drop_"
+    "last_so_the_last_samples_are_never_seen": _USE_DISTRIBUTED_SAMPLER,
+    "tests/facts/test_user_samplers.py::test_use_distributed_sampler_keeps_a_user_unrepeated_sampler_so_ranks_run_"
+    "different_batch_counts": _USE_DISTRIBUTED_SAMPLER,
+    "tests/facts/test_user_samplers.py::test_trainer_test_pads_and_warns_like_validate_when_n_does_not_divide_by_"
+    "world_size": _USE_DISTRIBUTED_SAMPLER,
+    "tests/facts/test_log_reductions.py::test_sync_dist_group_averages_over_the_groups_ranks_only": (
+        _SYNC_DIST_GROUP_PICKLE
+    ),
+    "tests/facts/test_log_reductions.py::test_a_rank_outside_sync_dist_group_that_passes_the_group_keeps_its_sum_"
+    "but_its_mean_raises": _SYNC_DIST_GROUP_PICKLE,
+    "tests/facts/test_log_reductions.py::test_python_floats_and_ints_are_synced_as_float32_and_only_an_integer_"
+    "tensor_gets_the_cast_warning": Change(
+        "2.1.0 reworded the warning for a non-floating logged tensor to '... needs to be floating to be reduced. "
+        "Converting it to torch.float32.' (and keeps a logged value in float32 or wider); 1.9 and 2.0 warn '... needs "
+        "to be floating point', which is not the warning the fact counts.",
+        "pytorch_lightning CHANGELOG 2.1.0, 'Fixed numerical issues when reducing values in low precision with "
+        "self.log' (#18686); `_ResultMetric.update` in trainer/connectors/logger_connector/result.py",
+    ),
+    "tests/facts/test_where_values_land.py::test_the_results_table_is_printed_by_rank_0_only_with_rank_0s_numbers": (
+        Change(
+            "Up to 2.0 the evaluation loop builds the table's header from the `RunningStage` enum "
+            "(`f'{stage} Metric'.capitalize()`), which Python 3.11 prints as 'Runningstage.validating metric'; "
+            "2.1.0 passes the stage's value, so the header reads 'Validate metric' as the fact expects.",
+            "the `_print_results` call in pytorch_lightning/loops/evaluation_loop.py: `self.trainer.state.stage` "
+            "in 2.0.9.post0, `self._stage.value` in 2.1.4",
+        )
+    ),
+    "tests/facts/test_callbacks.py::test_only_the_ranks_whose_own_value_met_the_criterion_record_a_stopping_reason": (
+        Change(
+            "`EarlyStopping.stopping_reason` is new in 2.6.0; before it the fact has nothing to read and skips.",
+            "pytorch_lightning CHANGELOG 2.6.0, 'Added attributes to access stopping reason in EarlyStopping "
+            "callback' (#21188)",
+        )
+    ),
+    "tests/facts/test_iterable_datasets.py::test_an_iterable_dataset_with_len_warns_on_rank_0_only_about_worker_"
+    "duplicates_and_is_still_not_sharded": Change(
+        "1.9.5 checks an evaluation loader's length from the data connector (`_reset_eval_dataloader`) and rank 0 "
+        "warns twice there; from 2.0.0 the evaluation loop checks it once when it sets up its data.",
+        "pytorch_lightning CHANGELOG 2.0.0, 'The top-level loops now own the data sources and combined "
+        "dataloaders' (#16726); `has_len_all_ranks` callers in 1.9.5's data_connector.py and 2.0.0's "
+        "loops/evaluation_loop.py",
+    ),
+}
 
 
 def change_of(nodeid: str):

@@ -295,3 +295,21 @@ def test_each_fact_that_changes_between_releases_is_listed_with_the_release_wher
     ), section
     assert "test_c" not in section, section
     assert "2 fact(s) (3 test cases) change their verdict" in section and "; 1 with the Lightning change" in section
+
+
+def test_every_change_the_matrix_explains_names_a_test_function_of_the_facts():
+    """Each key of ddpprobe/card/changes.py is ``tests/facts/<file>.py::<function>`` of a test that exists, so an
+    explanation cannot outlive a renamed or removed fact unnoticed."""
+    import pathlib
+    import re
+
+    from ddpprobe.card.changes import CHANGES
+
+    root = pathlib.Path(__file__).resolve().parents[3]
+    missing = []
+    for key in CHANGES:
+        path, _, function = key.partition("::")
+        source = root / path
+        if not (source.is_file() and re.search(rf"^\s*def {re.escape(function)}\(", source.read_text(), re.M)):
+            missing.append(key)
+    assert not missing, "ddpprobe/card/changes.py explains tests that do not exist:\n  " + "\n  ".join(missing)
