@@ -22,11 +22,12 @@ class Change:
     source: str  # where it is recorded: a CHANGELOG entry and its PR/issue, or the changed function
 
 
-_SAMPLER_2_0 = Change(
-    "Up to 1.9 Lightning wraps every loader's sampler in a `DistributedSamplerWrapper`, which reorders what the "
-    "user's sampler yields; from 2.0.0 a loader with a `RandomSampler` or `SequentialSampler` gets a plain "
+_SAMPLER_2_0_3 = Change(
+    "Up to 2.0.2 Lightning wraps every loader's sampler in a `DistributedSamplerWrapper`, which reorders what the "
+    "user's sampler yields; from 2.0.3 a loader with a `RandomSampler` or `SequentialSampler` gets a plain "
     "`DistributedSampler` over the dataset (what the fact asserts), and only other samplers are wrapped.",
-    "`_get_distributed_sampler` in pytorch_lightning/trainer/connectors/data_connector.py, 1.9.5 against 2.0.0",
+    "pytorch_lightning CHANGELOG 2.0.3, 'Fixed an edge case causing overlapping samples in DDP when no global seed "
+    "is set' (#17713); `_get_distributed_sampler` in pytorch_lightning/trainer/connectors/data_connector.py",
 )
 _EPOCH_END_REMOVED = Change(
     "2.0.0 removed the `{training,validation,test}_epoch_end` hooks (defining one raises `NotImplementedError`): "
@@ -48,10 +49,10 @@ _FLOORED_COUNT = Change(
 )
 _PREDICT_DATALOADERS = Change(
     "The fact's probe reads the loader from `trainer.predict_dataloaders`, a list of loaders up to 1.9 "
-    "(`AttributeError: 'list' object has no attribute 'batch_sampler'`) and the loader as given from 2.0.0, when the "
-    "loops took over their data: on 1.9.5 the probe fails, not Lightning's prediction.",
-    "pytorch_lightning CHANGELOG 2.0.0, 'The top-level loops now own the data sources and combined dataloaders' "
-    "(#16726)",
+    "(`AttributeError: 'list' object has no attribute 'batch_sampler'`) and what the user returned from 2.0.0: on "
+    "1.9.5 the probe fails, not Lightning's prediction.",
+    "pytorch_lightning CHANGELOG 2.0.0, 'The `trainer.*_dataloader` properties now return what the user returned in "
+    "their `LightningModule.*_dataloader()` hook' (#16726, #16800)",
 )
 _USE_DISTRIBUTED_SAMPLER = Change(
     "2.0.0 renamed `Trainer(replace_sampler_ddp=...)` to `Trainer(use_distributed_sampler=...)`, which the fact's "
@@ -66,14 +67,42 @@ _SYNC_DIST_GROUP_PICKLE = Change(
     "`_ResultMetric.to` in pytorch_lightning/trainer/connectors/logger_connector/result.py, 1.9.5 against 2.0.0",
 )
 
+_STATIC_GRAPH_2_6 = Change(
+    "2.6.0 fixed manual optimization under `DDPStrategy(static_graph=True)`: before it no step's gradients were "
+    "averaged, from it every step's are; each release runs the fact of its side.",
+    "pytorch_lightning CHANGELOG 2.6.0, 'Fixed synchronization of gradients in manual optimization with "
+    "`DDPStrategy(static_graph=True)`' (#21251)",
+)
+_METRIC_RESTORE_2_0 = Change(
+    "Up to 1.9, loading a checkpoint reset every torchmetrics `Metric` on every rank but 0 "
+    "(`_CheckpointConnector.restore_model`, for fault-tolerant training); 2.0.0 removed fault-tolerant training and "
+    "that reset, so every rank restores the saved state; each release runs the fact of its side.",
+    "pytorch_lightning CHANGELOG 2.0.0, 'Removed support for the experimental `PL_FAULT_TOLERANT_TRAINING` "
+    "environment flag' (#16516, #16533); `restore_model` in 1.9.5's trainer/connectors/checkpoint_connector.py",
+)
+_CAST_BEFORE_SYNC_2_1 = Change(
+    "From 2.1.0 `_ResultMetric.update` casts a logged value below float32 (bfloat16, float16) to float32 before the "
+    "step sync and accumulates in float32; before it only integers were cast, after the sync; each release runs the "
+    "fact of its side.",
+    "pytorch_lightning CHANGELOG 2.1.0, 'Fixed numerical issues when reducing values in low precision with "
+    "`self.log`' (#18686)",
+)
+_SIGTERM_2_5_2 = Change(
+    "From 2.5.2 every training step starts with a broadcast of rank 0's SIGTERM flag, so a SIGTERM reaching one rank "
+    "stops every rank at the same step; before it each rank's handler acted alone (from 2.0, `SIGTERMException`); "
+    "each release runs the facts of its side.",
+    "pytorch_lightning CHANGELOG 2.5.2, 'Fixed Synchronize SIGTERM Handling in DDP to Prevent Deadlocks' (#20825); "
+    "2.0.0, 'Renamed the `GracefulExitException` to `SIGTERMException`' (#16501)",
+)
+
 #: ``{"tests/facts/<file>.py::<test function>": Change}``.
 CHANGES: dict = {
     "tests/facts/test_sharding.py::test_each_rank_sees_a_disjoint_strided_shard_when_n_divides_by_world_size": (
-        _SAMPLER_2_0
+        _SAMPLER_2_0_3
     ),
     "tests/facts/test_training_loop.py::test_the_training_sampler_shuffles_whatever_the_user_loader_says_and_"
-    "reshuffles_every_epoch": _SAMPLER_2_0,
-    "tests/facts/test_training_loop.py::test_validation_inside_fit_keeps_the_users_order_every_epoch": _SAMPLER_2_0,
+    "reshuffles_every_epoch": _SAMPLER_2_0_3,
+    "tests/facts/test_training_loop.py::test_validation_inside_fit_keeps_the_users_order_every_epoch": _SAMPLER_2_0_3,
     "tests/facts/test_removed_hooks.py::test_defining_validation_epoch_end_raises_not_implemented_error_on_"
     "every_rank": _EPOCH_END_REMOVED,
     "tests/facts/test_lightning_1x_hooks.py::test_validation_epoch_end_receives_only_the_ranks_own_outputs": (
@@ -160,6 +189,35 @@ CHANGES: dict = {
         "dataloaders' (#16726); `has_len_all_ranks` callers in 1.9.5's data_connector.py and 2.0.0's "
         "loops/evaluation_loop.py",
     ),
+    "tests/facts/test_manual_optimization_static_graph.py::test_manual_backward_with_static_graph_true_averages_"
+    "every_steps_gradients_from_the_first_step": _STATIC_GRAPH_2_6,
+    "tests/facts/test_manual_optimization_static_graph.py::test_before_2_6_manual_backward_with_static_graph_true_"
+    "leaves_every_rank_its_own_gradients": _STATIC_GRAPH_2_6,
+    "tests/facts/test_metric_checkpoints.py::test_a_persistent_metric_checkpointed_in_ddp_holds_rank_0s_state_and_a_"
+    "new_run_computes_it_w_times": _METRIC_RESTORE_2_0,
+    "tests/facts/test_metric_checkpoints.py::test_before_2_0_a_checkpointed_metric_is_restored_on_rank_0_only_so_"
+    "compute_gives_rank_0s_state": _METRIC_RESTORE_2_0,
+    "tests/facts/test_metric_precision_and_devices.py::test_a_bfloat16_value_logged_with_sync_dist_is_cast_to_"
+    "float32_first_so_its_synced_sum_is_exact": _CAST_BEFORE_SYNC_2_1,
+    "tests/facts/test_metric_precision_and_devices.py::test_before_2_1_a_bfloat16_value_logged_with_sync_dist_is_"
+    "synced_in_bfloat16_at_step_level": _CAST_BEFORE_SYNC_2_1,
+    "tests/facts/test_preemption.py::test_sigterm_to_rank_0_between_steps_makes_every_rank_raise_sigterm_exception_"
+    "before_the_next_step": _SIGTERM_2_5_2,
+    "tests/facts/test_preemption.py::test_sigterm_to_another_rank_between_steps_stops_that_rank_only_and_the_others_"
+    "fail_in_the_next_step": _SIGTERM_2_5_2,
+    "tests/facts/test_preemption.py::test_sigterm_during_a_training_step_blocks_every_rank_until_the_process_group_"
+    "timeout": _SIGTERM_2_5_2,
+    "tests/facts/test_preemption.py::test_every_training_step_starts_with_one_broadcast_of_the_sigterm_flag_when_w_"
+    "is_above_1": _SIGTERM_2_5_2,
+    "tests/facts/test_preemption.py::test_before_2_5_2_no_collective_runs_between_training_steps": _SIGTERM_2_5_2,
+    "tests/facts/test_preemption.py::test_before_2_5_2_sigterm_to_rank_0_stops_rank_0_only_and_the_others_fail_in_"
+    "the_next_step": _SIGTERM_2_5_2,
+    "tests/facts/test_samplers_rewrapped.py::test_random_sampler_with_replacement_becomes_a_plain_distributed_"
+    "sampler_that_draws_ceil_n_over_w_without_warning": _SAMPLER_2_0_3,
+    "tests/facts/test_samplers_rewrapped.py::test_before_2_0_3_random_sampler_with_replacement_was_wrapped_so_each_"
+    "rank_drew_ceil_k_over_w": _SAMPLER_2_0_3,
+    "tests/facts/test_samplers_rewrapped.py::test_a_plain_shuffled_loader_partitions_the_data_without_seed_"
+    "everything": _SAMPLER_2_0_3,
 }
 
 
