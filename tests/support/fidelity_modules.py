@@ -262,3 +262,42 @@ class SetOrderBuffers(pl.LightningModule):
 
 def make_set_order_buffers() -> SetOrderBuffers:
     return SetOrderBuffers()
+
+
+class SumOverWholeCount(pl.LightningModule):
+    """Sums each rank's targets and divides by the whole validation set's length at the epoch's end, logged with
+    ``sync_dist=True``: each rank holds a share of the whole set's positive rate, and the mean sync halves it at
+    W=2."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(1, 1)
+        self.total = 0.0
+
+    def validation_step(self, batch, batch_idx):
+        self.total += float(batch["target"].sum())
+
+    def on_validation_epoch_end(self):
+        rate = self.total / len(self.trainer.val_dataloaders.dataset)
+        self.log("val_rate", torch.tensor(rate), sync_dist=True)
+        self.total = 0.0
+
+
+def make_sum_over_whole_count() -> SumOverWholeCount:
+    return SumOverWholeCount()
+
+
+class LazyLayer(pl.LightningModule):
+    """A ``torch.nn.LazyLinear`` whose parameters have no shape until its first forward, which never runs here
+    (validation logs the targets' rate only): the audit's records read it as unreadable, never raise."""
+
+    def __init__(self):
+        super().__init__()
+        self.head = torch.nn.LazyLinear(1)
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val_rate", batch["target"].float().mean(), batch_size=len(batch["id"]), sync_dist=True)
+
+
+def make_lazy_layer() -> LazyLayer:
+    return LazyLayer()

@@ -255,9 +255,74 @@ def _batch_means_differ(case: _Case) -> Optional[tuple]:
     )
 
 
-def _rank_means_differ(case: _Case) -> Optional[tuple]:
-    """A value logged once per rank at epoch end whose synced mean is the ranks' unweighted mean."""
+def _already_whole(case: _Case) -> Optional[tuple]:
+    """A key synced by ``self.log`` with ``reduce_fx="sum"`` whose every rank's own epoch value already equals the
+    single process's (the whole set's) and whose measured value is W times it: the sum over the ranks counts the
+    whole W times. Where the trace shows a collective of the module's own in the key's hooks, it is named as what
+    made each rank's value whole. Arithmetic on the recorded values; no registry entry."""
+    from ddpprobe.audit.evidence._arithmetic import own_epoch_values
+
+    sums = [c for c in case.calls if c.get("sync_dist") and not c.get("metric_object")]
+    if not sums or any(str(c.get("reduce_fx")) != "sum" for c in sums):
+        return None
+    values, _ = own_epoch_values(case.per_rank, case.name, "sum")
+    if not values or any(v is None for v in values) or not all(case.close(v, case.single) for v in values):
+        return None
+    if not case.close(case.measured, case.world_size * case.single):
+        return None
+    own = sorted(
+        {
+            f"{c['op']} at {c['call_site']}"
+            for rank in case.collectives
+            for c in rank
+            if c.get("source") == "user" and c.get("hook") in case.hooks and c.get("call_site")
+        }
+    )
+    made = f" (the module's own {', '.join(own)} made it whole)" if own else ""
+    case.evidence.update({"ranks' own values": values, SHARES: True})
+    return (
+        f"every rank's own value already is the single-process {case.single:.6g}{made}, and the sync's "
+        f"reduce_fx='sum' adds the W={case.world_size} copies: {case.measured:.6g}; a value every rank already "
+        "holds whole needs no sync (sync_dist=False), or a sum sync of each rank's own part only",
+        [],
+    )
+
+
+#: The evidence key :func:`_rank_shares` sets where the ranks' values sum to the single-process value.
+SHARES = "the ranks' values sum to single-process"
+
+
+def _rank_shares(case: _Case) -> Optional[tuple]:
+    """A value logged once per rank at epoch end, synced as a mean, where the ranks' values add up to the single
+    process's value and the measured one is their mean: each rank holds its share of one whole-set sum (a sum over
+    its own samples divided by a count of the whole set), so the mean sync divides the whole by W. Arithmetic on the
+    recorded values only; no registry entry (no fix is printed)."""
     per_rank = case.per_rank
+    if not case.tensor_mean or case.at_step or not all(len(logs) == 1 for logs in per_rank):
+        return None
+    values = [logs[0].get("value") for logs in per_rank]
+    if any(v is None for v in values) or len(values) < 2:
+        return None
+    total = sum(values)
+    if not case.close(total, case.single) or not case.close(case.measured, total / len(values)):
+        return None
+    case.evidence.update({"per-rank values": values, SHARES: True})
+    shown = ", ".join(f"{v:.6g}" for v in values)
+    return (
+        f"the ranks' values ({shown}) add up to the single-process {case.single:.6g}, and the mean sync gives their "
+        f"mean {case.measured:.6g}: each rank holds a share of one whole-set value (as a sum over the rank's own "
+        "samples divided by the whole set's count would), so averaging the shares divides the whole by "
+        f"W={case.world_size}; a per-sample mean divides each rank's sum by the rank's own count",
+        [],
+    )
+
+
+def _rank_means_differ(case: _Case) -> Optional[tuple]:
+    """A value logged once per rank at epoch end whose synced mean is the ranks' unweighted mean (not where
+    :func:`_rank_shares` showed the values to be shares of one sum)."""
+    per_rank = case.per_rank
+    if case.evidence.get(SHARES):
+        return None
     if not case.tensor_mean or case.at_step or not all(len(logs) == 1 for logs in per_rank):
         return None
     values = [logs[0].get("value") for logs in per_rank]
@@ -315,6 +380,8 @@ _RULES = (
     _missing_synced_right,
     _int64_reduce,
     _bool_reduce,
+    _already_whole,
+    _rank_shares,
     _non_decomposable,
 )
 
@@ -403,7 +470,7 @@ def differs_cause(
             f"also: limit_batches={limit_batches} keeps the first batches of each rank's shard, a "
             "different subset of samples at each W"
         )
-    if not fixes and not any(c.startswith("unknown") for c in causes):
+    if not fixes and not case.evidence.get(SHARES) and not any(c.startswith("unknown") for c in causes):
         shown = hazards.evidence_text({k: v for k, v in evidence.items() if not isinstance(v, bool)})
         causes.insert(0, f"unknown: the evidence of no registry entry holds ({shown})")
     return "; ".join(causes), list(dict.fromkeys(fixes)), evidence

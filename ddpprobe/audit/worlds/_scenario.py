@@ -496,12 +496,21 @@ def callback_states(trainer) -> list:
 
 
 def weights_digest(model) -> str:
-    """SHA-1 (12 hex digits) over the model's ``state_dict`` tensors: equal digests, equal weights."""
+    """SHA-1 (12 hex digits) over the model's ``state_dict`` tensors: equal digests, equal weights. A tensor whose
+    values cannot be read (a lazy layer's parameter before its first forward, a meta tensor:
+    ``ddpprobe.contract.unreadable_reason``) enters the digest by its name and that reason, never by an error: the
+    audit's record never fails the user's run."""
     import hashlib
+
+    from ddpprobe.contract._state import unreadable_reason
 
     digest = hashlib.sha1()
     for name, tensor in model.state_dict().items():
         digest.update(name.encode())
+        reason = unreadable_reason(tensor) if isinstance(tensor, torch.Tensor) else f"not a tensor: {type(tensor)}"
+        if reason is not None:
+            digest.update(f"unreadable: {reason}".encode())
+            continue
         digest.update(tensor.detach().cpu().contiguous().float().numpy().tobytes())
     return digest.hexdigest()[:12]
 

@@ -239,3 +239,34 @@ def test_buffers_registered_in_a_sets_order_are_named_as_differing_between_the_r
     for field, values in expected.items():
         assert field in found, (field, sorted(found))
         assert [v["values"] for v in found[field]] == [[value] for value in values], (field, found[field])
+
+
+def test_ranks_holding_shares_of_one_whole_set_value_are_named_by_their_sum_not_called_non_decomposable():
+    """Each rank divides its own targets' sum by the whole set's length: the ranks' values (3/8 and 1/8 of
+    :data:`RATES_8`) add up to the single process's 4/8, and the mean sync gives 2/8. The row says the values are
+    shares of one sum (arithmetic on the recorded values), not "non-decomposable", and prints no registry fix."""
+    result = audited(M + "make_sum_over_whole_count", M + "make_rates_8")
+    row = result.row("val_rate")
+    shares = [sum(t for _, t in RATES_8[r::2]) / len(RATES_8) for r in range(2)]
+    assert shares == [0.375, 0.125]
+    assert row.single == pytest.approx(sum(shares)) and row.per_rank == pytest.approx([sum(shares) / 2] * 2)
+    assert row.verdict == SYNCED_DIFFERS
+    assert "add up to the single-process 0.5" in " ".join(row.cause.split())
+    assert "non-decomposable" not in row.cause and not row.hazards and not row.fixes
+
+
+def test_a_lazy_layer_is_read_as_unreadable_and_the_error_ddps_strategy_raises_on_it_is_told_apart():
+    """A ``LazyLinear`` with no shape yet. Reading its weights raises in torch, so an audit record that read them
+    would fail the audit (exit 2, blamed on the user): the single process's records read it as unreadable and its
+    value (the targets' rate of :data:`RATES_8`, 1/2) is reported. Under DDP's strategy Lightning itself reads the
+    parameters (``DDPStrategy.setup`` -> ``_sync_module_states``, pytorch_lightning/strategies/ddp.py) and raises,
+    at one rank as at two: the report says DDP's strategy, not a second rank, makes the stage raise."""
+    result = audited(M + "make_lazy_layer", M + "make_rates_8")
+    assert result.row("val_rate").single == pytest.approx(sum(t for _, t in RATES_8) / len(RATES_8))
+    raised = [r for r in result.raised["world"] if r]
+    assert raised and {r["type"] for r in raised} == {"ValueError"}
+    assert "_sync_module_states" in "".join(raised[0]["traceback"])
+    assert result.references["single_process_raised"] is None
+    assert result.references["one_rank_ddp"]["raised"]["type"] == "ValueError"
+    assert "not a second rank, makes the stage raise" in _text(result)
+    assert result.exit_code == 1
