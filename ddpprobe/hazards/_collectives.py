@@ -47,7 +47,7 @@ COLLECTIVES = (
             F
             + "test_collectives.py::test_sync_dist_logging_under_if_global_rank_0_leaves_rank_0_alone_in_the_all_reduce",
         ),
-        "self.log({key!r}) with sync_dist=True ran on rank 0 only (under a branch on the rank): its all_reduce "
+        "self.log({key!r}) with sync_dist=True ran on rank 0 only (the condition around it held there alone): its all_reduce "
         "has no partner on the other ranks",
         ("ranks", "key", "sync_dist"),
         "log a value that only rank 0 computes with rank_zero_only=True (no collective), or compute and log it on "

@@ -138,6 +138,9 @@ class CollectiveTrace:
             call = _log_event(name, value, fx, options, result_metric, before)
             call["call_site"] = call_site_of(user)
             call["reads_rank"] = sorted(set(user.f_code.co_names) & RANK_NAMES) if user is not None else []
+            trainer = getattr(model, "_trainer", None)
+            call["sanity"] = bool(getattr(trainer, "sanity_checking", False))
+            call["epoch"] = int(getattr(trainer, "current_epoch", 0) or 0)
             trace.log_calls.append(call)
             trace.classifier.note_log(name, fx, call["call_site"])
             trace.write("log", **call)

@@ -328,13 +328,20 @@ CONTRACT_BREAK = "contract break"
 
 #: The contract rows whose fields feed every value a rank computes: when they differ, so may any logged value.
 FEEDS_VALUES = ("parameters", "buffers", "datasets")
+#: The boundaries before any batch ran (ddpprobe/contract/ ``BOUNDARIES``): a module attribute apart there was set
+#: apart by the ranks' own construction, not by outputs a batch left.
+BEFORE_BATCHES = ("setup", "start")
 
 
 def weights_apart(contract: dict, loop: Optional[str] = None) -> Optional[dict]:
     """The first break of a field that feeds the values a rank computes (:data:`FEEDS_VALUES`), or None: its
-    parameters or buffers, or the dataset of ``loop`` (``"val"``, ``"train"`` ...; any loop's where None)."""
+    parameters or buffers, the dataset of ``loop`` (``"val"``, ``"train"`` ...; any loop's where None), or a module
+    attribute that already differed before any batch ran (:data:`BEFORE_BATCHES`: a feature map drawn per rank)."""
 
     def feeds(b: dict) -> bool:
+        if b["row"] == "module attributes":
+            # Set apart before any batch ran (at setup or the stage's start): what the module computes from it differs.
+            return b.get("boundary") in BEFORE_BATCHES
         if b["row"] != "datasets":
             return b["row"] in FEEDS_VALUES
         return loop is None or b["field"].startswith(f"loader.{loop}[")

@@ -8,7 +8,7 @@ from typing import Optional
 
 from ddpprobe import hazards
 from ddpprobe.audit.causes._kinds import FLOORED_COUNT_ISSUE
-from ddpprobe.audit.evidence._values import _key_logs, _weighted, close
+from ddpprobe.audit.evidence._values import _weighted, close, epoch_logs
 
 #: Integer dtypes whose mean ``strategy.reduce`` truncates (tests/facts/test_reductions_outside_log.py).
 INTEGER_DTYPES = ("int64", "int32", "int16", "int8", "uint8")
@@ -437,8 +437,8 @@ def differs_cause(
         )
     evidence["sync_dist"] = any(c["sync_dist"] for c in calls)
     evidence["metric_object"] = any(c["metric_object"] for c in calls)
-    per_rank = [[e for e in _key_logs(logs, name) if e["on_epoch"]] for logs in world_logs]
-    single_key = [e for e in _key_logs(single_logs, name) if e["on_epoch"]]
+    per_rank = [[e for e in epoch_logs(logs, name) if e["on_epoch"]] for logs in world_logs]
+    single_key = [e for e in epoch_logs(single_logs, name) if e["on_epoch"]]
     case = _Case(
         name,
         calls,

@@ -42,8 +42,10 @@ def own_epoch_values(world_logs: list, key: str, reduce_fx: str = "mean") -> tup
     ``"mean"``: the batch-size weighted mean; ``"max"``, ``"min"``, ``"sum"``: those) and the batch sizes summed
     (None where a rank logged no value)."""
     values, weights = [], []
+    from ddpprobe.audit.evidence._values import epoch_logs
+
     for logs in world_logs:
-        events = [e for e in logs if e.get("key") == key and e.get("value") is not None]
+        events = [e for e in epoch_logs(logs, key) if e.get("value") is not None]
         if not events:
             values.append(None)
             weights.append(None)

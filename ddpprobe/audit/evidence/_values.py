@@ -44,6 +44,18 @@ def _key_logs(logs: list, name: str) -> list:
     return [entry for entry in logs if entry["key"] == name]
 
 
+def epoch_logs(logs: list, name: str) -> list:
+    """The log events of ``name`` that make its epoch value after the stage (what ``callback_metrics`` holds): the
+    sanity check's left out (Lightning resets its results after it), and of a ``fit``'s epochs the last one each
+    event's ``epoch`` names (events of traces without these fields are all kept)."""
+    events = [e for e in _key_logs(logs, name) if not e.get("sanity")]
+    epochs = [e["epoch"] for e in events if e.get("epoch") is not None]
+    if epochs:
+        last = max(epochs)
+        events = [e for e in events if e.get("epoch") in (None, last)]
+    return events
+
+
 def _weighted(logs: list) -> Optional[tuple]:
     """``(sum of value * batch_size, sum of batch_size)`` of one key's epoch-level log events, or None
     when a value or batch size is unknown."""

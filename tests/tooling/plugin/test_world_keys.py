@@ -28,6 +28,7 @@ def test_with_defaults_completes_the_keywords_left_out_and_keeps_those_given():
         "env": None,
         "keep_cluster_env": False,
         "num_nodes": 1,
+        "hash_seeds": None,
     }
 
 
