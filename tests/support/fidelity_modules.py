@@ -301,3 +301,39 @@ class LazyLayer(pl.LightningModule):
 
 def make_lazy_layer() -> LazyLayer:
     return LazyLayer()
+
+
+class LinearDecay(pl.LightningModule):
+    """A learning rate decayed linearly to 0 over ``total`` optimizer steps (``LambdaLR``, stepped per step), where
+    ``total`` is sized from the dataset's length (the steps one process takes) or from
+    ``trainer.estimated_stepping_batches`` (the steps each rank takes)."""
+
+    def __init__(self, sized_by: str):
+        super().__init__()
+        self.layer = torch.nn.Linear(1, 1)
+        self.sized_by = sized_by
+
+    def training_step(self, batch, batch_idx):
+        return self.layer(batch["pred"].float().unsqueeze(-1)).pow(2).mean()
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
+        if self.sized_by == "dataset":
+            total = len(F1_8) // 2  # batches of 2, one epoch
+        else:
+            total = int(self.trainer.estimated_stepping_batches)
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: max(0.0, 1 - step / total))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+
+def make_decay_sized_by_the_dataset() -> LinearDecay:
+    return LinearDecay("dataset")
+
+
+def make_decay_sized_by_the_trainer() -> LinearDecay:
+    return LinearDecay("trainer")
+
+
+def make_f1_8_train() -> DataLoader:
+    """:func:`make_f1_8`'s samples as the training set (no validation)."""
+    return DataLoader(Scored(F1_8), batch_size=2)

@@ -124,7 +124,8 @@ def contract_evidence(worlds) -> dict:
         first_step["reference_samples"] = worlds.first_step_samples
     schedules = []
     if worlds.stage == "fit" and recorded:
-        schedules = schedule_lengths(worlds.single.traces[0].get("states") or [], states[0])
+        single_states = worlds.single.traces[0].get("states") or []
+        schedules = schedule_lengths(single_states, states[0]) + schedules_by_step_count(single_states, states[0])
     found = [b.to_dict() for b in breaks(states)] if recorded else []
     at = dict(aligned(states)) if found else {}
     for item in found:
@@ -183,8 +184,62 @@ def schedule_lengths(single_states: list, world_states: list) -> list:
     return out
 
 
+def _step_schedules(states: list) -> dict:
+    """``{scheduler index: [(scheduler steps, last lr list)]}`` at each ``train_batch_end`` record of a run, for the
+    schedulers stepped per optimizer step that name no planned length (a ``LambdaLR``, a ``StepLR``)."""
+    out: dict = {}
+    for record in states:
+        if record.get("boundary") != "train_batch_end":
+            continue
+        fields = record.get("fields") or {}
+        for path, value in fields.items():
+            if not (path.startswith("scheduler[") and path.endswith("._last_lr")):
+                continue
+            index = path.split(".", 1)[0]
+            if fields.get(f"{index}.interval") != "step" or any(f"{index}.{k}" in fields for k in PLANNED_LENGTH):
+                continue
+            steps = fields.get(f"{index}.last_epoch")
+            if isinstance(steps, int) and isinstance(value, list):
+                out.setdefault(index, []).append((steps, value))
+    return out
+
+
+def schedules_by_step_count(single_states: list, world_states: list) -> list:
+    """``[{"field", "kind": "steps", "single", "world", "single_at"}]``: each scheduler stepped per optimizer step
+    whose learning rate, at the end of the ranks' run, is the one one process had after the same number of steps,
+    while one process, taking more steps, ends at another: the schedule follows the step count alone (it was sized
+    by something other than the steps the ranks take, as the module's own loader's length), so the ranks stop part
+    way along it. ``single``/``world``: ``[last lr, steps]``; ``single_at``: one process's lr at the ranks' count."""
+    one, world = _step_schedules(single_states), _step_schedules(world_states)
+    out = []
+    for index in sorted(set(one) & set(world)):
+        steps_n, lr_n = world[index][-1]
+        steps_1, lr_1 = one[index][-1]
+        at = next((lr for steps, lr in one[index] if steps == steps_n), None)
+        if at is None or steps_n >= steps_1 or lr_n != at or lr_1 == lr_n:
+            continue
+        out.append(
+            {
+                "field": f"{index}._last_lr",
+                "kind": "steps",
+                "single": [lr_1, steps_1],
+                "world": [lr_n, steps_n],
+                "single_at": at,
+            }
+        )
+    return out
+
+
 def schedule_text(item: dict, world_size: int) -> str:
     """``"scheduler[0].total_steps plans 4 steps where each rank takes 2; one process plans 4 and takes 4"``."""
+    if item.get("kind") == "steps":
+        (l1, s1), (ln, sn) = item["single"], item["world"]
+        return (
+            f"{item['field']} ends each of the {world_size} ranks' runs at {show(ln)} after {sn} scheduler steps, "
+            f"where one process takes {s1} and ends at {show(l1)}; after {sn} steps one process's was "
+            f"{show(item['single_at'])} too: the schedule follows the step count alone, so the ranks stop part way "
+            "along it"
+        )
     (p1, t1), (pn, tn) = item["single"], item["world"]
     return (
         f"{item['field']} plans {pn:g} steps where each of the {world_size} ranks takes {tn}; one process plans {p1:g} "

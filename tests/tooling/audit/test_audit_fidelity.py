@@ -270,3 +270,28 @@ def test_a_lazy_layer_is_read_as_unreadable_and_the_error_ddps_strategy_raises_o
     assert result.references["one_rank_ddp"]["raised"]["type"] == "ValueError"
     assert "not a second rank, makes the stage raise" in _text(result)
     assert result.exit_code == 1
+
+
+def test_a_per_step_schedule_sized_by_the_dataset_is_named_where_the_ranks_stop_part_way_along_it():
+    """``LambdaLR`` decaying 0.1 to 0 over the 4 steps one process takes on 8 samples in batches of 2: at W=2 each rank
+    takes 2 steps and ends at 0.1 * (1 - 2/4) = 0.05, the lr one process had after 2 steps, while one process ends
+    at 0. The contract names the scheduler with both runs' steps and last rates."""
+    result = audited(M + "make_decay_sized_by_the_dataset", M + "make_f1_8_train", stage="fit")
+    found = [s for s in result.contract["schedules"] if s.get("kind") == "steps"]
+    assert found == [
+        {
+            "field": "scheduler[0]._last_lr",
+            "kind": "steps",
+            "single": [[pytest.approx(0.0)], 4],
+            "world": [[pytest.approx(0.05)], 2],
+            "single_at": [pytest.approx(0.05)],
+        }
+    ]
+    assert result.exit_code == 1
+
+
+def test_a_per_step_schedule_sized_by_estimated_stepping_batches_ends_where_one_process_ends_and_is_silent():
+    """Silent where it must be: sized by ``trainer.estimated_stepping_batches`` (each rank's own steps), the ranks'
+    schedule ends at 0 as one process's does."""
+    result = audited(M + "make_decay_sized_by_the_trainer", M + "make_f1_8_train", stage="fit")
+    assert [s for s in result.contract["schedules"] if s.get("kind") == "steps"] == []
