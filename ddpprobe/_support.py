@@ -48,6 +48,17 @@ FEATURES = (
         source="pytorch_lightning/trainer/trainer.py, Trainer._run: setup_environment() moved before "
         "_data_connector.prepare_data() in 2.2.0",
     ),
+    Feature(
+        since=(2, 3),
+        lacks="the barrier around prepare_data (every rank waits in an _InfiniteBarrier until the ranks that "
+        "prepare the data are done, from 2.3.0)",
+        breaks="the other ranks run on into the setup hook's barrier while rank 0 is still in prepare_data, so the "
+        "guard times out on a correct run whose prepare_data is slower than its timeout and names a barrier in "
+        "prepare_data as a mismatch with that setup barrier",
+        source="pytorch_lightning CHANGELOG 2.3.0, 'The prepare_data() hook in LightningModule and "
+        "LightningDataModule is now subject to a barrier without timeout' (#19448); "
+        "_DataConnector.prepare_data in pytorch_lightning/trainer/connectors/data_connector.py",
+    ),
 )
 
 #: The newest minor release the audit's and the guard's tests ran on (the version matrix's newest column).
@@ -86,7 +97,7 @@ def _shown(minor: tuple) -> str:
 
 
 def support_range() -> str:
-    """The range in words: ``"2.2 to 2.6 (newer releases run with a warning)"``."""
+    """The range in words: ``"2.3 to 2.6 (newer releases run with a warning)"``."""
     return f"{_shown(LOWEST)} to {_shown(NEWEST_TESTED)} (newer releases run with a warning)"
 
 

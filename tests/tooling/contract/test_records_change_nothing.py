@@ -71,6 +71,7 @@ def _fit_draws(record: bool) -> dict:
     sample the steps saw and the three global generators' states after the fit, with the contract's recorder (every
     boundary's record) or without it."""
     from ddpprobe._lightning import pl
+    from ddpprobe.probes.common import seed_everything
 
     seen: list = []
 
@@ -86,7 +87,7 @@ def _fit_draws(record: bool) -> dict:
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.01)
 
-    pl.seed_everything(0, verbose=False)
+    seed_everything(0)  # without `verbose`, which releases before 2.4 lack
     reads: list = []
     records: list = []
     trainer = pl.Trainer(
