@@ -95,6 +95,21 @@ _SIGTERM_2_5_2 = Change(
     "2.0.0, 'Renamed the `GracefulExitException` to `SIGTERMException`' (#16501)",
 )
 
+_FILE_EXISTS_2_6 = Change(
+    "Before 2.6.0 `ModelCheckpoint.file_exists` asks rank 0 with `strategy.broadcast` (an object broadcast); "
+    "2.6.0 made it `strategy.reduce_boolean_decision` (a barrier, then an all_reduce), which is where the fact finds "
+    "the ranks waiting. Before it, rank 0 waits in that broadcast instead, and a broadcast rank 0 makes alone (under "
+    "`trainer.log_dir`) pairs with it, so that world does not fail at all.",
+    "pytorch_lightning CHANGELOG 2.6.0, 'Fixed `ModelCheckpoint.file_exists` using broadcast in DDP, reducing memory "
+    "usage when checking for existing checkpoints' (#19674)",
+)
+_NONE_STEP_2_3 = Change(
+    "From 2.3.0 returning None from `training_step` in distributed training raises `RuntimeError` on that rank; "
+    "before it the step was skipped silently, leaving the peers in the gradient all_reduce.",
+    "pytorch_lightning CHANGELOG 2.3.0, 'It is no longer allowed to skip `training_step()` by returning `None` in "
+    "distributed training' (#19918)",
+)
+
 #: ``{"tests/facts/<file>.py::<test function>": Change}``.
 CHANGES: dict = {
     "tests/facts/test_sharding.py::test_each_rank_sees_a_disjoint_strided_shard_when_n_divides_by_world_size": (
@@ -218,6 +233,31 @@ CHANGES: dict = {
     "rank_drew_ceil_k_over_w": _SAMPLER_2_0_3,
     "tests/facts/test_samplers_rewrapped.py::test_a_plain_shuffled_loader_partitions_the_data_without_seed_"
     "everything": _SAMPLER_2_0_3,
+    "tests/facts/test_collective_hazards_callbacks.py::test_rank_0_left_in_reduce_boolean_decision_raises_at_the_"
+    "process_group_timeout": _FILE_EXISTS_2_6,
+    "tests/facts/test_collective_hazards_callbacks.py::test_a_callback_monitoring_a_key_only_rank_0_logs_raises_on_"
+    "every_other_rank_and_leaves_rank_0_waiting": _FILE_EXISTS_2_6,
+    "tests/facts/test_rank_state_log_dir.py::test_reading_trainer_log_dir_inside_a_rank_zero_only_function_fails_"
+    "every_rank_at_the_process_group_timeout": _FILE_EXISTS_2_6,
+    "tests/facts/test_training_step_returning_none.py::test_returning_none_from_training_step_on_one_rank_raises_"
+    "there_while_its_peer_waits_in_backward": _NONE_STEP_2_3,
+    "tests/facts/test_training_step_returning_none.py::test_returning_none_on_every_rank_at_the_same_batch_raises_on_"
+    "every_rank": _NONE_STEP_2_3,
+    "tests/facts/test_rank_state_rank_zero_only.py::test_setting_rank_zero_only_rank_from_the_launchers_variable_"
+    "first_keeps_rank_zero_code_on_rank_0": Change(
+        "Before 2.5.1 the `CSVLogger` wrote `hparams.yaml` at every save, empty or not, so rank 0 leaves "
+        "`hparams.yaml` beside `metrics.csv`; from 2.5.1 only logging hyperparameters writes it, and rank 0 leaves "
+        "`metrics.csv` alone, as the fact expects (what runs on which rank is the same on every release).",
+        "pytorch_lightning CHANGELOG 2.5.1, 'Fixed CSVLogger logging hyperparameter at every write which increase "
+        "latency' (#20594); `ExperimentWriter.save` in pytorch_lightning/loggers/csv_logs.py",
+    ),
+    "tests/facts/test_samplers_rewrapped.py::test_distributed_sampler_wrapper_forwards_set_epoch_to_the_users_"
+    "sampler_in_training_and_validation": Change(
+        "Before 2.6.1 `DistributedSamplerWrapper.set_epoch` did not reach the user's sampler inside it; 2.6.1 forwards "
+        "it.",
+        "lightning_fabric CHANGELOG 2.6.1, 'Fixed `DistributedSamplerWrapper` not forwarding `set_epoch` to the "
+        "underlying sampler' (#21454)",
+    ),
 }
 
 
