@@ -313,3 +313,23 @@ def test_every_change_the_matrix_explains_names_a_test_function_of_the_facts():
         if not (source.is_file() and re.search(rf"^\s*def {re.escape(function)}\(", source.read_text(), re.M)):
             missing.append(key)
     assert not missing, "ddpprobe/card/changes.py explains tests that do not exist:\n  " + "\n  ".join(missing)
+
+
+def test_a_pip_without_index_versions_json_is_asked_again_for_the_text_form(monkeypatch):
+    """An older pip (23.2) has ``pip index versions`` without ``--json`` (it exits 2, "no such option: --json"): the
+    releases are then read from its text form, so the matrix does not fall back to the pinned list there."""
+    import subprocess
+
+    asked = []
+
+    def old_pip(command, **kwargs):
+        asked.append(list(command))
+        if "--json" in command:
+            return subprocess.CompletedProcess(command, 2, "", "ERROR: no such option: --json\n")
+        return subprocess.CompletedProcess(
+            command, 0, "lightning (2.6.6)\nAvailable versions: 2.6.6, 2.5.6, 1.9.5\n", ""
+        )
+
+    monkeypatch.setattr(subprocess, "run", old_pip)
+    assert releases.registry_versions("lightning") == ["2.6.6", "2.5.6", "1.9.5"]
+    assert ["--json" in command for command in asked] == [True, False]
