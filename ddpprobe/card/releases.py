@@ -42,9 +42,8 @@ def registry_versions(distribution: str, timeout: float = 60.0) -> list:
     command = [sys.executable, "-m", "pip", "index", "versions", distribution, "--json", "--disable-pip-version-check"]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
-        if (
-            done.returncode != 0 and "no such option: --json" in done.stderr
-        ):  # an older pip (23.2 here): the text form only
+        # An older pip (23.2 here) has no --json: ask again for the text form.
+        if done.returncode != 0 and "no such option: --json" in done.stderr:
             command.remove("--json")
             done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
     except (OSError, subprocess.TimeoutExpired) as exc:
