@@ -218,6 +218,7 @@ class _ShareWriter(pl.LightningModule):
         self.path, self.per_rank = path, per_rank
         self.ids = []
         self.written = None
+        self.lines_written = 0
 
     def test_step(self, batch, batch_idx):
         self.ids += [int(i) for i in batch["id"]]
@@ -226,16 +227,18 @@ class _ShareWriter(pl.LightningModule):
         self.written = f"{self.path}.rank{self.global_rank}" if self.per_rank else self.path
         with open(self.written, "w", encoding="utf-8") as fh:
             fh.write("".join(f"{i:04d}\n" for i in sorted(self.ids)))
+        self.lines_written = len(self.ids)
 
 
 def write_test_ids(info: RankInfo, path: str, n: int = 10, batch_size: int = 2, per_rank: bool = False) -> dict:
     """Scenario: test ``_ShareWriter`` on ``LineDataset(n)``; each rank writes the ids it tested to ``path`` (or to
     its own ``path.rank<r>`` with ``per_rank``), as a user's ``on_test_epoch_end`` writes its outputs to a file.
 
-    Record keys: ``ids`` (the ids this rank tested, in order), ``written`` (the path it wrote).
+    Record keys: ``ids`` (the ids this rank tested, in order), ``written`` (the path it wrote, None where it wrote
+    none), ``lines_written`` (the lines it wrote there).
     """
     model = _ShareWriter(path, per_rank)
     loader = torch.utils.data.DataLoader(LineDataset(n), batch_size=batch_size)
     trainer = ddp_trainer(info)
     trainer.test(model, dataloaders=loader, verbose=False)
-    return {"ids": model.ids, "written": model.written}
+    return {"ids": model.ids, "written": model.written, "lines_written": model.lines_written}

@@ -243,6 +243,10 @@ def test_every_rank_writing_one_path_leaves_the_file_with_one_ranks_shard_not_th
 
     shards = [sorted(oracle.shard(n, world_size, r)) for r in range(world_size)]
     assert [sorted(rec["ids"]) for rec in world.records] == shards, oracle.side_by_side("tested ids", world.records)
+    # Every rank wrote the one path, each its whole shard: the file holds one shard because the writes replaced each
+    # other, not because one rank alone wrote.
+    wrote = [(rec["written"], rec["lines_written"]) for rec in world.records]
+    assert wrote == [(path, len(s)) for s in shards], oracle.side_by_side("wrote", wrote)
     oracle.assert_distinct(one_rank=len(shards[0]), one_process=n, gathered=world_size * len(shards[0]))
     in_file = _lines(path)
     semantics.number("lines in the file every rank wrote", len(in_file), vs=("one process", n))

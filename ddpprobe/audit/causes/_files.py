@@ -92,7 +92,7 @@ def _length_text(length: Optional[tuple]) -> str:
 
 def problem_text(item: dict) -> str:
     """The problem sentence of a file item whose :func:`verdict` is not None (with :func:`_wrapped_text`)."""
-    return _problem_head(item) + _wrapped_text(item)
+    return _problem_head(item) + _wrapped_text(item) + _outside_text(item)
 
 
 def _problem_head(item: dict) -> str:
@@ -123,9 +123,20 @@ def _wrapped_text(item: dict) -> str:
     )
 
 
+def _outside_text(item: dict) -> str:
+    """The sentence on a path outside the audit's working folder (an absolute path the user's code chose: its
+    ``key`` is the path itself, not ``./<relative>``, ddpprobe/trace/_files.py ``path_key``)."""
+    if str(item.get("key", "")).startswith("./"):
+        return ""
+    return (
+        "; this path is outside the audit's working folder (each world's ranks share one of the audit's own), so the "
+        "audit's runs wrote the real file there, replacing what it held"
+    )
+
+
 def _no_problem(item: dict) -> str:
     """The contract section's sentence on a file item that breaks nothing (with :func:`_wrapped_text`)."""
-    return _no_problem_head(item) + _wrapped_text(item)
+    return _no_problem_head(item) + _wrapped_text(item) + _outside_text(item)
 
 
 def _no_problem_head(item: dict) -> str:

@@ -200,6 +200,22 @@ def _stdout_flush():
     sys.stdout.flush()
 
 
+#: The folder under a world's trace folder that its ranks share as their working directory (:func:`working_folder`).
+WORK = "work"
+
+
+def working_folder(trace_dir: str) -> str:
+    """Make ``<trace_dir>/work`` this rank's working directory and return it: the ranks of one world share it, as
+    the processes of one launch share theirs (a relative ``preds.csv`` is one file for all of them), and it is the
+    audit's own, removed with the audit's folder, so what the user's code writes by a relative path never lands
+    among the user's files. Lightning's ``default_root_dir`` is this folder too, as it is the working directory
+    in a run started from a shell."""
+    work = os.path.join(trace_dir, WORK)
+    os.makedirs(work, exist_ok=True)
+    os.chdir(work)
+    return work
+
+
 def trace_path(trace_dir: str, rank: int) -> str:
     """The trace file of ``rank`` in ``trace_dir`` (``rank<r>.jsonl``)."""
     return os.path.join(trace_dir, f"rank{rank}.jsonl")
@@ -264,6 +280,7 @@ def audit_rank(
     (see :func:`weights_digest`) and ``global_step`` (optimizer steps the stage made).
     """
     sys.path[:0] = [p for p in sys_path if p not in sys.path]
+    work = working_folder(trace_dir or info.rank_dir)
     try:
         model, loaders = _build(model_ref, data_ref, stage, seed, weights or _initial(reference), info.rank)
     except AuditInputError as exc:
@@ -289,9 +306,10 @@ def audit_rank(
         if stage == "fit" and info.world_size > 1:
             callbacks.append(_reference.FirstBatchSaver(folder, info.rank))
         if info.world_size == 1 and not one_rank_ddp:
-            trainer = single_process_trainer(info, logger=logger, max_epochs=max_epochs, callbacks=callbacks, **limits)
+            make = single_process_trainer
         else:
-            trainer = ddp_trainer(info, logger=logger, max_epochs=max_epochs, callbacks=callbacks, **limits)
+            make = ddp_trainer
+        trainer = make(info, logger=logger, max_epochs=max_epochs, callbacks=callbacks, default_root_dir=work, **limits)
         trace.stage_started(stage, info.rank, info.world_size)
         with _partitions.sampler_order(sampler_order):
             raised, predictions = _run_stage(trainer, model, stage, loaders, trace)

@@ -295,3 +295,23 @@ def test_a_per_step_schedule_sized_by_estimated_stepping_batches_ends_where_one_
     schedule ends at 0 as one process's does."""
     result = audited(M + "make_decay_sized_by_the_trainer", M + "make_f1_8_train", stage="fit")
     assert [s for s in result.contract["schedules"] if s.get("kind") == "steps"] == []
+
+
+def test_relative_paths_land_in_the_audits_working_folder_and_a_path_outside_it_is_named(tmp_path, monkeypatch):
+    """The ranks of a world share one working folder of the audit's own, as a launch's processes share theirs:
+    ``preds.csv`` is one file for both ranks (the contract names every rank writing its share to it, key
+    ``./preds.csv``, never a temporary path of the machine). The absolute path the module also writes is outside that
+    folder: the report says the runs wrote the real file there, and they did."""
+    from tests.support.fidelity_modules import OUTSIDE_FILE
+
+    outside = tmp_path / "real.csv"
+    outside.write_text("the user's own\n")
+    monkeypatch.setenv(OUTSIDE_FILE, str(outside))
+    result = audited(M + "make_writes_outside", M + "make_f1_8")
+    files = {item["key"]: item for item in result.contract["files"]}
+    assert "./preds.csv" in files and files["./preds.csv"]["ranks"] == [0, 1]
+    assert str(outside) in files
+    assert not any("ddpprobe-audit-" in key for key in files)
+    text = _text(result)
+    assert f"{outside}" in text and "outside the audit's working folder" in text
+    assert outside.read_text() != "the user's own\n"

@@ -254,6 +254,33 @@ def table() -> str:
     return "\n".join(lines)
 
 
+def _upstream_markers(fact: str) -> list:
+    """The ``tests.support.upstream`` markers the fact's test function wears (``FLOORED_COUNT_BUG`` ...), read from
+    its source: a ``..._BUG`` marker is a strict xfail that asserts the correct value, which Lightning does not give."""
+    path, _, name = fact.partition("::")
+    tree = ast.parse(open(os.path.join(REPO, path), encoding="utf-8").read())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            return [
+                d.attr
+                for d in node.decorator_list
+                if isinstance(d, ast.Attribute) and isinstance(d.value, ast.Name) and d.value.id == "upstream"
+            ]
+    raise AssertionError(f"{fact}: no such test function")
+
+
+@pytest.mark.parametrize("row", list(contract.CONTRACT.values()), ids=lambda r: r.name)
+def test_no_row_rests_on_a_fact_that_asserts_what_lightning_does_not_do(row):
+    """A row's facts show what it says: a fact wearing an upstream bug's strict xfail (``..._BUG``) asserts the
+    correct value Lightning does not give today, so it cannot show a row's claim; a row may cite the bug's
+    companion (``..._TODAY``, what Lightning gives) and then names the upstream issue it rests on."""
+    for fact in row.facts:
+        found = _upstream_markers(fact)
+        assert not [m for m in found if m.endswith("_BUG")], (row.name, fact, found)
+        if [m for m in found if m.endswith("_TODAY")]:
+            assert "upstream issue" in row.keeps_it, (row.name, fact, "name the upstream issue the row rests on")
+
+
 def test_the_table_of_the_contract_in_docs_audit_md_is_current():
     assert generated_docs.block(DOC, "contract") == table(), "docs/audit.md's contract table is stale: run --write"
 
