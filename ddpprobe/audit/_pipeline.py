@@ -16,7 +16,13 @@ import shutil
 import tempfile
 from typing import Callable, Optional
 
-from ddpprobe.audit.causes._contract import CONTRACT_BREAK, apart_cause, contract_evidence, weights_apart
+from ddpprobe.audit.causes._contract import (
+    CONTRACT_BREAK,
+    apart_cause,
+    contract_evidence,
+    fed_by_monitored_keys,
+    weights_apart,
+)
 from ddpprobe.audit.causes._kinds import RANK_DIVERGENT, SYNCED_DIFFERS, SYNCED_EQUAL
 from ddpprobe.audit.causes._verdict import rows
 from ddpprobe.audit.evidence._callbacks import callback_rows
@@ -305,6 +311,8 @@ def assemble(worlds: Worlds, inputs: dict, rtol: float, atol: float) -> AuditRes
     # A key the ranks' divergence took down is its consequence: the divergence's note carries the fix.
     if weights_apart(result.contract) is not None:
         result = dataclasses.replace(result, rows=[_explained_by_contract(result, r) for r in result.rows])
+    states = (world.traces[0].get("states") or []) if world.traces else []
+    result = dataclasses.replace(result, contract=fed_by_monitored_keys(result.contract, states, result.rows))
     consequences = set(result.consequence_keys)
     rows_ = [dataclasses.replace(r, fixes=[], hazards=[]) if r.key in consequences else r for r in result.rows]
     return dataclasses.replace(result, rows=rows_)
@@ -313,16 +321,23 @@ def assemble(worlds: Worlds, inputs: dict, rtol: float, atol: float) -> AuditRes
 def _explained_by_contract(result: AuditResult, row):
     """A synced key's row whose value differs where the ranks held different parameters, buffers or datasets for
     its loop (the contract's break): that break is its cause. A key nothing synced keeps its own cause (its ranks'
-    values differ anyway), and so does a key of another loop than the dataset that differs."""
+    values differ anyway), but for the conclusion "not a per-sample mean", which assumes the ranks' weights are one
+    process's; a key of another loop than the dataset that differs keeps its own cause."""
     if not (row.problem and row.verdict in (RANK_DIVERGENT, SYNCED_DIFFERS) and row.level != "step"):
         return row
-    if not (row.sync_dist or row.metric_object):
+    # An unsynced key keeps its own cause, but for "not a per-sample mean": that conclusion compares the ranks' values
+    # with one process on the same weights, which ranks holding other parameters do not have.
+    unsynced_claim = not (row.sync_dist or row.metric_object) and "rank_local_metric" in row.hazards
+    if not (row.sync_dist or row.metric_object) and not unsynced_claim:
         return row
     apart = weights_apart(result.contract, loader_kind(row.hooks[0], result.stage) if row.hooks else None)
     if apart is None:
         return row
     evidence = {**(row.evidence or {}), CONTRACT_BREAK: apart["field"]}
-    return dataclasses.replace(row, cause=apart_cause(apart), fixes=[], hazards=[], evidence=evidence)
+    cause = apart_cause(apart)
+    if unsynced_claim:
+        cause = f"each rank keeps its own value; the logger writes rank 0's value only; {cause}"
+    return dataclasses.replace(row, cause=cause, fixes=[], hazards=[], evidence=evidence)
 
 
 def _short(raised: Optional[dict]) -> Optional[dict]:

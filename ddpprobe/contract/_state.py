@@ -221,6 +221,8 @@ def _optimizer_fields(out: dict, trainer, names: dict) -> None:
         out[f"scheduler[{i}].type"] = type(config.scheduler).__name__
         out[f"scheduler[{i}].interval"] = config.interval
         out[f"scheduler[{i}].frequency"] = config.frequency
+        if getattr(config, "monitor", None):
+            out[f"scheduler[{i}].monitor"] = str(config.monitor)
         try:
             state = config.scheduler.state_dict()
         except Exception as exc:  # noqa: BLE001

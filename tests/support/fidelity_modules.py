@@ -369,3 +369,52 @@ class WritesOutside(pl.LightningModule):
 
 def make_writes_outside() -> WritesOutside:
     return WritesOutside()
+
+
+class SetsInPrepareData(pl.LightningModule):
+    """Sets ``self.num_classes`` in ``prepare_data``, which Lightning runs on local rank 0 only
+    (``prepare_data_per_node``, pytorch_lightning/core/hooks.py ``DataHooks.prepare_data``); every other rank keeps
+    the ``__init__`` value."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(1, 1)
+        self.num_classes = 0
+
+    def prepare_data(self):
+        self.num_classes = 2
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val_classes", float(self.num_classes), sync_dist=True)
+
+
+def make_sets_in_prepare_data() -> SetsInPrepareData:
+    return SetsInPrepareData()
+
+
+class PlateauOnARankLocalKey(pl.LightningModule):
+    """``ReduceLROnPlateau`` (patience 0, factor 0.5) monitoring ``val_score``, logged without ``sync_dist``. Training
+    raises the one weight ``w`` by the learning rate at every step (loss ``-w``); each sample's score is
+    ``-(id % 2) * w``, a per-sample mean. At W=2 rank 0 (even ids) logs 0 every epoch (no improvement: its rate
+    halves after the second epoch) while rank 1 (odd ids) logs ``-w``, lower every epoch (its rate stays)."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(1, 1, bias=False)
+        torch.nn.init.constant_(self.layer.weight, 1.0)
+
+    def training_step(self, batch, batch_idx):
+        return -self.layer.weight.sum()
+
+    def validation_step(self, batch, batch_idx):
+        score = -(batch["id"] % 2).float().mean() * self.layer.weight.sum()
+        self.log("val_score", score, batch_size=len(batch["id"]))
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
+        plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, patience=0, factor=0.5)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": plateau, "monitor": "val_score"}}
+
+
+def make_plateau_on_a_rank_local_key() -> PlateauOnARankLocalKey:
+    return PlateauOnARankLocalKey()

@@ -9,6 +9,7 @@ from typing import Optional
 
 from ddpprobe import hazards
 from ddpprobe.audit.causes._files import file_findings, file_lines
+from ddpprobe.audit.causes._kinds import RANK_DIVERGENT
 from ddpprobe.audit.evidence._files import written_files
 from ddpprobe.contract import (
     MISSING,
@@ -265,7 +266,33 @@ def break_text(item: dict) -> str:
     hooks = "".join(f" (only rank(s) {h['ranks']} ran {h['hook']} before it)" for h in item.get("after_hooks") or [])
     text = f"{item['field']} differs between the ranks from {_where(item)}{hooks}: {_per_rank(item['per_rank'])}"
     written = written_text(item.get("written_at"))
-    return f"{text}; {written}" if written else text
+    text = f"{text}; {written}" if written else text
+    fed = item.get("fed_by")
+    if fed:
+        text += (
+            f"; {fed['scheduler']} monitors {fed['key']!r}, which each rank holds for itself ({RANK_DIVERGENT}: see "
+            "its row), so each rank steps its schedule on its own value; the key's fix mends this field too"
+        )
+    return text + _set_in_a_hook_some_ranks_run(item.get("written_at"))
+
+
+def _set_in_a_hook_some_ranks_run(sites: Optional[list]) -> str:
+    """Where the ranks that set the field set it in one hook Lightning runs on some ranks only (:data:`WHO_RUNS`,
+    each with its fact) and the other ranks did not set it: that hook's participation, as the cause."""
+    from ddpprobe.audit.evidence._hooks import WHO_RUNS
+
+    if not sites or all(sites) or not any(sites):
+        return ""
+    hooks = {str(site).rpartition(" in ")[2] for site in sites if site}
+    if len(hooks) != 1 or next(iter(hooks)) not in WHO_RUNS:
+        return ""
+    hook = next(iter(hooks))
+    runs_on, fact = WHO_RUNS[hook]
+    ranks = [r for r, site in enumerate(sites) if site]
+    return (
+        f"; it is set in {hook}, and {runs_on} (shown by {fact}): what {hook} sets exists on rank(s) {ranks} alone, "
+        "every other rank keeps what it had"
+    )
 
 
 def written_text(sites: Optional[list]) -> str:
@@ -331,11 +358,34 @@ def _before_first_step(item: dict) -> bool:
 def _row_lines(item: dict) -> list:
     facts = "; ".join(item["facts"])
     hooks = _after_hooks_text(item)
+    fed = item.get("fed_by") or {}
+    fixes = [line for name in fed.get("fixes") or [] for line in hazards.advice(name, fed.get("evidence") or {})]
     return [
         *([hooks[0].upper() + hooks[1:]] if hooks else []),
         f"The contract ({item['row']}): {item['rule']} at this boundary; {item['keeps_it']} (shown by {facts})",
-        f"{hazards.NO_FIX}: no registry entry's evidence holds for this field",
+        *(fixes or [f"{hazards.NO_FIX}: no registry entry's evidence holds for this field"]),
     ]
+
+
+def fed_by_monitored_keys(contract: dict, states: list, rows: list) -> dict:
+    """``contract`` with each break of an optimizer or scheduler field given ``fed_by``
+    ``{"scheduler", "key", "fixes", "evidence"}`` where a scheduler of the ranks' last record monitors a key whose
+    row is a rank-local problem (each rank holds its own value): Lightning steps each rank's scheduler on that rank's
+    value of the key (pytorch_lightning/core/module.py ``lr_scheduler_step``, with ``monitor``), so the key's own fix
+    is the field's."""
+    last = next((r for r in reversed(states or []) if r.get("fields")), None)
+    fields = (last or {}).get("fields") or {}
+    monitors = {path.split(".", 1)[0]: value for path, value in fields.items() if path.endswith(".monitor") and value}
+    problems = {r.key: r for r in rows if r.problem and r.level == "epoch" and r.verdict == RANK_DIVERGENT}
+    for item in contract.get("breaks") or []:
+        if not str(item.get("field", "")).startswith(("optimizer[", "scheduler[")):
+            continue
+        for scheduler, key in monitors.items():
+            row = problems.get(key)
+            if row is not None:
+                item["fed_by"] = {"scheduler": scheduler, "key": key, "fixes": row.fixes, "evidence": row.evidence}
+                break
+    return contract
 
 
 def contract_lines(contract: dict) -> list:

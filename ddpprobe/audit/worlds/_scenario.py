@@ -291,7 +291,7 @@ def audit_rank(
         if loaders is None:
             return {"input_error": None, "reference": "the ranks' first batches cannot be put together"}
         limits = _reference.REFERENCE_TRAINER
-    logger = RecordingLogger(info.rank_dir)
+    logger = RecordingLogger(work)
     logger.model_ref[0] = model
     folder = trace_dir or info.rank_dir
     with (

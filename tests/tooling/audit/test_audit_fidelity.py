@@ -315,3 +315,31 @@ def test_relative_paths_land_in_the_audits_working_folder_and_a_path_outside_it_
     text = _text(result)
     assert f"{outside}" in text and "outside the audit's working folder" in text
     assert outside.read_text() != "the user's own\n"
+
+
+def test_an_attribute_set_in_prepare_data_is_named_with_the_ranks_lightning_runs_prepare_data_on():
+    """``self.num_classes = 2`` in ``prepare_data``: Lightning runs it on local rank 0 only, so rank 1 keeps the
+    ``__init__`` value 0. The contract's break names the attribute, both values, the line on rank 0 and
+    ``prepare_data``'s participation with the fact that shows it; the synced key the attribute feeds (mean of 2 and
+    0) follows from it."""
+    result = audited(M + "make_sets_in_prepare_data", M + "make_f1_8")
+    found = {b["field"]: b for b in result.contract["breaks"]}
+    assert found["module.attr.num_classes"]["per_rank"] == [2, 0]
+    text = _text(result)
+    assert "it is set in prepare_data, and Lightning runs prepare_data on local rank 0 of each node" in text
+    assert "test_prepare_data_runs_on_local_rank_zero_of_every_node_or_on_global_rank_zero_only" in text
+    assert result.row("val_classes").per_rank == pytest.approx([1.0, 1.0])
+
+
+def test_a_scheduler_monitoring_a_rank_local_key_is_named_with_that_key_where_its_state_parts():
+    """``ReduceLROnPlateau`` on ``val_score``, which each rank logs for itself: rank 0's score never improves (its
+    rate halves after the second epoch), rank 1's does. The contract's break on the scheduler's state names the
+    monitored key as what feeds it; the key's row is rank-divergent, and the per-sample-mean conclusion it cannot
+    draw once the ranks' weights parted is not drawn."""
+    result = audited(M + "make_plateau_on_a_rank_local_key", M + "make_f1_8_fit", stage="fit", max_epochs=3)
+    fed = [b for b in result.contract["breaks"] if b.get("fed_by")]
+    assert fed and all(b["fed_by"]["key"] == "val_score" and b["fed_by"]["scheduler"] == "scheduler[0]" for b in fed)
+    assert {b["field"] for b in fed} >= {"optimizer[0].group[0].lr"}
+    row = result.row("val_score")
+    assert row.verdict == RANK_DIVERGENT and "not a per-sample mean" not in row.cause
+    assert "scheduler[0] monitors 'val_score'" in _text(result)
