@@ -356,7 +356,26 @@ def _references(worlds: Worlds) -> dict:
         "proving": [
             name for name, ran in (("another split", proof.partition), ("padded samples", proof.padded)) if ran
         ],
+        "raised_batches": _raised_batches(worlds, process),
     }
+
+
+def _raised_batches(worlds: Worlds, process) -> list:
+    """``[{"rank", "stage", "size", "single_sizes"}]``: for each W=N rank whose stage raised, the last batch it
+    started (its loop and sample count) and the sizes of the single process's batches of that loop (the sanity
+    check's left out): what the rank's batch had that no batch of one process had is read from them."""
+    out = []
+    single = [b for b in process.traces[0].get("batches") or [] if not b.get("sanity")] if process.traces else []
+    for rank, (record, trace) in enumerate(zip(worlds.world.records, worlds.world.traces)):
+        if not record.get("raised"):
+            continue
+        batches = [b for b in trace.get("batches") or [] if b.get("size") is not None]
+        if not batches:
+            continue
+        last = batches[-1]
+        sizes = sorted({b["size"] for b in single if b.get("stage") == last.get("stage") and b.get("size") is not None})
+        out.append({"rank": rank, "stage": last.get("stage"), "size": last["size"], "single_sizes": sizes})
+    return out
 
 
 def _weights(worlds: Worlds) -> dict:

@@ -418,3 +418,29 @@ class PlateauOnARankLocalKey(pl.LightningModule):
 
 def make_plateau_on_a_rank_local_key() -> PlateauOnARankLocalKey:
     return PlateauOnARankLocalKey()
+
+
+class BatchNormOnTheRemainder(pl.LightningModule):
+    """A ``BatchNorm1d`` in training: a batch of one sample raises (``Expected more than 1 value per channel``). On 10
+    samples in batches of 4, one process's batches hold 4, 4 and 2; at W=2 each rank's shard of 5 ends in a batch of
+    1."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(1, 2)
+        self.norm = torch.nn.BatchNorm1d(2)
+
+    def training_step(self, batch, batch_idx):
+        return self.norm(self.layer(batch["pred"].float().unsqueeze(-1))).pow(2).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def make_batch_norm_on_the_remainder() -> BatchNormOnTheRemainder:
+    return BatchNormOnTheRemainder()
+
+
+def make_ten_in_fours() -> DataLoader:
+    """10 samples (:data:`F1_8` and two more) in batches of 4."""
+    return DataLoader(Scored(F1_8 + [(1, 1), (0, 0)]), batch_size=4)

@@ -406,10 +406,24 @@ def _references_lines(result) -> list:
         else:
             lines += _wrap(
                 'note: a one-rank DDP world (strategy="ddp", W=1) ran the stage without raising: the W='
-                f"{result.world_size} error needs more than one rank",
+                f"{result.world_size} error needs more than one rank" + _batch_text(refs.get("raised_batches") or []),
                 "",
             )
     return lines
+
+
+def _batch_text(raised: list) -> str:
+    """Where a raising rank's last batch held a sample count no batch of the single process's loop held (the
+    sharding left it: DistributedSampler splits the set into W shards, and the shard's last batch keeps the rest)."""
+    parts = [
+        f"rank {b['rank']} raised in a {b['stage']} batch of {b['size']} sample(s), a size no {b['stage']} batch of "
+        f"the single process had (its: {', '.join(str(n) for n in b['single_sizes'])})"
+        for b in raised
+        if b.get("single_sizes") and b["size"] not in b["single_sizes"]
+    ]
+    if not parts:
+        return ""
+    return "; " + "; ".join(parts) + ": each rank's shard is 1/W of the set, so its last batch keeps another remainder"
 
 
 def _clip(text: str, limit: int = 160) -> str:

@@ -343,3 +343,16 @@ def test_a_scheduler_monitoring_a_rank_local_key_is_named_with_that_key_where_it
     row = result.row("val_score")
     assert row.verdict == RANK_DIVERGENT and "not a per-sample mean" not in row.cause
     assert "scheduler[0] monitors 'val_score'" in _text(result)
+
+
+def test_an_error_only_the_ranks_raise_names_the_batch_size_sharding_left_them():
+    """``BatchNorm1d`` raises on a batch of one sample. One process runs 10 samples as batches of 4, 4 and 2; at W=2
+    each rank's shard of 5 ends in a batch of 1: the ranks raise, one process and a one-rank DDP world do not, and the
+    report names that batch's size against one process's sizes."""
+    result = audited(M + "make_batch_norm_on_the_remainder", M + "make_ten_in_fours", stage="fit")
+    assert {r["type"] for r in result.raised["world"] if r} == {"ValueError"}
+    assert result.references["one_rank_ddp"] == {"raised": None}
+    raised = result.references["raised_batches"]
+    assert raised and {(b["stage"], b["size"]) for b in raised} == {("train", 1)}
+    assert all(b["single_sizes"] == [2, 4] for b in raised)
+    assert "a train batch of 1 sample(s), a size no train batch of the single process had (its: 2, 4)" in _text(result)
