@@ -317,7 +317,8 @@ def _changes(matrix: dict) -> list:
     lines += [
         f"{len(by_function)} fact(s) ({sum(e['cases'] for e in by_function.values())} test cases) change their "
         f"verdict between the pytorch-lightning releases of this run; {explained} with the Lightning change "
-        "behind it (ddpprobe/card/changes.py). *At 2.0.9.post0* means: between the column before it and that one.",
+        "behind it (ddpprobe/card/changes.py). *At R* means: between the release before R in this run and R (the "
+        "sentence names the Lightning release that made the change).",
         "",
     ]
     for key, entry in by_function.items():
