@@ -589,4 +589,34 @@ class _GuardListener(trace.Listener):
             **guard._classifier.context(call.frame, call.name),
         }
         fields.update(call.extra)
+        if fields.get("source") == "user":
+            fields["reads_rank"] = reads_rank(call.frame, guard._classifier)
         guard._check(_entries.collective(ex.n, ex.rank, fields))
+
+
+#: What reads the rank in the user's code, besides the trace's ``RANK_NAMES``: Lightning's zero-rank flags and the
+#: launchers' environment variables (``os.environ["LOCAL_RANK"]``, a string constant of the code).
+RANK_READS = trace.RANK_NAMES | {"is_global_zero", "is_local_zero", "rank_zero_only"}
+RANK_VARIABLES = frozenset({"RANK", "LOCAL_RANK", "GLOBAL_RANK", "NODE_RANK", "SLURM_PROCID", "GROUP_RANK"})
+
+
+def reads_rank(frame, classifier) -> list:
+    """What the user's frames of a collective's call read of the rank (sorted names), from the collective's
+    caller out to the hook Lightning ran (the first frame of a Lightning loop or of the Trainer): the names of
+    :data:`RANK_READS` their code uses, the environment variables of :data:`RANK_VARIABLES` it names, and
+    ``rank_zero_only`` where a ``@rank_zero_only`` function lies between. Empty where none reads the rank: the
+    condition that let only some ranks make the call is of another kind (a clock, the rank's own data, a hook
+    Lightning runs on some ranks only)."""
+    found = set()
+    loops = classifier._loop_types
+    while frame is not None:
+        code = frame.f_code
+        if isinstance(frame.f_locals.get("self"), loops):
+            break
+        if classifier._is_user(frame):
+            found |= set(code.co_names) & RANK_READS
+            found |= {c for c in code.co_consts if isinstance(c, str) and c in RANK_VARIABLES}
+        elif code.co_name == "wrapped_fn" and "rank_zero" in code.co_filename:
+            found.add("rank_zero_only")
+        frame = frame.f_back
+    return sorted(found)

@@ -56,6 +56,7 @@ POSTED_FIELDS = (
     "bucket",
     "comm_hook",
     "state_sizes",
+    "reads_rank",
 )
 #: Longest error text of a peer kept in an entry.
 ERROR_CHARS = 500

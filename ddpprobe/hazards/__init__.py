@@ -91,11 +91,15 @@ def _per_rank(name: str, value) -> str:
 
 def advice(name: str, evidence: dict) -> list:
     """The lines to print for the proven hazard ``name`` in a run with ``evidence``: its fix line where the
-    entry has a fix and its preconditions hold, else one line saying that no proven fix applies, with the
-    evidence (and, where the entry has a fix, which precondition failed)."""
+    entry has a fix and its preconditions hold, else the first of its other fixes (:attr:`Hazard.other_fixes`) whose
+    preconditions hold, else one line saying that no proven fix applies, with the evidence (and, where the entry
+    has a fix, which precondition failed)."""
     hazard = HAZARDS[name]
     if hazard.fix is not None and hazard.applies(evidence):
         return [fix_line(name)]
+    for other in hazard.other_fixes:  # a case the main fix's wording does not fit (no branch on the rank shown)
+        if other.applies(evidence):
+            return [f"Fix: {other.fix} (shown by {other.fix_fact})"]
     shown = evidence_text({k: v for k, v in evidence.items() if k in hazard.evidence}) or "none recorded"
     why = f" (the fix of {name!r} needs {hazard.requires})" if hazard.fix is not None else ""
     return [f"{NO_FIX}{why}; evidence: {shown}"]

@@ -4,7 +4,21 @@ the logged metrics, a Metric's list state, uneven batch counts, shapes."""
 
 from __future__ import annotations
 
-from ddpprobe.hazards._hazard import F, Hazard, _always, _list_state, _shards_differ
+from ddpprobe.hazards._hazard import F, Hazard, OtherFix, _always, _list_state, _shards_differ
+
+
+def _under_rank_branch(evidence: dict) -> bool:
+    """The user's own collective made under a branch on the rank: its frames read the rank (``rank branch``, which
+    the guard records; where it is not recorded, as in the audit's trace, assumed), not in ``prepare_data`` (which
+    Lightning runs on some ranks only whatever the code reads)."""
+    return evidence["source"] == "user" and evidence.get("rank branch") is not False and not _in_prepare_data(evidence)
+
+
+def _in_prepare_data(evidence: dict) -> bool:
+    """The collective was made in a ``prepare_data`` hook (the module's, the hook running; a datamodule's, its call
+    site's function)."""
+    return evidence.get("running hook") == "prepare_data" or str(evidence.get("call site")).endswith(" in prepare_data")
+
 
 COLLECTIVES = (
     # --- collectives the ranks do not make alike --------------------------------------------------------
@@ -122,8 +136,32 @@ COLLECTIVES = (
         "make the collective on every rank (outside the branch on the rank) and branch on its result: every rank "
         "then holds every rank's data",
         F + "test_collectives.py::test_all_gather_stacks_every_ranks_tensor_along_a_new_first_dimension_in_rank_order",
-        "a collective the user's code makes (not Lightning's own)",
-        lambda ev: ev["source"] == "user",
+        "a collective the user's code makes (not Lightning's own) under a branch on the rank (the user's frames of "
+        "the call read the rank, where that is recorded), not in prepare_data",
+        _under_rank_branch,
+        (
+            OtherFix(
+                "move the collective out of prepare_data (Lightning runs it on local rank 0 only while the other "
+                "ranks wait in its own barrier, which pairs with no collective of yours): make it in setup, which "
+                "every rank runs",
+                F
+                + "test_multinode.py::test_prepare_data_runs_on_local_rank_zero_of_every_node_or_on_global_rank_zero_only",
+                "a collective the user's code makes in prepare_data",
+                lambda ev: ev["source"] == "user" and _in_prepare_data(ev),
+            ),
+            OtherFix(
+                "the condition around the collective holds on some ranks only without reading the rank (a clock, the "
+                "rank's own data): give every rank the same decision first, decided on one rank and broadcast (go = "
+                "self.trainer.strategy.broadcast(go, src=0)) or combined over the ranks (go = self.trainer.strategy."
+                "reduce_boolean_decision(go, all=False)), then make the collective on every rank where it holds",
+                F
+                + "test_collectives.py::test_strategy_broadcast_returns_rank_0s_object_everywhere_and_leaves_each_ranks_input_as_it_was; "
+                + F
+                + "test_callbacks.py::test_reduce_boolean_decision_is_all_by_default_and_any_with_all_false",
+                "a collective the user's code makes where its frames read no rank",
+                lambda ev: ev["source"] == "user" and ev.get("rank branch") is False,
+            ),
+        ),
     ),
     Hazard(
         "list_state_element_sync",

@@ -117,6 +117,9 @@ def alone(fields: dict, ranks: list) -> Optional[tuple]:
         "call site": fields.get("call_site"),
         "source": source,
     }
+    if "reads_rank" in fields:  # recorded by the guard: what the user's frames of the call read of the rank
+        evidence["rank branch"] = bool(fields["reads_rank"])
+    evidence["running hook"] = fields.get("running")
     if reads_metrics(fields):
         return "metrics_read_on_some_ranks", evidence
     if source == "torchmetrics":
@@ -130,9 +133,10 @@ def alone(fields: dict, ranks: list) -> Optional[tuple]:
 
 
 def _lightnings_own(fields: dict) -> bool:
-    """A collective Lightning makes on its own on every rank (a barrier or broadcast of its loops or Trainer, no
-    key, metric or user's call): what the other ranks' next collective is when some make one of their own."""
-    return fields.get("source") == "library"
+    """A collective Lightning or DDP makes on its own on every rank (a barrier or broadcast of its loops or Trainer,
+    DDP's gradient all_reduce of a bucket; no key, metric or user's call): what the other ranks' next collective is
+    when some make one of their own."""
+    return fields.get("source") in ("library", "gradient")
 
 
 def recognise(sides: list) -> Optional[tuple]:
@@ -168,10 +172,10 @@ def recognise(sides: list) -> Optional[tuple]:
         return None
     if len({(f.get("key"), f.get("hook") if f.get("source") == "self.log" else None) for f in fields}) > 1:
         if not all(f.get("key") for f in fields) or fields[0].get("source") != "self.log":
-            return None
+            return _users_own(sides)
         return "keys_differ", {"keys per rank": [f.get("key") for f in fields], "op": fields[0].get("op")}
     if len({f.get("metric") for f in fields}) > 1:
-        return None
+        return _users_own(sides)
     dtypes = [f.get("dtype") for f in fields]
     shapes = [f.get("shape") for f in fields]
     first = fields[0]
@@ -194,6 +198,26 @@ def recognise(sides: list) -> Optional[tuple]:
         "shapes per rank": shapes,
         "dtype": first.get("dtype"),
     }
+
+
+def _users_call(fields: dict) -> bool:
+    """A collective the user's own line made (the trace's call chain names the library call it made, and no loop of
+    Lightning lies between: ``MulticlassAccuracy.compute()`` called in the module's hook), not one Lightning's loop
+    made on its own (``loop_step`` set: the epoch sync of a logged key or Metric)."""
+    return bool(fields.get("call")) and not fields.get("loop_step") and bool(fields.get("call_site"))
+
+
+def _users_own(sides: list) -> Optional[tuple]:
+    """``(name, evidence)`` where the ranks make the same op for different purposes and those of some ranks are one
+    call of the user's own while every other rank's is Lightning's loop (a ``compute()`` on rank 0 only of a Metric
+    that is also logged, met by the other ranks' epoch sync of that logged Metric, as in the default sanity check):
+    the user's call is the collective the others never make (:func:`alone`). None otherwise."""
+    present = [f for f in sides if f is not None]
+    own = [f for f in present if _users_call(f)]
+    loops = [f for f in present if not _users_call(f)]
+    if not own or not loops or len({_purpose(f) for f in own}) != 1 or not all(f.get("loop_step") for f in loops):
+        return None
+    return alone(own[0], [f.get("rank", sides.index(f)) for f in own])
 
 
 def _purpose(fields: Optional[dict]) -> Optional[tuple]:

@@ -15,6 +15,31 @@ def _always(evidence: dict) -> bool:
 
 
 @dataclasses.dataclass(frozen=True)
+class OtherFix:
+    """A fix of an entry for a case its main fix's wording does not fit (the main fix says "outside the branch on
+    the rank" where the evidence shows no branch on the rank), printed where the main fix's preconditions fail and
+    this one's hold (:func:`ddpprobe.hazards.advice`).
+
+    Attributes:
+        fix: what to change.
+        fix_fact: the fact test that shows what the fix relies on.
+        requires: its preconditions in words.
+        precondition: the same as a predicate over the run's evidence dict.
+    """
+
+    fix: str
+    fix_fact: str
+    requires: str
+    precondition: Callable[[dict], bool]
+
+    def applies(self, evidence: dict) -> bool:
+        try:
+            return bool(self.precondition(evidence))
+        except (KeyError, TypeError):
+            return False
+
+
+@dataclasses.dataclass(frozen=True)
 class Hazard:
     """One hazard.
 
@@ -29,6 +54,7 @@ class Hazard:
         fix_fact: the fact test that shows the fix gives the right value (or no hang).
         requires: the fix's preconditions in words (printed where they do not hold).
         precondition: the same as a predicate over the run's evidence dict.
+        other_fixes: :class:`OtherFix` values for the cases the main fix's wording does not fit, in order.
     """
 
     name: str
@@ -40,6 +66,7 @@ class Hazard:
     fix_fact: Optional[str] = None
     requires: str = "nothing beyond the cause"
     precondition: Callable[[dict], bool] = _always
+    other_fixes: tuple = ()
 
     def cause(self, **numbers) -> str:
         """The cause worded with ``numbers`` (every ``{field}`` of :attr:`template`). Raises ``KeyError``
