@@ -19,7 +19,7 @@ import torch.distributed
 from ddpprobe import trace
 from ddpprobe._lightning import pl
 from ddpprobe._support import require
-from ddpprobe.guard import _entries, _state
+from ddpprobe.guard import _entries, _state, _writers
 from ddpprobe.guard._errors import CollectiveMismatch, install_excepthook
 from ddpprobe.guard._exchange import Exchange
 from ddpprobe.trace import CallClassifier, _gradients
@@ -207,7 +207,9 @@ class CollectiveGuard(_state.StateHooks, pl.Callback):
         self._thread = threading.get_ident()
         self._trainer = None
         self._eval = _EvalBatches()
+        self._writers: Optional[_writers.Writers] = None
         _patch_prepare_data_barrier()
+        _writers.patch_hook_runners()
         if collectives:
             # Armed from here on: the first collective of a Trainer holding this guard, once its strategy made the
             # process group (the log-dir broadcast of the Trainer's setup, or a collective in prepare_data), starts
@@ -263,6 +265,10 @@ class CollectiveGuard(_state.StateHooks, pl.Callback):
         self._classifier = CallClassifier(pl_module)
         self._thread = threading.get_ident()
         self._trainer = trainer
+        if self._state_fields:  # where a field that breaks was last written (ddpprobe/guard/_writers.py)
+            self._writers = _writers.Writers(self._classifier, pl_module)
+            self._writers.watch(trainer)
+            self._exchange.annotate = self._writers.annotate
         self._install_log(pl_module)
         if self.collectives:
             self._install_collectives()
@@ -290,6 +296,9 @@ class CollectiveGuard(_state.StateHooks, pl.Callback):
 
     def _uninstall(self) -> None:
         _gradients.unwatch(self)
+        if self._writers is not None:
+            self._writers.unwatch()
+            self._writers = None
         self._trainer = None
         if self._model is not None:  # put back the instance's own log (another wrapper's), or none
             if self._log_before is _NONE:
@@ -304,6 +313,8 @@ class CollectiveGuard(_state.StateHooks, pl.Callback):
     def _check(self, entry: dict) -> None:
         self._exchange.check(entry)
         self.checks += 1
+        if entry.get("record") and self._writers is not None:  # its fields are equal on every rank here
+            self._writers.passed(entry["n"], entry["record"])
         if entry["kind"] == "collective" and self._eval.in_batch:
             self._eval.collectives += 1
 

@@ -107,8 +107,39 @@ def report(exc: GuardError, tb) -> str:
     if exc.rank is not None and exc.rank != exc.reporter():
         return f"rank {exc.rank}: {name} at check #{exc.check} (rank {exc.reporter()} prints the guard's message)\n"
     frames = [f for f in traceback.extract_tb(tb) if not _library(f.filename)]
-    where = f"  raised under {frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}\n" if frames else ""
+    under = f"{frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}" if frames else None
+    deeper = _deeper_line(exc)
+    if deeper is not None:
+        where = f"  raised under {deeper}\n"
+    else:
+        where = f"  raised under {under}\n" if under else ""
     return f"{name}: {exc}\n{where}(the same on {_others(exc)}; full traceback: {FULL_TRACEBACK_ENV}=1)\n"
+
+
+def _users_own(entry: dict) -> bool:
+    """A collective entry the user's own line made (its call chain names no loop of Lightning's)."""
+    fields = entry.get("fields") or {}
+    return entry.get("kind") == "collective" and bool(fields.get("call_site")) and not fields.get("loop_step")
+
+
+def _deeper_line(exc: GuardError):
+    """The user's line that made the difference where this rank's own frame cannot show it, else None: for a
+    ``StateDiverged``, the line that last set the first differing field (ddpprobe/guard/_writers.py), since the check
+    runs in the guard's hook under the user's ``trainer.fit``; for a ``CollectiveMismatch`` where this rank is at a
+    hook boundary or in a collective Lightning's loop makes (so its innermost frame of the user's code is the
+    ``trainer.fit`` line), the call site of the collective another rank's code made."""
+    written = getattr(exc, "written", None)
+    if written:
+        rank, site = written
+        return f"rank {rank}'s {site}, the line that last set {exc.field}"
+    entries = getattr(exc, "entries", None) or []
+    mine = next((e for e in entries if e.get("rank") == exc.rank), None)
+    if mine is None or _users_own(mine):
+        return None
+    for entry in sorted(entries, key=lambda e: e.get("rank", 0)):
+        if entry is not mine and _users_own(entry):
+            return f"rank {entry['rank']}'s {entry['fields']['call_site']}, the collective the other ranks do not make"
+    return None
 
 
 def _others(exc: GuardError) -> str:

@@ -107,6 +107,9 @@ class Exchange:
         self._has_slot = False
         #: Seconds the last timed-out wait lasted (the timeout, or more while a peer was busy).
         self._waited_s = timeout_s
+        #: ``entry -> None``: adds to a state-bearing entry what this rank saw written (ddpprobe/guard/_writers.py),
+        #: called only when the digests differ, before the entry crosses the store.
+        self.annotate = None
 
     def check(self, entry: dict) -> None:
         """Announce ``entry`` (its ``n`` is this check's number) and return once every rank announced the
@@ -206,7 +209,12 @@ class Exchange:
 
     def _explain(self, n: int, entry: dict) -> None:
         """The digests differ: every rank writes its full entry; read all ``W`` and raise the difference."""
-        self.store.set(f"{n}/e/{self.rank}", json.dumps(entry))
+        if self.annotate is not None and entry.get("record"):
+            try:
+                self.annotate(entry)
+            except Exception:  # noqa: BLE001 - where a field was written is a help; the check's verdict stands
+                pass
+        self.store.set(f"{n}/e/{self.rank}", json.dumps(entry, default=str))
         keys = [f"{n}/e/{r}" for r in range(self.world_size)]
         try:
             self.store.wait(keys, self.timeout)

@@ -24,6 +24,7 @@ import json
 from typing import Optional
 
 from ddpprobe.contract import breaks, row_for, show, snapshot
+from ddpprobe.guard import _writers
 from ddpprobe.guard._errors import StateDiverged
 from ddpprobe.hazards import NO_FIX
 
@@ -180,9 +181,10 @@ def diverged(head: str, n: int, entries: list) -> Optional[StateDiverged]:
     first = found[0]
     where = f"{first['boundary']} ({first['hook']}, epoch {first['epoch']}, step {first['step']})"
     lines = [f"{head}: state that must be equal on every rank differs, first at {where}:"]
-    lines += [
-        f"  {b['field']}: " + ", ".join(f"rank {r} {show(v)}" for r, v in enumerate(b["per_rank"])) for b in found
-    ]
+    records = [e["record"] for e in ordered]
+    for b in found:
+        lines.append(f"  {b['field']}: " + ", ".join(f"rank {r} {show(v)}" for r, v in enumerate(b["per_rank"])))
+        lines += _writers.lines(b["field"], records)  # the line that last set it, or the hooks since it was equal
     rows = {}
     for b in found:
         rows.setdefault(b["row"], b)
@@ -192,7 +194,9 @@ def diverged(head: str, n: int, entries: list) -> Optional[StateDiverged]:
             f"{'; '.join(b['facts'])})"
         )
     lines += fix_lines(found)
-    return StateDiverged("\n".join(lines), n, {e["rank"]: e["text"] for e in ordered}, found)
+    error = StateDiverged("\n".join(lines), n, {e["rank"]: e["text"] for e in ordered}, found)
+    error.written = next(filter(None, (_writers.first_site(b["field"], records) for b in found)), None)
+    return error
 
 
 def fix_lines(found: list) -> list:
@@ -209,6 +213,7 @@ class StateHooks:
     epochs' ends from the guard's own hooks (``_state_after_batch``, ``_state_check``)."""
 
     _state_fields: Optional[tuple] = None
+    _writers = None
     _stepped = False
     _started_training = False
     _batches_ran = False
@@ -218,6 +223,8 @@ class StateHooks:
         if self._exchange is None or not self._state_fields:
             return
         ex = self._exchange
+        if self._writers is not None:  # the optimizers exist from on_fit_start; load_state_dict replaces groups
+            self._writers.watch(trainer)
         record = take(trainer, pl_module, boundary, hook, self._state_fields, self._batches_ran, self._loops_ran)
         self._check(entry(ex.n, ex.rank, record))
 

@@ -21,12 +21,20 @@ import inspect
 import pytest
 
 from ddpprobe import RankFailed
+from ddpprobe.guard import _writers
 from ddpprobe.hazards import HAZARDS, NO_FIX, advice, fix_line
+from tests.support import guard_reports
 from tests.support.guard_forms import (
+    _plain,
+    attribute_from_rank,
+    compute_on_rank_one,
     data_dependent_collective,
     datamodule_setup_collective,
     logged_metric_compute_on_rank_zero,
+    lr_halved_on_rank_zero,
     prepare_data_collective,
+    scheduled_lr,
+    stop_on_rank_zero,
 )
 from tests.tooling.guard.test_guard_forms import _at
 from tests.tooling.guard.test_guard_hazards import _guard_errors, _line
@@ -38,10 +46,108 @@ BRANCH_FIX = "outside the branch on the rank"
 PREPARE_DATA_FIX, CONDITION_FIX = HAZARDS["collective_on_some_ranks"].other_fixes
 
 
+def _reports(run_world, module, **params) -> dict:
+    """``{rank: {"type", "message", "report"}}``: the guard error each rank raised and what it would print."""
+    records = run_world(guard_reports.reported, 2, module=module.__name__.rsplit(".", 1)[-1], **params, **LIMITS)
+    return dict(enumerate(records.records))
+
+
 def _mismatch(run_world, module, **params) -> dict:
     with pytest.raises(RankFailed) as failure:
         run_world(module.train, 2, **params, **LIMITS)
     return _guard_errors(failure.value, "CollectiveMismatch", [0, 1])
+
+
+def _function_line(function, text: str) -> str:
+    """``"file.py:N in function"`` of the line of a module-level ``function`` holding ``text``."""
+    lines, start = inspect.getsourcelines(function)
+    offset = next(i for i, line in enumerate(lines) if text in line)
+    module = inspect.getmodule(function).__name__.rsplit(".", 1)[-1]
+    return f"{module}.py:{start + offset} in {function.__name__}"
+
+
+def _label(cls, hook: str) -> str:
+    """How the guard names a hook of the user's code: ``"TimeBudget.on_train_batch_end (stop_on_rank_zero.py:18)"``."""
+    function = vars(cls)[hook]
+    module = inspect.getmodule(function).__name__.rsplit(".", 1)[-1]
+    return f"{cls.__name__}.{hook} ({module}.py:{function.__code__.co_firstlineno})"
+
+
+# --- the line ------------------------------------------------------------------------------------------------------
+
+
+def test_a_rate_halved_on_rank_zero_names_the_line_that_halved_it_and_is_raised_under_it(run_world):
+    """``group["lr"] /= 2`` in a ``@rank_zero_only`` helper called from ``on_train_epoch_start``: the param group's
+    set is seen on rank 0, none on rank 1 (its rate was set when the optimizer was made, before the guard watched it).
+    The report is raised under that line, not under the script's ``trainer.fit``."""
+    reports = _reports(run_world, lr_halved_on_rank_zero)
+    site = _function_line(lr_halved_on_rank_zero.halve, 'group["lr"] /= 2')
+    for rank in (0, 1):
+        assert reports[rank]["type"] == "StateDiverged", reports
+        message = reports[rank]["message"]
+        assert "  optimizer[0].group[0].lr: rank 0 0.05, rank 1 0.1\n" in message, message
+        expected = f"    last set: rank 0 at {site} (in on_train_epoch_start), rank 1 not by code the guard saw"
+        assert expected in message.splitlines(), message
+    printed = reports[0]["report"]
+    assert f"  raised under rank 0's {site} (in on_train_epoch_start), the line that last set " in printed, printed
+    assert "lr_halved_on_rank_zero.py" in printed.splitlines()[-2] and "in train" not in printed.splitlines()[-2]
+
+
+def test_an_attribute_set_from_the_rank_names_the_line_that_set_it_on_every_rank(run_world):
+    """``self.noise_std = 0.1 * (self.global_rank + 1)`` in the module's ``setup``: the same line set it on each
+    rank (the audit's writer records, ddpprobe/trace/_writers.py)."""
+    reports = _reports(run_world, attribute_from_rank)
+    site = _at(attribute_from_rank, "setup", "self.noise_std =")
+    for rank in (0, 1):
+        assert reports[rank]["type"] == "StateDiverged", reports
+        assert f"    last set at {site} on every rank" in reports[rank]["message"].splitlines(), reports[rank]
+    assert f"  raised under rank 0's {site}, the line that last set module.attr.noise_std" in reports[0]["report"]
+
+
+def test_a_field_no_watched_line_set_names_the_hooks_the_ranks_ran_since_it_was_equal(run_world):
+    """``trainer.should_stop = True`` on rank 0 in a callback's ``on_train_batch_end`` at batch 1: the Trainer's
+    attributes are not watched, so the guard names what ran between the last check where the flag was equal (the
+    first optimizer step's state check, step 1) and the differing one: the module's ``training_step`` and the
+    callback's hook, on both ranks."""
+    reports = _reports(run_world, stop_on_rank_zero)
+    ran = [_label(_plain.LitClassifier, "training_step"), _label(stop_on_rank_zero.TimeBudget, "on_train_batch_end")]
+    for rank in (0, 1):
+        assert reports[rank]["type"] == "StateDiverged", reports
+        message = reports[rank]["message"]
+        assert "  trainer.should_stop: rank 0 True, rank 1 False\n" in message, message
+        hooks = [line for line in message.splitlines() if line.startswith("    no set of it by your code seen; ")]
+        assert len(hooks) == 1, message
+        assert "on_train_batch_end (epoch 0, step 1) the ranks ran: " + ", ".join(ran) in hooks[0], message
+
+
+def test_a_collective_only_another_rank_makes_is_raised_under_that_ranks_line(run_world):
+    """``compute()`` on rank 1 only: rank 0, which prints the report, waits in Lightning's own barrier, under the
+    script's ``trainer.fit`` alone; its report names rank 1's ``compute()`` line instead."""
+    reports = _reports(run_world, compute_on_rank_one)
+    assert [reports[r]["type"] for r in (0, 1)] == ["CollectiveMismatch"] * 2, reports
+    site = _at(compute_on_rank_one, "on_validation_epoch_end", ".compute()")
+    expected = f"  raised under rank 1's {site}, the collective the other ranks do not make"
+    assert expected in reports[0]["report"].splitlines(), reports[0]["report"]
+
+
+def test_the_lines_of_a_state_break_are_a_function_of_the_ranks_records():
+    """The words, on records as the ranks annotate them: a line seen on some ranks, the same line on every rank, and
+    hooks run on every rank and on some only (``prepare_data``, which Lightning runs on local rank 0 only)."""
+    field = "module.attr.scale"
+    seen = [{"written_at": {field: "m.py:4 in setup"}}, {"written_at": {field: None}}]
+    assert _writers.lines(field, seen) == ["    last set: rank 0 at m.py:4 in setup, rank 1 not by code the guard saw"]
+    both = [{"written_at": {field: "m.py:4 in setup"}}] * 2
+    assert _writers.lines(field, both) == ["    last set at m.py:4 in setup on every rank"]
+    at = [3, 1, "check #3, on_fit_start (epoch 0, step 0)"]
+    hooks = [
+        {"equal_at": {field: at}, "hooks": [["M.prepare_data (m.py:2)", 2], ["M.setup (m.py:4)", 3]]},
+        {"equal_at": {field: [3, 1, at[2]]}, "hooks": [["M.setup (m.py:4)", 2]]},
+    ]
+    assert _writers.lines(field, hooks) == [
+        "    no set of it by your code seen; since it was equal at check #3, on_fit_start (epoch 0, step 0) the "
+        "ranks ran: M.setup (m.py:4); only rank(s) [0] ran M.prepare_data (m.py:2)"
+    ]
+    assert _writers.lines(field, [{}, {}]) == []
 
 
 # --- fixes that fit ------------------------------------------------------------------------------------------------
@@ -117,3 +223,21 @@ def test_the_fix_of_a_collective_on_some_ranks_follows_the_evidence_of_a_branch_
     for read in (True, False):
         evidence = dict(base, **{"rank branch": read, "running hook": "prepare_data"})
         assert advice("collective_on_some_ranks", evidence) == prepare
+
+
+# --- the watch stays silent on a correct run ----------------------------------------------------------------------
+
+
+def test_a_schedule_every_rank_steps_and_a_resumed_checkpoint_give_the_same_rates_with_the_guard_as_without(
+    run_world,
+):
+    """StepLR halves the rate at each epoch's end, through the param groups the guard watches; ModelCheckpoint writes
+    the optimizer's state and a second fit resumes from it (its groups replaced by ``load_state_dict``). No error, and
+    the rates are the schedule's: ``LR * GAMMA**epochs`` after each fit, as without the guard."""
+    m = scheduled_lr
+    expected = [m.LR * m.GAMMA**m.EPOCHS, m.LR * m.GAMMA ** (m.EPOCHS + 1)]
+    guarded = run_world(m.train, 2, **LIMITS).records
+    plain = run_world(m.train, 2, guard=False, **LIMITS).records
+    for rank in (0, 1):
+        assert guarded[rank]["rates"] == pytest.approx(expected), (guarded, expected)
+        assert guarded[rank]["rates"] == plain[rank]["rates"], (guarded, plain)
