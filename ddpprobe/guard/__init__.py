@@ -26,9 +26,14 @@ turns it off). The records read only: no item of a dataset, no random draw, no c
 Every rank also meets at a check at Lightning's barrier after ``prepare_data`` (which Lightning runs on some ranks
 only), so a collective made there is named at once, not after the guard's timeout.
 
+A field that differs is named with the user's line that last set it where the guard sees the set (module
+attributes, optimizer param-group keys), else with the hooks each rank ran since it was last equal; a fix is given
+where the registry's preconditions hold on what the guard saw (the branch fix only where the code reads the rank).
+
 Layout: ``_callback.py`` (the callback and the wrappers), ``_exchange.py`` (the store protocol),
 ``_entries.py`` (what a rank posts, the comparison, the error text), ``_state.py`` (the state checks),
-``_errors.py`` (the errors, and how an uncaught one is printed: once, message first). See docs/guard.md
+``_writers.py`` (where a differing field was written, and the hooks that ran), ``_errors.py`` (the errors, and how
+an uncaught one is printed: once, message first, under the user's line that parted the ranks). See docs/guard.md
 for what it catches, what it costs, how it scales and what it cannot see.
 """
 
