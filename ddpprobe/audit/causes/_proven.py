@@ -74,8 +74,9 @@ def _equal_under_both(row, ins, proof: Proof):
         return row
     moved = values[0]
     if ins.close(moved, row.single):
-        note = f"equal under a second split of the same samples too ({BLOCKS}: {moved:.6g})"
-        return dataclasses.replace(row, cause="; ".join(c for c in (row.cause, note) if c))
+        note = f"equal under a second split of the same samples too ({BLOCKS})"
+        evidence = {**(row.evidence or {}), "under another split": moved}
+        return dataclasses.replace(row, cause="; ".join(c for c in (row.cause, note) if c), evidence=evidence)
     evidence = {
         **(row.evidence or {}),
         "measured": row.per_rank[0],
@@ -107,8 +108,9 @@ def _mean_claim(row, ins, proof: Proof):
         return row
     mean = sum(values) / len(values)
     if ins.close(mean, row.single):
-        note = f"the mean of the ranks' values equals single-process under a second split too ({BLOCKS}: {mean:.6g})"
-        return dataclasses.replace(row, cause=f"{row.cause}; {note}")
+        note = f"the mean of the ranks' values equals single-process under a second split too ({BLOCKS})"
+        evidence = {**(row.evidence or {}), "mean of the ranks' values under another split": mean}
+        return dataclasses.replace(row, cause=f"{row.cause}; {note}", evidence=evidence)
     evidence = {**(row.evidence or {}), "mean of the ranks' values under another split": mean, "metric_object": False}
     shown = (
         f"the mean of the ranks' values is {sum(row.per_rank) / len(row.per_rank):.6g} (equal to single-process "
