@@ -110,6 +110,32 @@ _NONE_STEP_2_3 = Change(
     "distributed training' (#19918)",
 )
 
+_OPTIMIZER_IDX_2_0 = Change(
+    "The fact's probe defines `on_before_optimizer_step(self, optimizer)`; up to 1.9 Lightning also passes "
+    "`optimizer_idx` (`TypeError: ContractProbe.on_before_optimizer_step() takes 2 positional arguments but 3 were "
+    "given`), and 2.0.0 removed that argument: on 1.9.5 the probe fails, not DDP.",
+    "pytorch_lightning CHANGELOG 2.0.0, 'Removed `optimizer_idx` argument from "
+    "`LightningModule.on_before_optimizer_step`' (#16539)",
+)
+_INPLACE_REDUCE_2_0_7 = Change(
+    "From 2.0.7 `strategy.reduce` (`_sync_ddp`) divides a mean over gloo in place into the input tensor "
+    "(`result.copy_(result / world_size)`): an int64 mean is truncated and stays int64, a bool mean is the `any` of "
+    "the ranks, and the input tensor holds the result. 1.9.5 returned a new float tensor (`result / world_size`).",
+    "lightning_fabric CHANGELOG 2.0.7, 'Fixed an issue with Fabric.all_reduce() not performing an inplace operation "
+    "for all backends consistently' (#18235); `_sync_ddp` in lightning_fabric/utilities/distributed.py",
+)
+_RANK_ZERO_FIRST_2_1 = Change(
+    "The fact's probe enters `Fabric.rank_zero_first`, which 2.1 added (absent from 2.0.9.post0's "
+    "lightning_fabric/fabric.py, present in 2.1.4's): before it the probe fails with `AttributeError`.",
+    "lightning_fabric/fabric.py, `Fabric.rank_zero_first` (2.1); its barrier lost the timeout in 2.3.0 (#19448)",
+)
+_CSV_LOG_DIR_2_1 = Change(
+    "Before 2.1.0 `trainer.log_dir` with a `CSVLogger` returned the logger's `save_dir` ('.') instead of its "
+    "versioned folder, which the fact compares across ranks.",
+    "pytorch_lightning CHANGELOG 2.1.0, 'Fixed `Trainer.log_dir` not returning the correct directory for the "
+    "`CSVLogger`' (#18548)",
+)
+
 #: ``{"tests/facts/<file>.py::<test function>": Change}``.
 CHANGES: dict = {
     "tests/facts/test_sharding.py::test_each_rank_sees_a_disjoint_strided_shard_when_n_divides_by_world_size": (
@@ -257,6 +283,104 @@ CHANGES: dict = {
         "it.",
         "lightning_fabric CHANGELOG 2.6.1, 'Fixed `DistributedSamplerWrapper` not forwarding `set_epoch` to the "
         "underlying sampler' (#21454)",
+    ),
+    "tests/facts/test_sharding.py::test_a_shuffling_validation_loader_keeps_shuffling_under_ddp_with_a_new_order_"
+    "every_epoch": _SAMPLER_2_0_3,
+    "tests/facts/test_samplers_rewrapped.py::test_a_custom_batch_sampler_is_rebuilt_as_its_own_class_around_a_"
+    "distributed_sampler": _SAMPLER_2_0_3,
+    "tests/facts/test_samplers_rewrapped.py::test_with_overfit_batches_the_training_sampler_does_not_shuffle_and_"
+    "every_epoch_repeats_the_same_batches": _SAMPLER_2_0_3,
+    "tests/facts/test_log_reductions.py::test_the_synced_epoch_mean_divides_by_the_floored_mean_of_the_integer_"
+    "batch_size_counts": _FLOORED_COUNT,
+    "tests/facts/test_hidden_collectives_half_precision.py::test_a_float16_value_logged_with_sync_dist_is_synced_"
+    "in_float32_and_does_not_overflow": _CAST_BEFORE_SYNC_2_1,
+    "tests/facts/test_what_ddp_keeps_equal.py::test_an_optimizer_setting_computed_from_a_rank_local_value_stays_"
+    "rank_local_and_sets_the_weights_apart": _OPTIMIZER_IDX_2_0,
+    "tests/facts/test_what_ddp_keeps_equal.py::test_an_lr_scheduler_setting_computed_from_a_rank_local_value_stays_"
+    "rank_local": _OPTIMIZER_IDX_2_0,
+    "tests/facts/test_what_ddp_keeps_equal.py::test_an_attribute_set_from_the_rank_before_training_stays_that_ranks_"
+    "own": _OPTIMIZER_IDX_2_0,
+    "tests/facts/test_what_ddp_keeps_equal.py::test_a_buffer_a_rank_updates_outside_forward_is_overwritten_by_rank_"
+    "0s_at_the_next_forward": _OPTIMIZER_IDX_2_0,
+    "tests/facts/test_what_ddp_keeps_equal.py::test_the_first_step_of_w_ranks_equals_one_process_on_all_their_"
+    "samples_only_for_a_loss_averaged_over_the_batch": _OPTIMIZER_IDX_2_0,
+    "tests/facts/test_callbacks.py::test_a_loss_spike_on_one_rank_stops_every_rank_at_that_batch": Change(
+        "`SpikeDetection` is new in 2.1.0; before it the fact's probe fails with `AttributeError`.",
+        "lightning_fabric CHANGELOG 2.1.0, 'Added a callback for spike-detection' (#18014)",
+    ),
+    "tests/facts/test_callbacks.py::test_with_two_early_stopping_callbacks_the_first_stop_any_rank_wants_stops_"
+    "every_rank": Change(
+        "Up to 1.9 the Trainer adds a `GradientAccumulationScheduler` to every run's callbacks "
+        "(`_CallbackConnector`), and the fact's probe, reading `monitor` from the callbacks after its own, trips on it "
+        "(`AttributeError`); 2.0.0 no longer adds it, having dropped schedules for `accumulate_grad_batches`.",
+        "pytorch_lightning CHANGELOG 2.0.0, 'Removed support for passing a scheduling dictionary to "
+        "`Trainer(accumulate_grad_batches=...)`' (#16729); trainer/connectors/callback_connector.py",
+    ),
+    "tests/facts/test_reductions_outside_log.py::test_strategy_reduce_mean_of_an_int64_tensor_is_truncated_toward_"
+    "zero_and_stays_int64": _INPLACE_REDUCE_2_0_7,
+    "tests/facts/test_reductions_outside_log.py::test_strategy_reduce_of_a_bool_tensor_is_any_for_mean_and_sum": (
+        _INPLACE_REDUCE_2_0_7
+    ),
+    "tests/facts/test_reductions_outside_log.py::test_strategy_reduce_writes_the_result_into_the_input_tensor_and_a_"
+    "clone_keeps_it": _INPLACE_REDUCE_2_0_7,
+    "tests/facts/test_reductions_outside_log.py::test_fabric_all_reduce_turns_numbers_into_int32_float32_uint8_"
+    "tensors_and_truncates_integer_means": Change(
+        "`Fabric.all_reduce` is new in 2.0.0 (on 1.9.5 the probe fails with `AttributeError`), and it truncates an "
+        "integer mean in place from 2.0.7: " + _INPLACE_REDUCE_2_0_7.why,
+        "lightning_fabric CHANGELOG 2.0.0, 'Added `Fabric.all_reduce`' (#16459); 2.0.7 (#18235)",
+    ),
+    "tests/facts/test_reductions_outside_log.py::test_fabric_all_reduce_and_all_gather_walk_collections_and_leave_"
+    "other_leaves_alone": _RANK_ZERO_FIRST_2_1,
+    "tests/facts/test_fabric.py::test_fabric_rank_zero_first_runs_rank_0s_block_before_the_others_enter": (
+        _RANK_ZERO_FIRST_2_1
+    ),
+    "tests/facts/test_fabric.py::test_fabric_no_backward_sync_leaves_each_ranks_own_gradient_and_the_default_"
+    "averages_them": _RANK_ZERO_FIRST_2_1,
+    "tests/facts/test_fabric.py::test_fabric_setup_dataloaders_keeps_shuffle_false_sets_the_epoch_itself_and_wraps_"
+    "a_custom_sampler": _RANK_ZERO_FIRST_2_1,
+    "tests/facts/test_rank_state_log_dir.py::test_a_csvlogger_without_version_gives_ranks_starting_after_rank_0_the_"
+    "next_version_and_trainer_log_dir_rank_0s": _CSV_LOG_DIR_2_1,
+    "tests/facts/test_rank_state_log_dir.py::test_a_csvlogger_with_an_explicit_version_gives_every_rank_the_same_"
+    "log_dir": _CSV_LOG_DIR_2_1,
+    "tests/facts/test_rank_state_log_dir.py::test_reading_trainer_log_dir_on_every_rank_and_passing_it_to_the_rank_"
+    "zero_only_function_finishes": _CSV_LOG_DIR_2_1,
+    "tests/facts/test_rank_state_rank_zero_only.py::test_without_rank_in_the_environment_rank_zero_only_code_runs_"
+    "on_every_rank_until_the_trainer_is_built": Change(
+        "From 2.2.0 the `CSVLogger` writes the columns of `metrics.csv` sorted by name, which the rows the fact "
+        "compares follow; before it they came in the order logged.",
+        "pytorch_lightning CHANGELOG 2.2.0, 'The columns in the `metrics.csv` file produced by `CSVLogger` are now "
+        "sorted alphabetically' (#19159)",
+    ),
+    "tests/facts/test_user_samplers.py::test_with_a_user_unrepeated_sampler_the_synced_mean_is_inflated_by_the_"
+    "floored_count": _USE_DISTRIBUTED_SAMPLER,
+    "tests/facts/test_user_samplers.py::test_loader_lengths_are_summed_over_ranks_an_all_empty_world_warns_once_and_"
+    "one_empty_rank_raises_alone": _USE_DISTRIBUTED_SAMPLER,
+    "tests/facts/test_several_dataloaders.py::test_every_loader_of_a_combined_loader_gets_its_own_shuffling_"
+    "distributed_sampler": Change(
+        "The fact's probe takes `CombinedLoader` from `pytorch_lightning.utilities`, where 2.0.0 put it (moved from "
+        "`trainer.supporters`): on 1.9.5 the probe fails with `AttributeError`.",
+        "pytorch_lightning CHANGELOG 2.0.0, 'Moved the `CombinedLoader` class from "
+        "`pytorch_lightning.trainer.supporters` to `pytorch_lightning.combined_loader`' (#16819)",
+    ),
+    "tests/facts/test_weights_in_validate_test_predict.py::test_validate_test_and_predict_broadcast_rank_0s_"
+    "parameters_and_buffers_without_a_ddp_wrapper": Change(
+        "From 2.0.2 validate, test and predict broadcast rank 0's parameters and buffers at setup "
+        "(`DDPStrategy.setup`: `_sync_module_states` when not fitting); before it each rank ran with its own weights.",
+        "pytorch_lightning CHANGELOG 2.0.2, 'Fixed Sync module states during non-fit' (#17370)",
+    ),
+    "tests/facts/test_unused_parameters.py::test_a_parameter_the_loss_does_not_use_fails_every_rank_at_the_second_"
+    "step_with_lightnings_advice": Change(
+        "From 2.0.0 Lightning replaces DDP's 'Expected to have finished reduction' error with its advice naming "
+        "`strategy='ddp_find_unused_parameters_true'` (`DDPStrategy.on_exception`); 1.9.5 raises DDP's own words.",
+        "pytorch_lightning CHANGELOG 2.0.0, 'Added suffix option to DDP strategy names to enable "
+        "`find_unused_parameters=True`' and 'DDP's `find_unused_parameters` now defaults to `False`' (#16611)",
+    ),
+    "tests/facts/test_lr_find.py::test_lr_find_under_ddp_gives_every_rank_rank_0s_loss_curve_and_the_same_learning_"
+    "rate": Change(
+        "The fact's probe runs `pytorch_lightning.tuner.Tuner(trainer).lr_find()`, the API of 2.0.0 (which removed "
+        "`Trainer.tune()` and `auto_lr_find`): 1.9.5 has no `Tuner` there and the probe fails with `AttributeError`.",
+        "pytorch_lightning CHANGELOG 2.0.0, 'Removed `Trainer.tune()` in favor of "
+        "`Tuner(trainer).{lr_find,scale_batch_size}`' (#16462)",
     ),
 }
 
