@@ -111,6 +111,8 @@ def report(exc: GuardError, tb) -> str:
     deeper = _deeper_line(exc)
     if deeper is not None:
         where = f"  raised under {deeper}\n"
+    elif under and isinstance(exc, StateDiverged):  # no set seen: the check ran in the guard's hook, under fit
+        where = f"  raised under {under}, at the guard's state check (what ran since the field was equal: above)\n"
     else:
         where = f"  raised under {under}\n" if under else ""
     return f"{name}: {exc}\n{where}(the same on {_others(exc)}; full traceback: {FULL_TRACEBACK_ENV}=1)\n"

@@ -118,6 +118,8 @@ def test_a_field_no_watched_line_set_names_the_hooks_the_ranks_ran_since_it_was_
         hooks = [line for line in message.splitlines() if line.startswith("    no set of it by your code seen; ")]
         assert len(hooks) == 1, message
         assert "on_train_batch_end (epoch 0, step 1) the ranks ran: " + ", ".join(ran) in hooks[0], message
+    printed = reports[0]["report"]
+    assert ", at the guard's state check (what ran since the field was equal: above)\n" in printed, printed
 
 
 def test_a_collective_only_another_rank_makes_is_raised_under_that_ranks_line(run_world):
