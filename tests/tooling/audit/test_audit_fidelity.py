@@ -356,3 +356,15 @@ def test_an_error_only_the_ranks_raise_names_the_batch_size_sharding_left_them()
     assert raised and {(b["stage"], b["size"]) for b in raised} == {("train", 1)}
     assert all(b["single_sizes"] == [2, 4] for b in raised)
     assert "a train batch of 1 sample(s), a size no train batch of the single process had (its: 2, 4)" in _text(result)
+
+
+@pytest.mark.integration
+def test_spawned_ranks_get_their_own_string_hash_secret_too():
+    """With ``start_method="spawn"`` (fresh interpreters, nccl's default) each rank starts with its seed's
+    ``PYTHONHASHSEED`` in its environment, so its ``set`` order is that of a fresh interpreter with that seed."""
+    from ddpprobe.launch import run_world
+    from tests.support.process_traits import process_traits, set_order_under
+
+    ranks = [r.record for r in run_world(process_traits, 2, hash_seeds=["1", "2"], start_method="spawn")]
+    assert [r["set_order"] for r in ranks] == [set_order_under("1"), set_order_under("2")]
+    assert ranks[0]["hash"] != ranks[1]["hash"]
