@@ -9,8 +9,9 @@ this rank's own frame is only Lightning's (a state check in the guard's hook, Li
 **The fix.** The registry's preconditions are evaluated on what the guard saw, in the sanity check as in the loop:
 a ``compute()`` on rank 0 only of a Metric that is also logged gets its entry's cause and fix where it first shows,
 in Lightning's default sanity check. ``collective_on_some_ranks``'s fix "outside the branch on the rank" is given
-only where the user's frames of the call read the rank; a collective under a condition of the rank's own data gets
-"decide it on one rank and broadcast", one in ``prepare_data`` "move the collective out of prepare_data".
+only where the user's frames of the call read the rank; a collective under a condition of the rank's own data or
+its own clock gets "give every rank the same decision first" (decided on one rank and broadcast, or combined), one
+in ``prepare_data`` "move the collective out of prepare_data".
 
 Every expected line number comes from the module's source (``_at``), every expected value from the module's data.
 Two gloo ranks; the guard's timeout 5 s, the process group's 10 s, so a hazard the guard missed ends in seconds.
@@ -35,6 +36,7 @@ from tests.support.guard_forms import (
     prepare_data_collective,
     scheduled_lr,
     stop_on_rank_zero,
+    timer_collective,
 )
 from tests.tooling.guard.test_guard_forms import _at
 from tests.tooling.guard.test_guard_hazards import _guard_errors, _line
@@ -180,6 +182,20 @@ def test_a_collective_under_a_condition_of_the_ranks_data_gets_the_broadcast_fix
         _line(alone, f"is about to all_reduce int64 [1] (your code) at {site}", message)
         assert f"ran on rank(s) [{alone}] only in training_step" in message, message
         assert "\nCause (collective_on_some_ranks): " in message, message
+        assert f"Fix: {CONDITION_FIX.fix} (shown by {CONDITION_FIX.fix_fact})" in message, message
+        assert BRANCH_FIX not in message, message
+
+
+def test_a_collective_fired_by_a_clock_gets_the_broadcast_fix_not_the_branch_fix(run_world):
+    """``if time.monotonic() - self._synced_at > EVERY_S: dist.all_reduce(...)``, one rank's first batch slow to
+    read: that rank alone is past the interval at its first step. No line reads the rank: the fix is to give every
+    rank the same decision first."""
+    alone = timer_collective.slow_rank(2)
+    site = _at(timer_collective, "training_step", "dist.all_reduce(self._count)")
+    with pytest.raises(RankFailed) as failure:
+        run_world(timer_collective.train, 2, pg_timeout=40, timeout=90)
+    for message in _guard_errors(failure.value, "CollectiveMismatch", [0, 1]).values():
+        _line(alone, f"is about to all_reduce float32 [1] (your code) at {site}", message)
         assert f"Fix: {CONDITION_FIX.fix} (shown by {CONDITION_FIX.fix_fact})" in message, message
         assert BRANCH_FIX not in message, message
 
