@@ -175,7 +175,8 @@ def _proving(worlds: Worlds, params: dict, reference: dict, root: str, settings,
     """``worlds`` with the proving runs (ddpprobe/audit/worlds/_partitions.py, ddpprobe/audit/causes/_proven.py)
     added where a verdict of a ``validate`` or ``test`` whose W=N world completed rests on them: the second split
     where an epoch value is "synced, equals single-process" or the mean of rank-local values equals it; one
-    process on the ranks' padded samples where the ranks ran repeats and a value differs."""
+    process on the ranks' padded samples, and the second split too, where the ranks ran repeats and a value differs
+    (the repeats are the whole difference only where the value does not move with the split either)."""
     if params["stage"] not in ("validate", "test") or not worlds.completed or worlds.world.error:
         return worlds
     found = rows(worlds)
@@ -189,7 +190,7 @@ def _proving(worlds: Worlds, params: dict, reference: dict, root: str, settings,
     repeats = counts is not None and counts.identified and counts.duplicates and not counts.unsharded
     differ = [r for r in epoch if r.problem and r.verdict in (SYNCED_DIFFERS, RANK_DIVERGENT)]
     partition = padded = None
-    if claims:
+    if claims or (repeats and differ):
         partition = _optional(
             {**params, "sampler_order": "blocks"},
             worlds.world_size,

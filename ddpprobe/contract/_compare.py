@@ -158,11 +158,23 @@ def _dataset_kept(value):
     )
 
 
+def _equal_next(positions: list, index: int, path: str) -> bool:
+    """The field is equal on every rank at the record after ``index`` (the module's own ``setup`` runs after the
+    callbacks' ``setup``, where the ``setup`` record is taken: pytorch_lightning/trainer/call.py
+    ``_call_setup_hook``)."""
+    if index + 1 >= len(positions):
+        return False
+    values = [r["fields"].get(path, MISSING) for r in positions[index + 1][1]]
+    return not differs(values, missing_is_a_value=True)
+
+
 def breaks(records: list) -> list:
     """The :class:`Break` of every must-be-equal field that differs between the ranks, at the first boundary where
     it differs, in the order the run met them; a break after the first one names the first as its ``root``.
 
-    An attribute whose values are strings that differ only by each rank's own number in them
+    A module field that differs at ``setup`` but is equal at the next record is no break: that record is taken in the
+    callbacks' ``setup``, before the module's own ``setup``, which may set the field alike on every rank. An attribute
+    whose values are strings that differ only by each rank's own number in them
     (:func:`named_by_rank`: a file name per rank) is no break. Once batches ran, a list or dict attribute may hold
     rank-local outputs and is not compared; once a loop ran batches, its dataset (``loader.<loop>[i].dataset``) is
     compared by type and length only, since its ``__getitem__`` may have changed its state with the items of the
@@ -173,7 +185,8 @@ def breaks(records: list) -> list:
         records: per rank, the list of its records in the order taken (one list per rank, rank 0 first).
     """
     found: dict = {}
-    for position, per_rank in aligned(records):
+    positions = list(aligned(records))
+    for index, (position, per_rank) in enumerate(positions):
         boundary = per_rank[0]["boundary"]
         ran = any(r.get("batches_ran") for r in per_rank)
         paths = set().union(*(r["fields"] for r in per_rank))
@@ -191,6 +204,8 @@ def breaks(records: list) -> list:
             if path.startswith(_SET_BY_CODE) and named_by_rank(values):
                 continue  # a file name (or another name) made per rank: each rank's own by design
             if differs(values, missing_is_a_value=path.startswith(_SET_BY_CODE)):
+                if boundary == "setup" and path.startswith("module.") and _equal_next(positions, index, path):
+                    continue  # the callbacks' setup runs before the module's own, which set it alike on every rank
                 first = per_rank[0]
                 found[path] = Break(
                     path, row, boundary, first.get("hook"), first.get("step"), first.get("epoch"), position, values

@@ -444,3 +444,15 @@ def make_batch_norm_on_the_remainder() -> BatchNormOnTheRemainder:
 def make_ten_in_fours() -> DataLoader:
     """10 samples (:data:`F1_8` and two more) in batches of 4."""
     return DataLoader(Scored(F1_8 + [(1, 1), (0, 0)]), batch_size=4)
+
+
+class SetsInPrepareDataAndSetup(SetsInPrepareData):
+    """Sets ``self.num_classes`` in ``prepare_data`` (local rank 0 only) and again in ``setup``, which every rank runs
+    after the callbacks' ``setup``: every rank holds 2 from the stage's start on, a correct pattern."""
+
+    def setup(self, stage):
+        self.num_classes = 2
+
+
+def make_sets_in_prepare_data_and_setup() -> SetsInPrepareDataAndSetup:
+    return SetsInPrepareDataAndSetup()

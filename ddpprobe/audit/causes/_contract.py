@@ -236,10 +236,11 @@ def schedule_text(item: dict, world_size: int) -> str:
     if item.get("kind") == "steps":
         (l1, s1), (ln, sn) = item["single"], item["world"]
         return (
-            f"{item['field']} ends each of the {world_size} ranks' runs at {show(ln)} after {sn} scheduler steps, "
-            f"where one process takes {s1} and ends at {show(l1)}; after {sn} steps one process's was "
-            f"{show(item['single_at'])} too: the schedule follows the step count alone, so the ranks stop part way "
-            "along it"
+            f"note: {item['field']} ends each of the {world_size} ranks' runs at {show(ln)} after {sn} scheduler "
+            f"steps, where one process takes {s1} and ends at {show(l1)}; after {sn} steps one process's was "
+            f"{show(item['single_at'])} too: the schedule follows the step count alone, so each rank, taking 1/W of "
+            "one process's steps, ends where one process stands after that many; a schedule meant to end with the "
+            "run is sized by the steps each rank takes (trainer.estimated_stepping_batches)"
         )
     (p1, t1), (pn, tn) = item["single"], item["world"]
     return (
@@ -340,7 +341,11 @@ def contract_findings(contract: dict) -> list:
         out.append({"problem": break_text(root), "consequences": under})
     size = (contract.get("first_step") or {}).get("world_size") or contract.get("world_size") or 0
     if not roots:
-        out += [{"problem": schedule_text(t, size), "consequences": []} for t in contract.get("schedules") or []]
+        out += [
+            {"problem": schedule_text(t, size), "consequences": []}
+            for t in contract.get("schedules") or []
+            if t.get("kind") != "steps"  # a note: nothing shows the schedule was meant to end with the run
+        ]
     text = first_step_text(contract.get("first_step") or {}) if contract.get("first_step") else None
     if text and out and roots and _before_first_step(roots[0]):
         out[0]["consequences"].append(f"then {text}")
@@ -404,7 +409,8 @@ def contract_lines(contract: dict) -> list:
     for item in contract.get("schedules") or []:
         lines.append(("", schedule_text(item, size)))
         lines.append(("  ", SINGLE_PROCESS_SCHEDULE.shown()))
-        lines.append(("  ", f"{hazards.NO_FIX}: no registry entry's evidence holds for this field"))
+        if item.get("kind") != "steps":
+            lines.append(("  ", f"{hazards.NO_FIX}: no registry entry's evidence holds for this field"))
     first = contract.get("first_step")
     roots = [b for b in items if not b.get("root")]
     if first:

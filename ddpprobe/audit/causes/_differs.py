@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Optional
 
 from ddpprobe import hazards
@@ -214,7 +215,7 @@ def _int64_reduce(case: _Case) -> Optional[tuple]:
     """A value computed in the key's hook from ``trainer.strategy.reduce`` of an integer tensor: every rank made
     an integer all_reduce from ``Strategy.reduce`` there, and the measured value is a whole number (the
     truncated mean stays an integer)."""
-    if not case.collectives or float(case.measured) != int(case.measured):
+    if not case.collectives or not math.isfinite(float(case.measured)) or float(case.measured) != int(case.measured):
         return None
     first = _strategy_reduces(case, INTEGER_DTYPES)
     if first is None:
@@ -258,8 +259,9 @@ def _batch_means_differ(case: _Case) -> Optional[tuple]:
 def _already_whole(case: _Case) -> Optional[tuple]:
     """A key synced by ``self.log`` with ``reduce_fx="sum"`` whose every rank's own epoch value already equals the
     single process's (the whole set's) and whose measured value is W times it: the sum over the ranks counts the
-    whole W times. Where the trace shows a collective of the module's own in the key's hooks, it is named as what
-    made each rank's value whole. Arithmetic on the recorded values; no registry entry."""
+    whole W times. Only where the trace shows a collective of the module's own in the key's hooks, named as what
+    made each rank's value whole (without one, equal values may be a tie of each rank's own part, as a max shared by
+    two shards). Arithmetic on the recorded values; no registry entry."""
     from ddpprobe.audit.evidence._arithmetic import own_epoch_values
 
     sums = [c for c in case.calls if c.get("sync_dist") and not c.get("metric_object")]
@@ -278,7 +280,9 @@ def _already_whole(case: _Case) -> Optional[tuple]:
             if c.get("source") == "user" and c.get("hook") in case.hooks and c.get("call_site")
         }
     )
-    made = f" (the module's own {', '.join(own)} made it whole)" if own else ""
+    if not own:
+        return None  # equal values with no collective of the module's own could be a tie (each rank's own max)
+    made = f" (the module's own {', '.join(own)} made it whole)"
     case.evidence.update({"ranks' own values": values, SHARES: True})
     return (
         f"every rank's own value already is the single-process {case.single:.6g}{made}, and the sync's "

@@ -30,12 +30,13 @@ def _differ(item: dict) -> bool:
 
 
 def _length(content: Optional[dict]) -> Optional[tuple]:
-    """How much a file holds: its lines, else its bytes; for what ``torch.save`` wrote, the saved keys and shapes
-    (its bytes are the zip file's, padded to the same size for small tensors of other lengths)."""
+    """How much a file holds: its lines, else its bytes; for what ``torch.save`` wrote, the digest of the saved object
+    (its structure and tensors: ddpprobe/trace/_files.py ``saved_content``, no time stamp in it), since the zip
+    file's bytes pad small tensors of other lengths to one size."""
     if content is None:
         return None
-    if content.get("writer") == "torch.save" and content.get("saved"):
-        return ("saved", repr(content["saved"]))
+    if content.get("writer") == "torch.save":
+        return ("saved", content.get("sha1"))
     return ("lines", content["lines"]) if content["lines"] else ("bytes", content["size"])
 
 
@@ -86,7 +87,7 @@ def _length_text(length: Optional[tuple]) -> str:
     if length is None:
         return "none"
     if length[0] == "saved":
-        return f"saved {length[1]}"
+        return "a torch.save object"
     return f"{length[1]} {'line(s)' if length[0] == 'lines' else 'bytes'}"
 
 

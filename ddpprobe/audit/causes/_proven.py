@@ -189,6 +189,30 @@ def _differs_with_repeats(row, ins, key, proof: Proof):
         repeated=", ".join(f"{k} x{v}" for k, v in c.duplicated.items()),
         sampler=c.sampler or "the sampler",
     )
+    split = proof.partition_values(row.key)
+    if ins.close(measured, padded) and (split is None or not ins.close(split[0], measured)):
+        if split is None:
+            cause = (
+                f"{repeated}; one process running the same samples, repeats included (in other batches), gives "
+                f"{padded:.6g} too; whether the repeats are the whole difference is not proven (no second split of "
+                "the same samples ran)"
+            )
+            return dataclasses.replace(row, cause=cause, evidence=evidence)
+        evidence["under another split"] = split[0]
+        names = ["repeated_samples", "non_decomposable"]
+        cause = (
+            f"{repeated}; one process running the same samples, repeats included, gives {padded:.6g} too, but the "
+            f"value moves with how the samples are split ({split[0]:.6g} with {BLOCKS}): "
+            + hazards.cause(
+                "non_decomposable",
+                shown=f"{measured:.6g} with {STRIDED}, {split[0]:.6g} with {BLOCKS}",
+                why="a value each rank computes on its own samples and the sync then averages is not the whole "
+                "set's value",
+            )
+        )
+        return dataclasses.replace(
+            row, cause=cause, hazards=names, fixes=applicable(names, evidence), evidence=evidence
+        )
     if ins.close(measured, padded):
         cause = (
             f"{repeated}; one process running the same samples, repeats included (in other batches), gives "

@@ -391,7 +391,8 @@ def _references_lines(result) -> list:
         lines += _wrap(
             f"note: the single process (Trainer(devices=1), Lightning's default strategy, no process group) raised "
             f'{single["type"]}: {_clip(single["message"])}; a one-rank DDP world (strategy="ddp", W=1) ran the '
-            "stage, so the values are compared with that world: the stage needs DDP's strategy to run at all",
+            "stage, so the values are compared with that world: what differs between the two (DDP's strategy, its "
+            "process group, DistributedSampler's order) lets the stage run",
             "",
         )
     world = [r for r in (result.raised or {}).get("world") or [] if r]

@@ -56,18 +56,37 @@ def sampler_order(order: str) -> Iterator[None]:
     from torch.utils.data import DistributedSampler, SequentialSampler
 
     if kind == "blocks":
-        cls, saved = DistributedSampler, {"__iter__": DistributedSampler.__iter__}
+        saved = {"__iter__": DistributedSampler.__iter__}
         DistributedSampler.__iter__ = _blocks_iter(DistributedSampler.__iter__)
+        patched = [(DistributedSampler, saved)]
     else:
         world_size = int(size)
-        cls, saved = SequentialSampler, {"__iter__": SequentialSampler.__iter__, "__len__": SequentialSampler.__len__}
+        patched = [
+            (SequentialSampler, {"__iter__": SequentialSampler.__iter__, "__len__": SequentialSampler.__len__}),
+            (DistributedSampler, {"__iter__": DistributedSampler.__iter__, "__len__": DistributedSampler.__len__}),
+        ]
         SequentialSampler.__iter__ = lambda self: iter(padded_indices(len(self.data_source), world_size)[::-1])
         SequentialSampler.__len__ = lambda self: len(padded_indices(len(self.data_source), world_size))
+        # The one-rank DDP world (the reference where the single process raised) samples through a one-rank
+        # DistributedSampler: it runs the padded list too; any other split keeps its own order.
+        DistributedSampler.__iter__ = _one_rank(DistributedSampler.__iter__, world_size, "iter")
+        DistributedSampler.__len__ = _one_rank(DistributedSampler.__len__, world_size, "len")
     try:
         yield
     finally:
-        for name, method in saved.items():
-            setattr(cls, name, method)
+        for cls, methods in patched:
+            for name, method in methods.items():
+                setattr(cls, name, method)
+
+
+def _one_rank(original, world_size: int, what: str):
+    def method(self):
+        if self.num_replicas != 1:
+            return original(self)
+        indices = padded_indices(len(self.dataset), world_size)
+        return iter(indices[::-1]) if what == "iter" else len(indices)
+
+    return method
 
 
 def _blocks_iter(original):

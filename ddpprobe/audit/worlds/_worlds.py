@@ -16,6 +16,30 @@ from ddpprobe.audit.evidence._keys import Reference
 from ddpprobe.audit.evidence._stages import STAGE_LOOP
 
 
+def _samples(traces: list, loop: str) -> Optional[list]:
+    """Per rank, the labels (ids, else content hashes) of the samples its ``loop`` ran outside the sanity check, or
+    None where a batch carried neither."""
+    out = []
+    for trace in traces:
+        labels = []
+        for batch in trace.get("batches") or []:
+            if batch.get("stage") != loop or batch.get("sanity"):
+                continue
+            found = batch.get("ids") if batch.get("ids") is not None else batch.get("hashes")
+            if found is None:
+                return None
+            labels += [str(x) for x in found]
+        out.append(labels)
+    return out
+
+
+def _same_multiset(a: Optional[list], b: Optional[list]) -> bool:
+    """Two runs' samples, all ranks together, are the same multiset (None: unknown, never the same)."""
+    if a is None or b is None:
+        return False
+    return sorted(x for rank in a for x in rank) == sorted(x for rank in b for x in rank)
+
+
 def empty_trace() -> dict:
     """A rank's split trace that recorded nothing (``ddpprobe.trace.split_trace([])``)."""
     return {
@@ -97,8 +121,18 @@ class Worlds:
         def done(world):
             return world is not None and world.error is None and not any(r.get("raised") for r in world.records)
 
-        partition = [r["callback_metrics"] for r in self.partition.records] if done(self.partition) else None
+        loop = STAGE_LOOP[self.stage]
+        ran = _samples(self.world.traces, loop)
+        partition = None
+        if done(self.partition):
+            split = _samples(self.partition.traces, loop)
+            # A second split proves something only where it ran the same samples, assigned otherwise (a drop_last,
+            # limit_batches, an iterable dataset or a sampler of the user's own can defeat it).
+            if _same_multiset(split, ran) and [sorted(r) for r in split] != [sorted(r) for r in ran]:
+                partition = [r["callback_metrics"] for r in self.partition.records]
         padded = self.padded if done(self.padded) else None
+        if padded is not None and not _same_multiset(_samples(padded.traces, loop), ran):
+            padded = None  # it did not run the ranks' samples with their repeats
         return Proof(
             partition=partition,
             padded=padded.records[0]["callback_metrics"] if padded else None,

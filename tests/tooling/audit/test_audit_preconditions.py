@@ -15,7 +15,7 @@ The sentences and their preconditions:
   process ends elsewhere;
 - the arithmetic causes (ddpprobe/audit/causes/_differs.py): shares of one sum only where the ranks' values add up
   to one process's; a sum of whole values only for ``reduce_fx="sum"`` where every rank's own value is one
-  process's;
+  process's and a collective of the module's own in the key's hook made it so;
 - the proofs (ddpprobe/audit/causes/_proven.py): a verdict changes only on a proving run's value.
 """
 
@@ -151,7 +151,11 @@ def test_the_arithmetic_causes_need_their_arithmetic():
     assert _differs._rank_shares(_case([0.375, 0.125], 0.5, 0.25)) is not None
     assert _differs._already_whole(_case([19.0, 19.0], 19.0, 38.0, reduce_fx="mean")) is None  # not a sum sync
     assert _differs._already_whole(_case([19.0, 10.0], 19.0, 29.0, reduce_fx="sum")) is None  # a rank's own part
-    assert _differs._already_whole(_case([19.0, 19.0], 19.0, 38.0, reduce_fx="sum")) is not None
+    assert _differs._already_whole(_case([19.0, 19.0], 19.0, 38.0, reduce_fx="sum")) is None  # no own collective
+    whole = _case([19.0, 19.0], 19.0, 38.0, reduce_fx="sum")
+    gathered = {"source": "user", "hook": "validation_step", "op": "all_gather", "call_site": "m.py:3"}
+    whole.collectives, whole.hooks = [[gathered], [gathered]], ["validation_step"]
+    assert _differs._already_whole(whole) is not None
 
 
 class _Ins:
