@@ -117,7 +117,10 @@ _DATASET_KEPT = ("type", "len")
 def named_by_rank(values: list) -> bool:
     """Whether the values (one per rank, rank 0 first) are strings that differ only by each rank's own number in
     them, as a whole number (``"preds_rank0.csv"``, ``"preds_rank1.csv"``): a name made per rank (a file each rank
-    writes), not state that must be equal."""
+    writes), not state that must be equal; or are the ranks' own numbers themselves (``0, 1, ...``: the rank kept in
+    an attribute). What such a value feeds that must be equal (a learning rate, a parameter) breaks on its own."""
+    if len(values) >= 2 and all(type(v) is int for v in values):
+        return values == list(range(len(values)))  # the rank's own number kept (self.my_rank = self.global_rank)
     if len(values) < 2 or not all(isinstance(v, str) for v in values):
         return False
     parts = [re.split(r"(\d+)", v) for v in values]  # text, number, text, number ... text

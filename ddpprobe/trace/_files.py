@@ -290,7 +290,7 @@ def _digest_into(digest, obj, depth: int) -> None:
         value = obj.detach()
         digest.update(f"T{value.dtype}{tuple(value.shape)}".encode())
         if value.device.type != "meta" and not value.is_sparse:
-            value = value.cpu().contiguous()
+            value = value.cpu().contiguous().reshape(-1)  # a 0-d tensor cannot be viewed as bytes as it is
             digest.update(value.view(torch.uint8).numpy().tobytes() if value.numel() else b"")
         return
     if isinstance(obj, dict):

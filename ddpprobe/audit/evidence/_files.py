@@ -117,12 +117,19 @@ def written_files(single_traces: list, world_traces: list) -> list:
                 "per_rank": contents,
                 "single": one,
                 "same_as_single": (
-                    None if one is None or not written else all(c["sha1"] == one["sha1"] for c in written)
+                    None
+                    if one is None or not written or _unreadable([one, *written])
+                    else all(c["sha1"] == one["sha1"] for c in written)
                 ),
                 "appends": bool(written) and all(c["appends"] for c in written),
             }
         )
     return out
+
+
+def _unreadable(contents: list) -> bool:
+    """Some content's digest could not be taken (``"unreadable: ..."``): equal digests then prove nothing."""
+    return any(str(c.get("sha1", "")).startswith("unreadable") for c in contents)
 
 
 def _summed(contents: list) -> Optional[dict]:

@@ -178,3 +178,17 @@ def test_a_verdict_changes_only_on_a_proving_runs_value():
     assert held.verdict == SYNCED_EQUAL and "second split" in held.cause
     differs = _row(verdict=SYNCED_DIFFERS, per_rank=[0.5, 0.5], single=4 / 7, problem=True)
     assert _proven.proven(differs, _Ins(), None, _proven.Proof()) == differs  # no padded run: no padding claim
+
+
+def test_a_torch_save_digest_tells_zero_dimensional_tensors_apart_and_an_unreadable_one_proves_no_equality():
+    """Two ranks saving their own 0-d accuracy to one path: the digests differ (a 0-d tensor is read as its bytes),
+    so the file is not "what one process writes"; a digest that could not be taken never makes contents equal."""
+    import torch
+
+    from ddpprobe.audit.evidence import _files as evidence_files
+    from ddpprobe.trace._files import saved_content
+
+    assert saved_content(torch.tensor(0.5))["sha1"] != saved_content(torch.tensor(0.25))["sha1"]
+    assert not saved_content(torch.tensor(0.5))["sha1"].startswith("unreadable")
+    assert evidence_files._unreadable([{"sha1": "unreadable: RuntimeError"}, {"sha1": "ab"}])
+    assert not evidence_files._unreadable([{"sha1": "ab"}])

@@ -255,6 +255,9 @@ def test_a_lazy_layer_and_a_meta_tensor_are_recorded_unreadable_and_the_fit_goes
         (["rank0_lr0.1", "rank1_lr0.2"], False),  # a number besides the rank differs
         (["cosine", "linear"], False),
         ([0.1, 0.2], False),
+        ([0, 1, 2], True),  # the rank's own number kept in an attribute
+        ([1, 0], False),  # not each rank's own number
+        ([0, 2], False),
     ],
 )
 def test_an_attribute_that_differs_only_by_each_ranks_own_number_is_a_name_made_per_rank(values, per_rank_name):
