@@ -17,9 +17,12 @@ pytestmark = [
 ]
 
 #: The guard's own modules.
-GUARD_MODULES = {f"ddpprobe.guard{m}" for m in ("", "._callback", "._entries", "._errors", "._exchange", "._state")}
-#: What else of ddpprobe it may load: the package itself, the choice of Lightning package, and these rooms.
-ALLOWED = {"ddpprobe", "ddpprobe._lightning"}
+GUARD_MODULES = {
+    f"ddpprobe.guard{m}" for m in ("", "._callback", "._entries", "._errors", "._exchange", "._state", "._writers")
+}
+#: What else of ddpprobe it may load: the package itself, the choice of Lightning package, the support range's
+#: check (ddpprobe/_support.py), and these rooms.
+ALLOWED = {"ddpprobe", "ddpprobe._lightning", "ddpprobe._support"}
 ROOMS = ("ddpprobe.trace", "ddpprobe.hazards", "ddpprobe.contract")
 
 _LOADED = (
@@ -29,8 +32,8 @@ _LOADED = (
 
 
 def test_import_ddpprobe_guard_loads_the_guard_the_trace_the_hazard_registry_and_the_contract_only():
-    """A fresh ``python -c "import ddpprobe.guard"`` loads exactly the six guard modules, ``ddpprobe``
-    and ``ddpprobe._lightning``, and modules of ``ddpprobe.trace``, ``ddpprobe.hazards`` and
+    """A fresh ``python -c "import ddpprobe.guard"`` loads exactly the seven guard modules, ``ddpprobe``,
+    ``ddpprobe._lightning`` and ``ddpprobe._support``, and modules of ``ddpprobe.trace``, ``ddpprobe.hazards`` and
     ``ddpprobe.contract`` (loaded without Lightning: ddpprobe/contract/__init__.py): nothing of
     ``ddpprobe.launch``, ``ddpprobe.probes``, ``ddpprobe.audit`` or ``ddpprobe.card`` (``ddpprobe``'s own
     ``run_world`` and errors are imported from the launcher on first use)."""
