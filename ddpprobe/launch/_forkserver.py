@@ -101,11 +101,17 @@ class _SharedForkServer(multiprocessing.forkserver.ForkServer):
 _attached: Optional[_SharedForkServer] = None
 
 
-class _SharedForkServerPopen(multiprocessing.popen_forkserver.Popen):
-    """``popen_forkserver.Popen`` connecting to the attached server instead of this process's own."""
+class _ServerPopen(multiprocessing.popen_forkserver.Popen):
+    """``popen_forkserver.Popen`` connecting to the server :meth:`_server` names instead of this process's own."""
+
+    def _server(self, process_obj):
+        raise NotImplementedError
+
+    def _connect(self, process_obj):
+        return self._server(process_obj).connect_to_new_process(self._fds)
 
     def _launch(self, process_obj):
-        # As multiprocessing/popen_forkserver.py Popen._launch, with the attached server's connection.
+        # As multiprocessing/popen_forkserver.py Popen._launch, with the chosen server's connection.
         prep_data = spawn.get_preparation_data(process_obj._name)
         buf = io.BytesIO()
         set_spawning_popen(self)
@@ -114,19 +120,29 @@ class _SharedForkServerPopen(multiprocessing.popen_forkserver.Popen):
             reduction.dump(process_obj, buf)
         finally:
             set_spawning_popen(None)
+        self.sentinel, w = self._connect(process_obj)
+        _parent_w = os.dup(w)
+        self.finalizer = util.Finalize(self, util.close_fds, (_parent_w, self.sentinel))
+        with open(w, "wb", closefd=True) as f:
+            f.write(buf.getbuffer())
+        self.pid = multiprocessing.forkserver.read_signed(self.sentinel)
+
+
+class _SharedForkServerPopen(_ServerPopen):
+    """Connects to the attached server instead of this process's own."""
+
+    def _server(self, process_obj):
+        return _attached
+
+    def _connect(self, process_obj):
         try:
-            self.sentinel, w = _attached.connect_to_new_process(self._fds)
+            return super()._connect(process_obj)
         except OSError as exc:
             raise RuntimeError(
                 f"the shared forkserver at {_attached._forkserver_address} cannot be reached ({exc}): the process "
                 "that started it (the pytest-xdist controller) ended it or it died; rerun, or start ranks with "
                 "--start-method spawn"
             ) from exc
-        _parent_w = os.dup(w)
-        self.finalizer = util.Finalize(self, util.close_fds, (_parent_w, self.sentinel))
-        with open(w, "wb", closefd=True) as f:
-            f.write(buf.getbuffer())
-        self.pid = multiprocessing.forkserver.read_signed(self.sentinel)
 
 
 class _SharedForkServerProcess(multiprocessing.context.ForkServerProcess):
@@ -240,26 +256,11 @@ def hash_seeded_context(seed: str):
     return _SeededContext(seed)
 
 
-class _SeededPopen(multiprocessing.popen_forkserver.Popen):
-    """``popen_forkserver.Popen`` connecting to the server of the process's hash seed."""
+class _SeededPopen(_ServerPopen):
+    """Connects to the server of the process's hash seed."""
 
-    def _launch(self, process_obj):
-        # As multiprocessing/popen_forkserver.py Popen._launch, with that server's connection.
-        server = _seeded[(process_obj._hash_seed, os.getpid())]
-        prep_data = spawn.get_preparation_data(process_obj._name)
-        buf = io.BytesIO()
-        set_spawning_popen(self)
-        try:
-            reduction.dump(prep_data, buf)
-            reduction.dump(process_obj, buf)
-        finally:
-            set_spawning_popen(None)
-        self.sentinel, w = server.connect_to_new_process(self._fds)
-        _parent_w = os.dup(w)
-        self.finalizer = util.Finalize(self, util.close_fds, (_parent_w, self.sentinel))
-        with open(w, "wb", closefd=True) as f:
-            f.write(buf.getbuffer())
-        self.pid = multiprocessing.forkserver.read_signed(self.sentinel)
+    def _server(self, process_obj):
+        return _seeded[(process_obj._hash_seed, os.getpid())]
 
 
 class _SeededProcess(multiprocessing.context.ForkServerProcess):
