@@ -15,6 +15,7 @@ Lightning (about 5 s of CPU), so sharing one saves that much per xdist worker bu
 from __future__ import annotations
 
 import atexit
+import contextlib
 import io
 import multiprocessing
 import multiprocessing.context
@@ -234,15 +235,26 @@ class _SeededForkServer(multiprocessing.forkserver.ForkServer):
         self.set_forkserver_preload(FORKSERVER_PRELOAD)
 
     def ensure_running(self) -> None:
-        saved = os.environ.get("PYTHONHASHSEED")
-        os.environ["PYTHONHASHSEED"] = self.seed
-        try:
+        with hash_seed_env(self.seed):
             super().ensure_running()
-        finally:
-            if saved is None:
-                os.environ.pop("PYTHONHASHSEED", None)
-            else:
-                os.environ["PYTHONHASHSEED"] = saved
+
+
+@contextlib.contextmanager
+def hash_seed_env(seed: Optional[str]):
+    """``PYTHONHASHSEED=seed`` in this process's environment while an interpreter starts (it inherits it), then as
+    before; nothing where ``seed`` is None."""
+    if seed is None:
+        yield
+        return
+    saved = os.environ.get("PYTHONHASHSEED")
+    os.environ["PYTHONHASHSEED"] = seed
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("PYTHONHASHSEED", None)
+        else:
+            os.environ["PYTHONHASHSEED"] = saved
 
 
 def hash_seeded_context(seed: str):

@@ -22,7 +22,7 @@ from ddpprobe.launch._arguments import (
     scenario_ref,
 )
 from ddpprobe.launch._files import read_text as _read, snapshot as _snapshot
-from ddpprobe.launch._forkserver import context
+from ddpprobe.launch._forkserver import context, hash_seed_env
 from ddpprobe.launch._message import RankMessage
 from ddpprobe.launch._rank import STACK_SIGNAL, paths, rank_main
 from ddpprobe.launch._rendezvous import loopback_store, private_world_dir
@@ -213,7 +213,7 @@ class _World:
                 # itself kills and reaps every rank, and a rank ends when the launcher goes away.
                 daemon=False,
             )
-            with _hash_seed_env(self.hash_seeds[rank] if self.hash_seeds and self.start_method == "spawn" else None):
+            with hash_seed_env(self.hash_seeds[rank] if self.hash_seeds and self.start_method == "spawn" else None):
                 process.start()
             result_w.close()
             life_r.close()
@@ -425,20 +425,3 @@ def _check_hash_seeds(seeds: Optional[list], world_size: int) -> Optional[list]:
             "4294967295"
         )
     return seeds
-
-
-@contextlib.contextmanager
-def _hash_seed_env(seed: Optional[str]):
-    """``PYTHONHASHSEED=seed`` in this process's environment while a spawned rank starts (it inherits it)."""
-    if seed is None:
-        yield
-        return
-    saved = os.environ.get("PYTHONHASHSEED")
-    os.environ["PYTHONHASHSEED"] = seed
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop("PYTHONHASHSEED", None)
-        else:
-            os.environ["PYTHONHASHSEED"] = saved
