@@ -206,7 +206,10 @@ class _TraceListener(_patch.Listener):
         if error is not None:
             self.trace.write("raised", seq=seq, error=f"{type(error).__name__}: {error}"[:2000])
         else:
-            values = _small_values(call, before=False)
+            # A gradient bucket's hook returns a future before its all_reduce has finished: what its buffer holds now
+            # depends on the timing, so no values are read back.
+            gradient = call.extra.get("source") == "gradient"
+            values = None if gradient else _small_values(call, before=False)
             self.trace.write("done", seq=seq, pg_seq=pg_seq(), **({"values": values} if values is not None else {}))
 
 
