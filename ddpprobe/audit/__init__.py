@@ -163,8 +163,49 @@ def audit(
             or ``world_size`` below 2; raised before any world starts.
         ddpprobe.WorldError: the single-process world failed (the module cannot run at all).
     """
+    from ddpprobe.audit._pipeline import assemble
+
+    worlds, inputs = audit_worlds(
+        model_factory,
+        data_factory,
+        world_size,
+        stage,
+        backend=backend,
+        limit_batches=limit_batches,
+        max_epochs=max_epochs,
+        seed=seed,
+        timeout=timeout,
+        progress=progress,
+    )
+    return assemble(worlds, inputs, rtol, atol)
+
+
+def audit_worlds(
+    model_factory: Union[str, Callable],
+    data_factory: Union[str, Callable, None] = None,
+    world_size: int = 2,
+    stage: str = "validate",
+    *,
+    backend: str = "gloo",
+    limit_batches: Optional[int] = None,
+    max_epochs: int = 1,
+    seed: int = 0,
+    timeout: Optional[float] = None,
+    progress: Optional[Callable[[str], None]] = None,
+):
+    """The live part of :func:`audit` (same arguments but the tolerances): check the inputs, run the worlds.
+
+    Returns ``(worlds, inputs)``: the :class:`~ddpprobe.audit.worlds._worlds.Worlds` the audit ran (every world's
+    records, traces and prints: ``worlds.to_dict()`` is JSON, ``Worlds.from_dict`` reads it back) and the inputs
+    the result names (``model``, ``data``, ``stage``, ``world_size``, ``backend``, ``lightning``).
+    ``ddpprobe.audit._pipeline.assemble(worlds, inputs, rtol, atol)`` turns them into the :class:`AuditResult`,
+    pure Python, in this process: what the tooling's tests run on a recording (tests/support/recordings.py).
+
+    Raises:
+        AuditInputError, ddpprobe.WorldError: as :func:`audit`.
+    """
     require("ddpprobe audit")  # a Lightning release below the support range: refused (ddpprobe/_support.py)
-    from ddpprobe.audit._pipeline import assemble, run_worlds
+    from ddpprobe.audit._pipeline import run_worlds
 
     settings = check_options(stage, world_size, limit_batches, max_epochs, seed, backend, timeout)
     model_ref, data_ref = _ref(model_factory, "model"), _ref(data_factory, "data")
@@ -183,4 +224,4 @@ def audit(
     worlds = run_worlds(params, world_size, settings, progress)
     data = data_ref or "(the module's own *_dataloader methods)"
     inputs = dict(model=model_ref, data=data, stage=stage, world_size=world_size, backend=backend, lightning=package)
-    return assemble(worlds, inputs, rtol, atol)
+    return worlds, inputs

@@ -80,6 +80,16 @@ class World:
     def digest(self) -> Optional[str]:
         return self.records[0].get("weights_digest")
 
+    def to_dict(self) -> dict:
+        """``{"records", "traces", "stdout", "error"}``, JSON: what the verdicts read (the weights file and the
+        trace folder are left out: they exist only while the audit runs)."""
+        return {"records": self.records, "traces": self.traces, "stdout": self.stdout, "error": self.error}
+
+    @classmethod
+    def from_dict(cls, found: dict) -> "World":
+        """The :class:`World` ``to_dict`` gave."""
+        return cls(found["records"], found["traces"], found["stdout"], found.get("error"))
+
 
 @dataclasses.dataclass
 class Worlds:
@@ -138,6 +148,32 @@ class Worlds:
             padded=padded.records[0]["callback_metrics"] if padded else None,
             padded_logs=padded.traces[0]["logs"] if padded else None,
         )
+
+    #: The fields holding a :class:`World` (or None), as ``to_dict`` names them.
+    WORLD_FIELDS = ("single", "world", "same_weights", "first_step", "partition", "padded", "process", "one_rank_ddp")
+
+    def to_dict(self) -> dict:
+        """The worlds as JSON (each :class:`World`'s ``to_dict``, None where not run, ``stage`` and
+        ``limit_batches``): the audit's recording, from which ``from_dict`` and
+        ``ddpprobe.audit._pipeline.assemble`` give the same :class:`~ddpprobe.audit.AuditResult` in another
+        process, without running a world. Hand-built worlds (``compared_with`` set) have none.
+
+        Raises:
+            ValueError: ``compared_with`` is set (a reference given by hand is not a recorded world)."""
+        if self.compared_with is not None:
+            raise ValueError("worlds with a hand-given reference (compared_with) are not recorded worlds")
+        found = {name: getattr(self, name) for name in self.WORLD_FIELDS}
+        return {
+            "stage": self.stage,
+            "limit_batches": self.limit_batches,
+            **{name: None if world is None else world.to_dict() for name, world in found.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, found: dict) -> "Worlds":
+        """The :class:`Worlds` ``to_dict`` gave."""
+        worlds = {name: None if found.get(name) is None else World.from_dict(found[name]) for name in cls.WORLD_FIELDS}
+        return cls(stage=found["stage"], limit_batches=found.get("limit_batches"), **worlds)
 
     @classmethod
     def of_records(cls, single: dict, world: list, stage: str = "validate", **fields) -> "Worlds":

@@ -1,0 +1,187 @@
+"""Recorded worlds: the evidence a tool's live part gathered, stored under ``tests/recordings/``, so that a test
+of its reasoning or wording runs the pure part in the test's own process, in milliseconds.
+
+A recording is one JSON file: ``{"format", "tool", "scenario", "recorded_on", ...}`` and the tool's evidence
+(the audit's: ``"inputs"`` and ``"worlds"``, ``ddpprobe.audit.worlds._worlds.Worlds.to_dict``). ``scenario`` holds
+the arguments that made it (the key it is found by); ``recorded_on`` the releases it was made on
+(:func:`release`). A recording made on another release (torch, the Lightning package or its version, Python's
+minor version) is not used: the test runs the tool live instead, as it would without a recording.
+
+The fields that differ from one live run of a scenario to the next (wall-clock times, temporary folders) are listed
+once, in :data:`VOLATILE`, :data:`VOLATILE_VALUES` and :data:`VOLATILE_TEXT`: a recording stores them as recorded,
+and two recordings are compared without them (:func:`stable`, :func:`differences`).
+
+Commands (README, "Recorded worlds"; pytest-regressions' update flags):
+
+- ``pytest -m integration tests/tooling/recordings`` runs every stored scenario live again and fails with a
+  unified diff where the fresh recording differs from the stored one (CI runs it);
+- ``pytest -n auto tests/tooling -m "integration or not integration" --regen-all`` (re)records every recording:
+  each recorded test runs its scenario live and writes its file, and the integration test rewrites the stored ones
+  it re-ran (pytest-regressions' ``--regen-all``; ``--force-regen`` does the same and fails each rewritten test).
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import importlib.metadata
+import json
+import os
+import platform
+import re
+import tempfile
+from typing import Optional
+
+#: The folder of every recording, one subfolder per tool.
+FOLDER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "recordings")
+#: The recordings' format; a file of another format is not read.
+FORMAT = 1
+#: What a volatile field's value is compared as.
+PLACEHOLDER = "<varies>"
+#: Dictionary keys, anywhere in a recording, whose value differs from one live run of a scenario to the next: a
+#: wall-clock time (a traced batch's, a state check's, when a stage raised) or a process id.
+VOLATILE = frozenset({"t", "stage_error_t", "pid"})
+#: Dictionary keys whose value is a mapping of names to such values (each hook's last wall-clock time): its names
+#: are compared, its values are not.
+VOLATILE_VALUES = frozenset({"hook_times"})
+#: Patterns inside strings that differ from run to run, each with its stand-in: the names of temporary folders
+#: (tempfile's, the audit's, pytest's) and a port in an address.
+VOLATILE_TEXT = (
+    (
+        re.compile(
+            re.escape(tempfile.gettempdir())
+            + r"/(?:pytest-of-[^/]+/pytest-\d+|tmp[A-Za-z0-9_]+|ddpprobe-[A-Za-z0-9_-]+)"
+        ),
+        "<tmp>",
+    ),
+    (re.compile(r"<tmp>/tmp[A-Za-z0-9_]+"), "<tmp>"),
+    (re.compile(r"(127\.0\.0\.1|localhost)(\]?):\d+"), r"\1\2:<port>"),
+)
+
+#: Whether this session rewrites the recordings it uses (pytest-regressions' ``--regen-all`` or
+#: ``--force-regen``; tests/tooling/conftest.py sets it).
+_UPDATE = [False]
+
+
+def update(on: bool) -> None:
+    """Rewrite each recording a test uses from a live run (on), or read the stored ones (off, the default)."""
+    _UPDATE[0] = bool(on)
+
+
+def updating() -> bool:
+    return _UPDATE[0]
+
+
+def release() -> dict:
+    """The releases a recording depends on: ``{"torch", "lightning", "python"}``, e.g. ``{"torch": "2.13.0+cpu",
+    "lightning": "pytorch_lightning 2.6.6", "python": "3.11"}`` (the Lightning package ddpprobe runs,
+    ddpprobe/_lightning.py ``chosen``, and its distribution's version). Read from the installed distributions'
+    metadata: nothing is imported."""
+    from ddpprobe import _lightning
+
+    choice = _lightning.chosen()
+    return {
+        "torch": importlib.metadata.version("torch"),
+        "lightning": f"{choice} {importlib.metadata.version(_lightning.PACKAGES[choice][2])}",
+        "python": ".".join(platform.python_version_tuple()[:2]),
+    }
+
+
+def of_this_release(tool: str) -> bool:
+    """Whether ``tool``'s stored recordings were made on this release (the first one read tells; the integration
+    run checks each): where not, the tests that read them run live."""
+    found = stored(tool)
+    if not found:
+        return False
+    with open(found[0]) as f:
+        return json.load(f).get("recorded_on") == release()
+
+
+def path_of(tool: str, scenario: dict) -> str:
+    """The file of ``tool``'s recording of ``scenario`` (a dict of JSON values: the arguments that make it):
+    ``tests/recordings/<tool>/<model's last name>-<stage>-w<world size>-<12 hex digits of the scenario>.json``."""
+    text = json.dumps(scenario, sort_keys=True)
+    digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+    model = str(scenario.get("model", "scenario")).replace(":", ".").split(".")[-1]
+    name = re.sub(r"[^A-Za-z0-9_]+", "_", model)[:60]
+    return os.path.join(
+        FOLDER, tool, f"{name}-{scenario.get('stage', 'run')}-w{scenario.get('world_size')}-{digest}.json"
+    )
+
+
+def stable(value):
+    """``value`` with every :data:`VOLATILE` field, :data:`VOLATILE_VALUES` mapping and :data:`VOLATILE_TEXT` pattern
+    replaced: what two live runs of one scenario share, the part of a recording that is compared."""
+    if isinstance(value, dict):
+        out = {}
+        for key, found in value.items():
+            if key in VOLATILE and found is not None:
+                out[key] = PLACEHOLDER
+            elif key in VOLATILE_VALUES and isinstance(found, dict):
+                out[key] = {name: PLACEHOLDER for name in found}
+            else:
+                out[key] = stable(found)
+        return out
+    if isinstance(value, list):
+        return [stable(v) for v in value]
+    if isinstance(value, str):
+        for pattern, stand_in in VOLATILE_TEXT:
+            value = pattern.sub(stand_in, value)
+        return value
+    return value
+
+
+def differences(stored_path: str, fresh_path: str) -> str:
+    """A unified diff of two recording files' :func:`stable` parts ("" where they are equal): what a fresh
+    recording changed beyond the fields that differ run to run."""
+    texts = []
+    for path in (stored_path, fresh_path):
+        with open(path) as f:
+            texts.append(text_of(stable(json.load(f))).splitlines(keepends=True))
+    return "".join(difflib.unified_diff(*texts, fromfile=str(stored_path), tofile=str(fresh_path), n=2))
+
+
+def text_of(recording: dict) -> str:
+    """A recording as the text stored (sorted keys, two-space indents, one final newline): a diff of two reads
+    line by line."""
+    return json.dumps(recording, sort_keys=True, indent=1, allow_nan=True) + "\n"
+
+
+def make(tool: str, scenario: dict, **evidence) -> dict:
+    """A recording of ``tool`` for ``scenario`` on this release, ``evidence`` as the tool recorded it (its volatile
+    fields too: a replay reads what the live run read)."""
+    return {"format": FORMAT, "tool": tool, "scenario": scenario, "recorded_on": release(), **evidence}
+
+
+def load(tool: str, scenario: dict) -> Optional[dict]:
+    """The stored recording of ``scenario``, or None: there is none, this session rewrites it (:func:`updating`), or
+    it was made on another release or format (then the caller runs the tool live)."""
+    if updating():
+        return None
+    path = path_of(tool, scenario)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        found = json.load(f)
+    if found.get("format") != FORMAT or found.get("recorded_on") != release() or found.get("scenario") != scenario:
+        return None
+    return found
+
+
+def store(recording: dict) -> str:
+    """Write ``recording`` to its file (:func:`path_of`), whole, then renamed into place; returns the path."""
+    path = path_of(recording["tool"], recording["scenario"])
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    partial = f"{path}.{os.getpid()}.partial"
+    with open(partial, "w") as f:
+        f.write(text_of(recording))
+    os.replace(partial, path)
+    return path
+
+
+def stored(tool: str) -> list:
+    """Every stored recording file of ``tool``, sorted (the integration run re-records each)."""
+    folder = os.path.join(FOLDER, tool)
+    if not os.path.isdir(folder):
+        return []
+    return sorted(os.path.join(folder, name) for name in os.listdir(folder) if name.endswith(".json"))
