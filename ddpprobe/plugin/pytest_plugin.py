@@ -75,8 +75,9 @@ from ddpprobe.launch import (
     resolve_settings,
     run_world as _run_world,
     start_shared_forkserver,
+    world_usage,
 )
-from ddpprobe.plugin import _shared_worlds, _test_code, _waiting, _warm, runif
+from ddpprobe.plugin import _budget, _shared_worlds, _test_code, _waiting, _warm, runif
 
 #: How each launch setting is named in a usage error: the option (its variable is named by the resolver).
 _OPTIONS = {
@@ -89,6 +90,10 @@ _OPTIONS = {
 _SETTINGS = pytest.StashKey[dict]()
 _REFUSED = pytest.StashKey[list]()
 _SHARED_FORKSERVER = pytest.StashKey[Optional[dict]]()
+_OVER_BUDGET = pytest.StashKey[str]()
+_WORLDS_BEFORE = pytest.StashKey[int]()
+#: The session's world budget while it runs (``{"limit", "paths", "worlds"}``), set at configure where one applies.
+_BUDGET_STATE: dict = {}
 _WORKER_KEY = "ddpprobe_refused"
 _FORKSERVER_KEY = "ddpprobe_forkserver"
 
@@ -153,6 +158,15 @@ def pytest_addoption(parser) -> None:
         help="start a new world at every run_world call instead of sharing a completed world between the "
         "tests that ask for the same one or running it on a warm world (default DDPPROBE_FRESH_WORLDS=1)",
     )
+    group.addoption(
+        "--world-budget",
+        type=int,
+        default=None,
+        help="fail the run when the tests under world_budget_paths start more live worlds than this (default: the "
+        "world_budget ini setting; 0: no budget; ddpprobe/plugin/_budget.py)",
+    )
+    parser.addini("world_budget", "live worlds the tests under world_budget_paths may start (empty or 0: no budget)")
+    parser.addini("world_budget_paths", "folders whose tests count against world_budget", type="args", default=[])
     group.addoption(
         "--warm-worlds",
         action="store_true",
@@ -346,6 +360,9 @@ def pytest_testnodedown(node, error) -> None:
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     for message in config.stash.get(_REFUSED, []):
         terminalreporter.write_line(f"ERROR: {message}", red=True, bold=True)
+    over = config.stash.get(_OVER_BUDGET, None)
+    if over:
+        terminalreporter.write_line(f"ERROR: {over}", red=True, bold=True)
 
 
 @pytest.hookimpl(trylast=True)
@@ -354,6 +371,13 @@ def pytest_sessionfinish(session, exitstatus) -> None:
     leave it together so no rank aborts at exit."""
     if session.config.stash.get(_REFUSED, None):
         session.exitstatus = pytest.ExitCode.USAGE_ERROR
+    budget = _BUDGET_STATE.pop("config", None)
+    if budget is not None:
+        over = _budget.over_budget(budget["worlds"], budget["limit"])
+        if over:
+            session.config.stash[_OVER_BUDGET] = over
+            if session.exitstatus == pytest.ExitCode.OK:
+                session.exitstatus = pytest.ExitCode.TESTS_FAILED
     if external_world() is not None:
         leave_external_world()
     workerinput = getattr(session.config, "workerinput", None)
@@ -364,8 +388,54 @@ def pytest_sessionfinish(session, exitstatus) -> None:
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """With ``DDPPROBE_WORLD_LOG`` set: log each test's wall time, CPU and worlds (``_shared_worlds.timed``)."""
+    item.stash[_WORLDS_BEFORE] = world_usage()["worlds"]
     with _shared_worlds.timed(item.nodeid):
         yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """The worlds a test started (setup, call and teardown), on its teardown report (ddpprobe/plugin/_budget.py)."""
+    outcome = yield
+    if call.when == "teardown" and _WORLDS_BEFORE in item.stash:
+        started = world_usage()["worlds"] - item.stash[_WORLDS_BEFORE]
+        outcome.get_result().user_properties.append((_budget.PROPERTY, started))
+
+
+def pytest_sessionstart(session) -> None:
+    """Start the world budget's tally where one applies (after every ``pytest_configure``, so a conftest may turn it
+    off: ``config.option.world_budget = 0``)."""
+    limit = _world_budget(session.config)
+    if limit is not None:
+        paths = session.config.getini("world_budget_paths")
+        _BUDGET_STATE["config"] = {"limit": limit, "paths": paths, "worlds": {}}
+
+
+def pytest_runtest_logreport(report) -> None:
+    """Tally each counted test's worlds (in the controller under xdist, which receives every report)."""
+    budget = _BUDGET_STATE.get("config")
+    if budget is None or report.when != "teardown":
+        return
+    for name, value in report.user_properties:
+        if name == _budget.PROPERTY and _budget.counted(report.nodeid, report.keywords, budget["paths"]):
+            budget["worlds"][report.nodeid] = value
+
+
+def _world_budget(config) -> Optional[int]:
+    """The run's budget: ``--world-budget``, else the ``world_budget`` ini setting; None where off (0, unset, a
+    re-recording run under pytest-regressions' ``--regen-all``/``--force-regen``, or a worker)."""
+    if hasattr(config, "workerinput"):
+        return None
+    if config.getoption("regen_all", False) or config.getoption("force_regen", False):
+        return None
+    given = config.getoption("--world-budget")
+    if given is None:
+        text = str(config.getini("world_budget") or "").strip()
+        try:
+            given = int(text) if text else None
+        except ValueError:
+            raise pytest.UsageError(f"world_budget = {text!r} is not a whole number of worlds; give e.g. 60") from None
+    return given or None
 
 
 def _skip_at_the_test(reason: str):
