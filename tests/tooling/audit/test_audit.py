@@ -261,7 +261,9 @@ def test_a_module_defining_validation_epoch_end_is_listed_and_the_stage_raises_o
     """``validation_epoch_end`` (removed in Lightning 2.0, PR #16520): listed as raising, and
     ``trainer.validate`` raised ``NotImplementedError`` on every rank and at W=1, so the audit fails."""
     skip_unless_runnable(backend, 2)
-    result = audit(make_model_with_validation_epoch_end, "examples.corrected_f1_module:make_data", backend=backend)
+    result = audited(
+        f"{__name__}:make_model_with_validation_epoch_end", "examples.corrected_f1_module:make_data", backend=backend
+    )
 
     assert [h["hook"] for h in result.removed_hooks] == ["validation_epoch_end"]
     assert "raises NotImplementedError" in result.removed_hooks[0]["effect"]
@@ -275,7 +277,9 @@ def test_a_key_logged_on_rank_0_only_is_flagged_as_a_collective_mismatch_hazard(
     the audit sees the call on rank 0 only and flags it; ``everywhere`` (sync_dist) is fine: 8 samples
     divide by 2, and a batch-size-weighted mean of per-sample values does not depend on the batching."""
     skip_unless_runnable(backend, 2)
-    result = audit(make_model_logging_on_rank_zero_only, make_datamodule_8, world_size=2, backend=backend)
+    result = audited(
+        f"{__name__}:make_model_logging_on_rank_zero_only", f"{__name__}:make_datamodule_8", 2, backend=backend
+    )
 
     row = result.row("only_rank_0")
     assert (row.verdict, row.logged_on, row.problem) == (ddp_audit.SOME_RANKS_ONLY, [0], True)

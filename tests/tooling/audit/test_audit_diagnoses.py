@@ -300,7 +300,7 @@ def test_a_module_with_its_own_dataloaders_is_audited_without_a_data_factory():
 
     skip_unless_runnable("gloo", 2)
     world_size = 2
-    result = audit("tests.support.boring:BoringModel", world_size=world_size, timeout=TIMEOUT)
+    result = audited("tests.support.boring:BoringModel", None, world_size, timeout=TIMEOUT)
 
     from tests.support.boring import BoringModel
 
