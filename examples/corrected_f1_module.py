@@ -14,11 +14,11 @@ cause (drop duplicates by sample id, or use a set whose size divides by W, to fi
 
 from __future__ import annotations
 
-import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader
 from torchmetrics.classification import BinaryF1Score, BinaryPrecision, BinaryRecall
 
+from ddpprobe._lightning import pl  # pytorch_lightning, or lightning.pytorch if ddpprobe runs that: runs under both
 from ddpprobe.probes.data import IdDataset
 
 #: Samples in the validation set (divisible by 2, 3, 4 and 6, so the sampler adds no padding) and batch size.

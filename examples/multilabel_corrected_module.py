@@ -16,10 +16,10 @@ only choose grid points (recipe ``g``).
 
 from __future__ import annotations
 
-import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader
 
+from ddpprobe._lightning import pl  # pytorch_lightning, or lightning.pytorch if ddpprobe runs that: runs under both
 from ddpprobe.probes.multilabel import NUM_LABELS
 from examples.multilabel_original_module import BATCH_SIZE, N_SAMPLES, MultilabelScores, best_threshold_metrics
 

@@ -18,11 +18,11 @@ examples/multilabel_corrected_module.py.
 from __future__ import annotations
 
 import numpy as np
-import pytorch_lightning as pl
 import torch
 from sklearn.metrics import precision_recall_curve
 from torch.utils.data import DataLoader, Dataset
 
+from ddpprobe._lightning import pl  # pytorch_lightning, or lightning.pytorch if ddpprobe runs that: runs under both
 from ddpprobe.probes.multilabel import NUM_LABELS, sample_labels, sample_scores
 
 #: Samples in the validation set (not divisible by 2: the sampler pads) and the batch size.

@@ -24,12 +24,12 @@ samples, and the numbers every reduction should give, can be computed without Li
 
 from __future__ import annotations
 
-import pytorch_lightning as pl
 import torch
 import torch.distributed
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
 from torchmetrics.classification import BinaryAccuracy
 
+from ddpprobe._lightning import pl  # pytorch_lightning, or lightning.pytorch if ddpprobe runs that: runs under both
 from ddpprobe.probes.data import IdDataset, sample_target, sample_value
 
 

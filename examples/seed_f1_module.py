@@ -18,10 +18,10 @@ flags ``val_f1`` as rank-divergent and ``val_f1_batch`` as differing from single
 
 from __future__ import annotations
 
-import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader
 
+from ddpprobe._lightning import pl  # pytorch_lightning, or lightning.pytorch if ddpprobe runs that: runs under both
 from ddpprobe.probes.data import IdDataset
 
 #: Samples in the validation set and the batch size.

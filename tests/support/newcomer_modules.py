@@ -1,7 +1,8 @@
 """A new user's module, written from the README without reading ddpprobe's code, and the variants the user
 tried after reading the audit's and the guard's reports: the modules under test of
 tests/tooling/audit/test_audit_newcomer.py. The classes are copied as the user wrote them; only the module
-layout is joined into one file (each variant's factory below).
+layout is joined into one file (each variant's factory below), and ``pl`` is the package ddpprobe runs where the
+user wrote ``import pytorch_lightning as pl``, so the same module is audited under either Lightning package.
 
 - ``MyClassifier`` (``make_model``, ``make_data``: 64 training samples, batch 8; 101 validation samples,
   batch 10): ``train_loss`` logged ``on_epoch=True, sync_dist=True``; ``val_acc_batch`` logged with
@@ -15,10 +16,11 @@ layout is joined into one file (each variant's factory below).
   ``self.print``.
 """
 
-import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 from torchmetrics.classification import BinaryAccuracy, BinaryF1Score
+
+from ddpprobe._lightning import pl
 
 
 def _synthetic(n, seed):
