@@ -7,6 +7,7 @@ import os
 import sys
 import sysconfig
 import traceback
+from typing import Optional
 
 #: Set (to anything but ``0``) to print a guard error's full traceback instead of the short report.
 FULL_TRACEBACK_ENV = "DDPPROBE_GUARD_TRACEBACK"
@@ -102,12 +103,24 @@ def _guard_error_in(exc):
 
 def report(exc: GuardError, tb) -> str:
     """What a rank prints for a guard error it did not catch: the lowest rank that raised it, the message
-    and the user's frame it was raised under; every other rank, one line pointing to that rank."""
+    and the user's frame it was raised under (the innermost of ``tb`` outside the libraries); every other rank,
+    one line pointing to that rank (:func:`printed`)."""
+    return printed(exc, user_frame(tb))
+
+
+def user_frame(tb) -> Optional[str]:
+    """``"path/to/train.py:12 in train"``: the innermost frame of the traceback ``tb`` outside the libraries (the
+    user's line a rank raised under), or None."""
+    frames = [f for f in traceback.extract_tb(tb) if not _library(f.filename)]
+    return f"{frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}" if frames else None
+
+
+def printed(exc: GuardError, under: Optional[str]) -> str:
+    """:func:`report` of ``exc`` raised under the user's frame ``under`` (:func:`user_frame`): a function of the
+    error alone, the words of its report."""
     name = type(exc).__name__
     if exc.rank is not None and exc.rank != exc.reporter():
         return f"rank {exc.rank}: {name} at check #{exc.check} (rank {exc.reporter()} prints the guard's message)\n"
-    frames = [f for f in traceback.extract_tb(tb) if not _library(f.filename)]
-    under = f"{frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}" if frames else None
     deeper = _deeper_line(exc)
     if deeper is not None:
         where = f"  raised under {deeper}\n"

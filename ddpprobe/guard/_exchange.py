@@ -23,8 +23,9 @@ has compared its digest, so a verdict still unset means they all agree) or write
 and waits (``store.wait``, server-side, no polling) for ``n/v``. That is five store requests per rank per
 check, four of them answered, whatever the world size; the store's server handles ``O(W)`` requests per
 check instead of ``O(W^2)`` entries. When the verdict is ``differ`` every rank writes its full entry,
-waits for all ``W`` of them and compares them as before (the first difference, in the audit's words; for a
-state check, the contract's comparison: ddpprobe/guard/_state.py ``diverged``).
+waits for all ``W`` of them and compares them (:func:`verdict`, a pure function of the ``W`` entries: the first
+difference, in the audit's words; for a state check, the contract's comparison: ddpprobe/guard/_state.py
+``diverged``).
 
 The last arrival deletes ``n/ref`` and ``n/a`` (every rank has used them), the previous check's verdict
 (every rank has read it: all are at ``n``) and its own position record (its position is in ``n/v``), so
@@ -241,50 +242,12 @@ class Exchange:
         self.n += 1
 
     def _head(self, n: int) -> str:
-        return f"CollectiveGuard, check #{n} of trainer.{self.stage}"
+        return _head(n, self.stage)
 
     def _differ(self, n: int, entries: list) -> None:
-        sides = {e["rank"]: text for e, text in zip(entries, _entries.side_texts(entries))}
-        failed = {e["rank"]: e["error"] for e in entries if e["kind"] == "raised"}
-        if not failed and _state.same_check(entries):
-            error = _state.diverged(self._head(n), n, entries)
-            if error is None:  # the digests differ, yet no field breaks the contract (missing or unreadable)
-                return
+        error = verdict(entries, n, self.stage, self.pg_timeout_s, self.backend)
+        if error is not None:  # None: the digests differ, yet no field breaks the contract (missing or unreadable)
             raise error
-        text = _entries.sides_text(entries)
-        if failed:
-            others = [e for e in entries if e["kind"] != "raised"]
-            raise PeerFailed(
-                f"{self._head(n)}: {_entries.ranks_text(list(failed))} raised before reaching it:\n{text}\n"
-                + self._peer_wait([e["rank"] for e in others], len(failed)),
-                n,
-                sides,
-                failed,
-            )
-        error = CollectiveMismatch(
-            f"{self._head(n)}: the ranks are not making the same collective calls:\n{text}\n"
-            + _entries.consequence(entries, self.pg_timeout_s),
-            n,
-            sides,
-        )
-        error.entries = entries  # what each rank posted (the guard defers some, ddpprobe/guard/_callback.py)
-        raise error
-
-    def _peer_wait(self, waiting: list, failed: int) -> str:
-        """What the ``waiting`` ranks would do without the guard, in the collective the ranks that raised never
-        join; on each backend where they differ (this run's named first). gloo fails the wait at once when the
-        peer's process exits (its connection closes, tests/facts/test_collective_hazards_keys.py) and waits
-        until the process-group timeout while the process lives on (tests/facts/
-        test_collective_hazards_callbacks.py, the peers kept alive); NCCL waits until the timeout."""
-        it, its = ("it", "its process") if failed == 1 else ("them", "their processes")
-        pg = f"the process-group timeout ({self.pg_timeout_s:g} s)"
-        gloo = f"on gloo until {its} {'exits' if failed == 1 else 'exit'} (the closed connection fails the wait at "
-        gloo += f"once) or, while {'it lives' if failed == 1 else 'they live'} on, until {pg}"
-        nccl = f"on NCCL until {pg}"
-        said = [nccl, gloo] if self.backend == "nccl" else [gloo, nccl]
-        return f"Without the guard {_entries.ranks_text(waiting)} would wait for {it} in the collective: " + (
-            "; ".join(said) + "."
-        )
 
     def _positions(self, n: int) -> dict:
         """``{rank: (its last check, its text there)}`` from the position records and the verdict of check
@@ -341,3 +304,58 @@ class Exchange:
             missing,
             last_seen,
         )
+
+
+def verdict(entries: list, n: int, stage, pg_timeout_s: float, backend: Optional[str] = None) -> Optional[GuardError]:
+    """The error every rank raises at check ``n`` where the ranks' full ``entries`` (one per rank, as posted:
+    ddpprobe/guard/_entries.py) differ, or None where they differ in no field the contract compares (a state field
+    missing or unreadable on some rank). Pure: the entries in, the error out, no store; the protocol calls it once
+    the digests differ (``Exchange._differ``), and a test replays entries a live world posted through it.
+
+    ``PeerFailed`` where a rank posted ``raised`` (its error named); ``StateDiverged`` where the entries are one
+    state check (:func:`ddpprobe.guard._state.same_check`); else ``CollectiveMismatch``, carrying the entries
+    (``error.entries``: the report's line of another rank, ddpprobe/guard/_errors.py). ``stage``, ``pg_timeout_s``
+    and ``backend`` are the exchange's (named in the words)."""
+    sides = {e["rank"]: text for e, text in zip(entries, _entries.side_texts(entries))}
+    failed = {e["rank"]: e["error"] for e in entries if e["kind"] == "raised"}
+    if not failed and _state.same_check(entries):
+        return _state.diverged(_head(n, stage), n, entries)
+    text = _entries.sides_text(entries)
+    if failed:
+        others = [e for e in entries if e["kind"] != "raised"]
+        return PeerFailed(
+            f"{_head(n, stage)}: {_entries.ranks_text(list(failed))} raised before reaching it:\n{text}\n"
+            + _peer_wait([e["rank"] for e in others], len(failed), pg_timeout_s, backend),
+            n,
+            sides,
+            failed,
+        )
+    error = CollectiveMismatch(
+        f"{_head(n, stage)}: the ranks are not making the same collective calls:\n{text}\n"
+        + _entries.consequence(entries, pg_timeout_s),
+        n,
+        sides,
+    )
+    error.entries = entries  # what each rank posted (the guard defers some, ddpprobe/guard/_callback.py)
+    return error
+
+
+def _head(n: int, stage) -> str:
+    return f"CollectiveGuard, check #{n} of trainer.{stage}"
+
+
+def _peer_wait(waiting: list, failed: int, pg_timeout_s: float, backend: Optional[str]) -> str:
+    """What the ``waiting`` ranks would do without the guard, in the collective the ranks that raised never
+    join; on each backend where they differ (this run's named first). gloo fails the wait at once when the
+    peer's process exits (its connection closes, tests/facts/test_collective_hazards_keys.py) and waits
+    until the process-group timeout while the process lives on (tests/facts/
+    test_collective_hazards_callbacks.py, the peers kept alive); NCCL waits until the timeout."""
+    it, its = ("it", "its process") if failed == 1 else ("them", "their processes")
+    pg = f"the process-group timeout ({pg_timeout_s:g} s)"
+    gloo = f"on gloo until {its} {'exits' if failed == 1 else 'exit'} (the closed connection fails the wait at "
+    gloo += f"once) or, while {'it lives' if failed == 1 else 'they live'} on, until {pg}"
+    nccl = f"on NCCL until {pg}"
+    said = [nccl, gloo] if backend == "nccl" else [gloo, nccl]
+    return f"Without the guard {_entries.ranks_text(waiting)} would wait for {it} in the collective: " + (
+        "; ".join(said) + "."
+    )

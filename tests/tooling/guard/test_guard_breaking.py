@@ -15,11 +15,16 @@ whose ``src`` is the rank itself, a collective in ``predict_step`` over unequal 
 ``CollectiveMismatch`` on every rank, naming each rank's side, before any collective pairs wrongly: the
 process-group timeout (10 s) would otherwise end them with gloo's own error, and the world's timeout
 (60 s) is above both. Scenarios: tests/support/guard_breaking.py.
+
+The hazards read recorded worlds (the fixture ``failed_world``, tests/support/guard_recordings.py): what each rank
+posted at the check that differed, stored under tests/recordings/guard/ by one live run, and every rank's error
+computed from it here by the guard's own verdict (``_exchange.verdict``). The correct modules' runs are live claims
+(the guard changed nothing in a real world, added and removed no collective): two worlds each, in the integration
+run (``pytest -m integration``); test_guard_twins.py keeps one such pair in the default run.
 """
 
 import pytest
 
-from ddpprobe import RankFailed
 from ddpprobe.probes.data import sample_value
 from tests.support import guard_breaking, oracle
 from tests.tooling.guard.test_guard_hazards import _guard_errors, _line
@@ -51,6 +56,7 @@ def _twins(run_world, scenario, world_size: int, **params) -> list:
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_boring_model_with_progress_bar_checkpoint_and_early_stopping_fits_the_same_with_the_guard(
     run_world, world_size
@@ -65,6 +71,7 @@ def test_boring_model_with_progress_bar_checkpoint_and_early_stopping_fits_the_s
     assert all(r["best_model_path"].endswith(".ckpt") and "val_loss" in r["callback_metrics"] for r in without)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_torchmetrics_objects_log_dict_and_all_gather_give_the_same_values_with_the_guard(run_world, world_size):
     """``BinaryAccuracy`` logged with ``self.log(key, metric)`` (train on step and epoch, validation), a
@@ -83,6 +90,7 @@ def _chunks(ids: list, size: int) -> list:
     return [ids[i : i + size] for i in range(0, len(ids), size)]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("num_sanity_val_steps", [2, 0])
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_fit_test_validate_predict_on_one_trainer_give_the_same_values_with_the_guard(
@@ -104,6 +112,7 @@ def test_fit_test_validate_predict_on_one_trainer_give_the_same_values_with_the_
     assert all(len(r["validate_returned"]) == 2 for r in without), without
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_distributed_sampler_shards_with_a_cat_metric_give_the_same_values_with_the_guard(run_world, world_size):
     """``IdDataset(3W + 1)`` sharded by DistributedSampler (different ids per rank, one padded sample) in
@@ -115,6 +124,7 @@ def test_distributed_sampler_shards_with_a_cat_metric_give_the_same_values_with_
     assert [r["computed"]["cat"] for r in without] == [every_id] * world_size, without
 
 
+@pytest.mark.integration
 def test_ranks_with_different_last_batch_sizes_and_metric_state_sizes_give_the_same_values_with_the_guard(run_world):
     """Rank 0 validates ids 0-4, rank 1 ids 5-10 (no DistributedSampler) in batches of 2: 3 batches each,
     the last of 1 sample on rank 0 and 2 on rank 1, so the ``CatMetric`` states have 5 and 6 rows at
@@ -126,6 +136,7 @@ def test_ranks_with_different_last_batch_sizes_and_metric_state_sizes_give_the_s
     assert [r["computed"] for r in without] == [{"cat": list(map(float, range(11))), "mean": mean}] * 2, without
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("barriers", [False, True], ids=["manual_optimization", "with_own_barriers"])
 def test_manual_optimization_and_the_modules_own_barriers_fit_the_same_with_the_guard(run_world, barriers):
     """Manual optimization (``manual_backward``, ``optimizer.step``) with a synced loss, and with every
@@ -140,20 +151,20 @@ def test_manual_optimization_and_the_modules_own_barriers_fit_the_same_with_the_
 # ---------------------------------------------------------------------------------------------
 
 
-def _mismatch(run_world, world_size: int, scenario, **params) -> dict:
-    with pytest.raises(RankFailed) as info:
-        run_world(scenario, world_size, **params, **LIMITS)
-    return _guard_errors(info.value, "CollectiveMismatch", list(range(world_size)))
+def _mismatch(failed_world, world_size: int, scenario, **params) -> dict:
+    """Each rank's ``CollectiveMismatch`` text, from the recorded world of ``scenario`` (``failed_world``)."""
+    failure = failed_world(scenario, world_size, **params, **LIMITS)
+    return _guard_errors(failure, "CollectiveMismatch", list(range(world_size)))
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_a_barrier_on_rank_0_only_raises_collective_mismatch_on_every_rank(run_world, world_size):
+def test_a_barrier_on_rank_0_only_raises_collective_mismatch_on_every_rank(failed_world, world_size):
     """``if self.global_rank == 0: self.trainer.strategy.barrier()`` in ``validation_step``: every rank
     raises ``CollectiveMismatch`` at batch 0, naming rank 0's barrier (its line in the user's file and the
     call made there, ``DDPStrategy.barrier()``) and
     the other ranks at the end of batch 0, and saying rank 0 would wait alone (not that the ranks ran
-    different numbers of batches: every rank reached batch 0)."""
-    errors = _mismatch(run_world, world_size, guard_breaking.hazard, hazard="rank0_barrier")
+    different numbers of batches: every rank reached batch 0). Recorded: the ranks' entries at batch 0."""
+    errors = _mismatch(failed_world, world_size, guard_breaking.hazard, hazard="rank0_barrier")
     for message in errors.values():
         _line(0, "is about to barrier at guard_breaking.py", message)
         _line(0, ", run by `DDPStrategy.barrier()`", message)
@@ -164,12 +175,12 @@ def test_a_barrier_on_rank_0_only_raises_collective_mismatch_on_every_rank(run_w
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_a_metric_computed_on_alternate_batches_per_rank_raises_collective_mismatch_on_every_rank(
-    run_world, world_size
+    failed_world, world_size
 ):
     """A ``MeanMetric``'s ``compute()`` when ``batch_idx % 2 == rank`` (rank 0 on even batches, rank 1 on
     odd ones, rank 2 never): every rank raises ``CollectiveMismatch`` at batch 0, naming rank 0's
-    ``MeanMetric`` state sync and the other ranks at the end of batch 0."""
-    errors = _mismatch(run_world, world_size, guard_breaking.hazard, hazard="alternate_compute")
+    ``MeanMetric`` state sync and the other ranks at the end of batch 0. Recorded: the ranks' entries at batch 0."""
+    errors = _mismatch(failed_world, world_size, guard_breaking.hazard, hazard="alternate_compute")
     for message in errors.values():
         _line(0, "(MeanMetric state sync at compute())", message)
         for rank in range(1, world_size):
@@ -178,12 +189,14 @@ def test_a_metric_computed_on_alternate_batches_per_rank_raises_collective_misma
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_a_broadcast_whose_source_is_each_ranks_own_raises_collective_mismatch_naming_each_src(run_world, world_size):
+def test_a_broadcast_whose_source_is_each_ranks_own_raises_collective_mismatch_naming_each_src(
+    failed_world, world_size
+):
     """``self.trainer.strategy.broadcast(obj, src=self.global_rank)``: the same op, dtype and call site on
     every rank, but every rank sends and none receives (gloo blocks until the process-group timeout).
     Every rank raises ``CollectiveMismatch`` naming each rank's ``src`` and saying the ranks name different
-    source ranks."""
-    errors = _mismatch(run_world, world_size, guard_breaking.hazard, hazard="broadcast_own_rank", n=2 * world_size)
+    source ranks. Recorded: the ranks' entries at the broadcast."""
+    errors = _mismatch(failed_world, world_size, guard_breaking.hazard, hazard="broadcast_own_rank", n=2 * world_size)
     for message in errors.values():
         for rank in range(world_size):
             _line(rank, "is about to broadcast_object_list object at guard_breaking.py", message)
@@ -193,20 +206,27 @@ def test_a_broadcast_whose_source_is_each_ranks_own_raises_collective_mismatch_n
 
 
 def test_a_collective_in_predict_step_over_unequal_predict_shards_raises_collective_mismatch_on_every_rank(
-    run_world,
+    failed_world,
 ):
     """``self.all_gather`` in ``predict_step`` over ``IdDataset(5)`` in batches of 2: Lightning's predict
     shards are unpadded (rank 0: 2 batches, rank 1: 1), so rank 0's second all_gather has no partner.
     Every rank raises ``CollectiveMismatch`` naming rank 0's all_gather and rank 1 at the predict epoch's
-    end; the same predict without the all_gather runs unchanged."""
-    errors = _mismatch(run_world, 2, guard_breaking.predict_gather, n=5, batch_size=2)
+    end (recorded: the ranks' entries there); the same predict without the all_gather runs unchanged (below)."""
+    errors = _mismatch(failed_world, 2, guard_breaking.predict_gather, n=5, batch_size=2)
     for message in errors.values():
         _line(0, "is about to all_gather", message)
         _line(1, "is at on_predict_epoch_end", message)
+
+
+@pytest.mark.integration
+def test_the_same_predict_over_unequal_predict_shards_without_the_all_gather_runs_unchanged_with_the_guard(run_world):
+    """The predict of the test above without the ``self.all_gather``: rank 0 predicts 2 batches, rank 1 one, and
+    the guard, which does not compare predict batches, changes nothing."""
     without = _twins(run_world, guard_breaking.predict_gather, 2, n=5, batch_size=2, gather=False)
     assert [r["predictions"] for r in without] == [[[0, 2], [4]], [[1, 3]]], without
 
 
+@pytest.mark.integration
 def test_mid_epoch_validation_differentiable_all_gather_and_step_checkpoints_fit_the_same_with_the_guard(run_world):
     """``val_check_interval=0.5`` (validation inside the training epoch), a loss over
     ``self.all_gather(out, sync_grads=True)`` (its backward all_gather runs inside ``loss.backward()``, on
@@ -218,6 +238,7 @@ def test_mid_epoch_validation_differentiable_all_gather_and_step_checkpoints_fit
     assert [r["global_step"] for r in without] == [2 * 4] * 2, without
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("stage", ["fit", "validate"])
 def test_shards_of_different_lengths_cut_to_equal_batch_counts_by_limit_batches_run_the_same_with_the_guard(
     run_world, stage
@@ -234,6 +255,7 @@ def test_shards_of_different_lengths_cut_to_equal_batch_counts_by_limit_batches_
         assert [len(r["seen_ids"]) for r in without] == [6, 6], without
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_keys_logged_on_rank_0_only_with_rank_zero_only_run_the_same_with_the_guard(run_world, world_size):
     """A key logged on rank 0 only with ``rank_zero_only=True`` (never synced, so no collective to
@@ -246,6 +268,7 @@ def test_keys_logged_on_rank_0_only_with_rank_zero_only_run_the_same_with_the_gu
     ), without
 
 
+@pytest.mark.integration
 def test_shards_of_different_lengths_stopped_by_max_steps_at_the_short_ranks_last_batch_fit_the_same_with_the_guard(
     run_world,
 ):
@@ -258,12 +281,12 @@ def test_shards_of_different_lengths_stopped_by_max_steps_at_the_short_ranks_las
 
 @pytest.mark.parametrize("max_steps", [4, -1])
 def test_shards_of_different_lengths_not_stopped_by_max_steps_still_raise_at_the_short_ranks_last_batch(
-    run_world, max_steps
+    failed_world, max_steps
 ):
     """The same shards with ``max_steps`` beyond the short rank's 3 batches (or none): rank 1 would run a
     batch rank 0 does not, so every rank raises ``CollectiveMismatch`` at ``on_train_batch_start`` of batch
-    2, rank 0's last (the ``max_steps`` rule does not hide uneven batches)."""
-    errors = _mismatch(run_world, 2, guard_breaking.limited_fit, sizes=[6, 10], max_steps=max_steps)
+    2, rank 0's last (the ``max_steps`` rule does not hide uneven batches). Recorded: the ranks' entries there."""
+    errors = _mismatch(failed_world, 2, guard_breaking.limited_fit, sizes=[6, 10], max_steps=max_steps)
     for message in errors.values():
         _line(0, "is at on_train_batch_start (batch 2, epoch 0, this rank's last batch)", message)
         _line(1, "is at on_train_batch_start (batch 2, epoch 0)", message)

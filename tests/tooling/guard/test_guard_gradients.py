@@ -8,13 +8,16 @@ the gradient all-reduce for a partner that is already at the next batch (gloo pa
 batch's buckets or fails). With it every rank raises ``CollectiveMismatch`` at that bucket, naming it, the
 call that ran it, and rank 1 at the end of batch 1; a ``CollectiveMismatch`` is raised only once every rank
 posted, so before the guard's timeout (a ``GuardTimeout`` would be a different type).
+
+Live at W = 2 (the comm hook checking a real bucket in a real backward); at W = 3 the recorded world (the fixture
+``failed_world``, tests/support/guard_recordings.py): what each rank posted at that check, the errors computed from
+it here by the guard's own verdict.
 """
 
 import inspect
 
 import pytest
 
-from ddpprobe import RankFailed
 from tests.tooling.guard.test_guard_hazards import LIMITS, _guard_errors, _line
 from tests.tooling.trace import gradient_modules
 
@@ -26,14 +29,15 @@ def _backward_line() -> str:
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_a_rank_that_skips_a_backward_raises_collective_mismatch_at_the_gradient_bucket(run_world, world_size):
+def test_a_rank_that_skips_a_backward_raises_collective_mismatch_at_the_gradient_bucket(failed_world, world_size):
     """Rank 1 skips batch 1's backward: every rank raises ``CollectiveMismatch``; the other ranks' side is
     DDP's gradient all_reduce of bucket 0 at the user's ``manual_backward`` line, run by
-    ``LightningModule.manual_backward()``, rank 1's the end of batch 1."""
-    with pytest.raises(RankFailed) as failure:
-        run_world(gradient_modules.fit, world_size, under="guard", skip=[1, 1], n=6 * world_size, **LIMITS)
+    ``LightningModule.manual_backward()``, rank 1's the end of batch 1. Live at W = 2, recorded at W = 3."""
+    failure = failed_world(
+        gradient_modules.fit, world_size, live=world_size == 2, under="guard", skip=[1, 1], n=6 * world_size, **LIMITS
+    )
     bucket = "(DistributedDataParallel's gradient all_reduce of bucket 0)"
-    for message in _guard_errors(failure.value, "CollectiveMismatch", list(range(world_size))).values():
+    for message in _guard_errors(failure, "CollectiveMismatch", list(range(world_size))).values():
         for rank in [r for r in range(world_size) if r != 1]:
             _line(rank, f"{bucket} at {_backward_line()}, run by `LightningModule.manual_backward()`", message)
         _line(1, "is at on_train_batch_end (batch 1, epoch 0", message)

@@ -10,6 +10,13 @@ both: a rank that raised a guard error raised it before the backend's timeout, a
 time out (``pytest.raises(RankFailed)``: a ``WorldTimeout`` is not a ``RankFailed``). The fixed twins
 are in test_guard_twins.py. Sources: ddpprobe/guard/_exchange.py (the store protocol),
 ddpprobe/guard/_entries.py (the comparison and the words).
+
+Recorded worlds (the fixture ``failed_world``, tests/support/guard_recordings.py): each hazard's world ran live once,
+and what each rank posted at the check that differed is stored under tests/recordings/guard/ with each rank's
+outcome; the test computes every rank's guard error from those entries again here (``_exchange.verdict``, the
+function the live guard calls) and asserts on it as it would on the live world's. Live still: one uneven ``fit``
+(where each rank raised, before any gradient all_reduce), one rank-0-only monitored key (a peer's own error reaches
+the waiting rank through the store), the guard's timeout and the cheaper mode's run to its end.
 """
 
 import inspect
@@ -60,9 +67,10 @@ def _line(rank: int, text: str, message: str) -> None:
     assert text in _sides(message).get(rank, ""), f"no line for rank {rank} with {text!r} in:\n{message}"
 
 
-def _log_keys(run_world, world_size, hook, plan):
+def _log_keys(failed_world, world_size, hook, plan):
+    """The failure of ``guarded.log_keys`` with ``plan`` logged in ``hook`` (recorded)."""
     where = "step_plan" if hook == "validation_step" else "epoch_end_plan"
-    return run_world(guarded.log_keys, world_size, n=3 * world_size, batch_size=2, **{where: plan}, **LIMITS)
+    return failed_world(guarded.log_keys, world_size, n=3 * world_size, batch_size=2, **{where: plan}, **LIMITS)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -73,17 +81,17 @@ def _log_keys(run_world, world_size, hook, plan):
 @pytest.mark.parametrize("hook", ["validation_step", "on_validation_epoch_end"])
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_keys_named_after_the_rank_raise_collective_mismatch_on_every_rank_naming_each_ranks_key(
-    run_world, world_size, hook
+    failed_world, world_size, hook
 ):
     """Rank ``r`` logs ``f"loss_rank{r}"`` with ``sync_dist=True``: without the guard every rank's key
     silently holds the all-rank mean. With it, every rank raises ``CollectiveMismatch`` at the first sync,
     its message naming each rank's key, saying the values of different keys would be reduced together, and
-    giving the fix with the fact that proves it (the same keys in the same order on every rank)."""
+    giving the fix with the fact that proves it (the same keys in the same order on every rank). Recorded: the
+    ranks' entries at the first sync; the errors are computed from them here."""
     plan = [[[f"loss_rank{r}", float(r)]] for r in range(world_size)]
-    with pytest.raises(RankFailed) as failure:
-        _log_keys(run_world, world_size, hook, plan)
+    failure = _log_keys(failed_world, world_size, hook, plan)
 
-    errors = _guard_errors(failure.value, "CollectiveMismatch", list(range(world_size)))
+    errors = _guard_errors(failure, "CollectiveMismatch", list(range(world_size)))
     for message in errors.values():
         for r in range(world_size):
             _line(r, f"(self.log epoch sync of 'loss_rank{r}', logged in {hook})", message)
@@ -91,16 +99,16 @@ def test_keys_named_after_the_rank_raise_collective_mismatch_on_every_rank_namin
         assert fix_line("keys_differ") in message, message
 
 
-def test_the_mismatch_names_the_line_each_key_was_logged_from(run_world):
+def test_the_mismatch_names_the_line_each_key_was_logged_from(failed_world):
     """A key synced at the epoch end (Lightning's loop, no user frame on the stack) is named with the
     ``self.log`` call that logged it: ``guarded.py:<line> in validation_step``, the line of
-    ``RankKeyModule.validation_step``'s ``self.log``, on both ranks' sides, as the issue's example reads."""
-    with pytest.raises(RankFailed) as failure:
-        run_world(guarded.rank_keys, 2, **LIMITS)
+    ``RankKeyModule.validation_step``'s ``self.log``, on both ranks' sides, as the issue's example reads.
+    Recorded: the ranks' entries (the line is the one each rank's ``self.log`` recorded live)."""
+    failure = failed_world(guarded.rank_keys, 2, **LIMITS)
 
     source, first = inspect.getsourcelines(guarded.RankKeyModule.validation_step)
     line = first + next(i for i, text in enumerate(source) if "self.log(" in text)
-    errors = _guard_errors(failure.value, "CollectiveMismatch", [0, 1])
+    errors = _guard_errors(failure, "CollectiveMismatch", [0, 1])
     for message in errors.values():
         for r in (0, 1):
             _line(
@@ -113,15 +121,14 @@ def test_the_mismatch_names_the_line_each_key_was_logged_from(run_world):
 
 @pytest.mark.parametrize("hook", ["validation_step", "on_validation_epoch_end"])
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_the_same_keys_in_a_different_order_raise_collective_mismatch_at_the_first_key(run_world, world_size, hook):
+def test_the_same_keys_in_a_different_order_raise_collective_mismatch_at_the_first_key(failed_world, world_size, hook):
     """Even ranks log ``a`` then ``b``, odd ranks ``b`` then ``a``: without the guard the values are
     swapped between keys, silently. With it every rank raises ``CollectiveMismatch`` at the first sync,
-    naming ``a`` on the even ranks and ``b`` on the odd ones."""
+    naming ``a`` on the even ranks and ``b`` on the odd ones. Recorded: the ranks' entries at that sync."""
     plan = [[["a", 1.0], ["b", 2.0]][:: 1 if r % 2 == 0 else -1] for r in range(world_size)]
-    with pytest.raises(RankFailed) as failure:
-        _log_keys(run_world, world_size, hook, plan)
+    failure = _log_keys(failed_world, world_size, hook, plan)
 
-    errors = _guard_errors(failure.value, "CollectiveMismatch", list(range(world_size)))
+    errors = _guard_errors(failure, "CollectiveMismatch", list(range(world_size)))
     for message in errors.values():
         for r in range(world_size):
             _line(r, f"(self.log epoch sync of '{'a' if r % 2 == 0 else 'b'}'", message)
@@ -131,17 +138,17 @@ def test_the_same_keys_in_a_different_order_raise_collective_mismatch_at_the_fir
 @pytest.mark.parametrize("hook", ["validation_step", "on_validation_epoch_end"])
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_a_key_only_some_ranks_log_raises_collective_mismatch_on_every_rank_not_only_the_crashing_ones(
-    run_world, world_size, hook
+    failed_world, world_size, hook
 ):
     """Every rank but the last logs ``extra`` then ``shared``; the last only ``shared``. Without the guard
     the others crash in gloo and the last rank keeps a wrong ``shared`` without an error. With it every
-    rank, the last included, raises ``CollectiveMismatch`` at the first sync: ``extra`` against ``shared``."""
+    rank, the last included, raises ``CollectiveMismatch`` at the first sync: ``extra`` against ``shared``.
+    Recorded: the ranks' entries at that sync."""
     last = world_size - 1
     plan = [([["extra", 1.0]] if r != last else []) + [["shared", 2.0]] for r in range(world_size)]
-    with pytest.raises(RankFailed) as failure:
-        _log_keys(run_world, world_size, hook, plan)
+    failure = _log_keys(failed_world, world_size, hook, plan)
 
-    errors = _guard_errors(failure.value, "CollectiveMismatch", list(range(world_size)))
+    errors = _guard_errors(failure, "CollectiveMismatch", list(range(world_size)))
     for message in errors.values():
         for r in range(last):
             _line(r, "(self.log epoch sync of 'extra'", message)
@@ -155,17 +162,17 @@ def test_a_key_only_some_ranks_log_raises_collective_mismatch_on_every_rank_not_
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_metric_compute_on_rank_0_only_raises_collective_mismatch_on_every_rank_naming_the_metric(
-    run_world, world_size
+    failed_world, world_size
 ):
     """``if self.global_rank == 0: self.mean.compute()``: without the guard rank 0 is left alone in the
     metric's state sync and fails when its peers leave. With it every rank raises ``CollectiveMismatch``:
     rank 0 is about to sync ``MeanMetric``'s states at ``compute()``, the others are at a hook boundary,
     and the message says rank 0 would wait in a collective the others do not call, the barrier that opens
-    the metric's state sync (torchmetrics/utilities/distributed.py ``gather_all_tensors``)."""
-    with pytest.raises(RankFailed) as failure:
-        run_world(guarded.metric_compute, world_size, where="rank0", n=7, batch_size=2, **LIMITS)
+    the metric's state sync (torchmetrics/utilities/distributed.py ``gather_all_tensors``). Recorded: the
+    ranks' entries at that check."""
+    failure = failed_world(guarded.metric_compute, world_size, where="rank0", n=7, batch_size=2, **LIMITS)
 
-    errors = _guard_errors(failure.value, "CollectiveMismatch", list(range(world_size)))
+    errors = _guard_errors(failure, "CollectiveMismatch", list(range(world_size)))
     for message in errors.values():
         _line(0, "(MeanMetric state sync at compute())", message)
         for r in range(1, world_size):
@@ -183,15 +190,15 @@ def test_metric_compute_on_rank_0_only_raises_collective_mismatch_on_every_rank_
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_all_gather_of_different_first_dimensions_raises_collective_mismatch_naming_each_ranks_shape(
-    run_world, world_size
+    failed_world, world_size
 ):
     """Rank ``r`` all-gathers ``r + 1`` rows (tests/facts/test_collectives.py): without the guard gloo
     aborts rank 0 ("Received data size doesn't match expected size"). With it every rank raises
-    ``CollectiveMismatch`` before the all_gather, naming each rank's shape ``[r + 1, 2]``."""
-    with pytest.raises(RankFailed) as failure:
-        run_world(guarded.gather_rows, world_size, action="uneven", **LIMITS)
+    ``CollectiveMismatch`` before the all_gather, naming each rank's shape ``[r + 1, 2]``. Recorded: the ranks'
+    entries before the all_gather."""
+    failure = failed_world(guarded.gather_rows, world_size, action="uneven", **LIMITS)
 
-    errors = _guard_errors(failure.value, "CollectiveMismatch", list(range(world_size)))
+    errors = _guard_errors(failure, "CollectiveMismatch", list(range(world_size)))
     for message in errors.values():
         for r in range(world_size):
             _line(r, f"is about to all_gather float32 [{r + 1}, 2]", message)
@@ -212,17 +219,17 @@ MISSING_KEY = {
 @pytest.mark.parametrize("callback", sorted(MISSING_KEY))
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_a_callback_monitoring_a_rank_0_only_key_makes_rank_0_raise_peer_failed_naming_the_others_error(
-    run_world, world_size, callback
+    failed_world, world_size, callback
 ):
     """``ModelCheckpoint`` / ``EarlyStopping`` monitoring a key only rank 0 logs: ranks 1.. raise
     Lightning's "key not found" error (no collective there to check) and, without the guard, rank 0 is
     left in ``reduce_boolean_decision`` until it is killed or the process-group timeout expires. With the
     guard rank 0 raises ``PeerFailed`` at once, at that collective, its message quoting the peers' own
-    error."""
-    with pytest.raises(RankFailed) as failure:
-        run_world(guarded.monitor_rank0_key, world_size, callback=callback, values=[5.0, 3.0, 4.0, 3.5], **LIMITS)
-
-    err = failure.value
+    error. Live at W = 2 with ``ModelCheckpoint`` (the peers' ``raised`` entries cross the store); recorded
+    otherwise: each rank's entry at that check and the peers' own errors, rank 0's error computed here."""
+    live = (world_size, callback) == (2, "checkpoint")
+    values = [5.0, 3.0, 4.0, 3.5]
+    err = failed_world(guarded.monitor_rank0_key, world_size, live=live, callback=callback, values=values, **LIMITS)
     exc_type, text = MISSING_KEY[callback]
     others = list(range(1, world_size))
     assert err.exc_types == {0: "PeerFailed", **{r: exc_type for r in others}}, f"{err.exc_types}\n{err}"
@@ -266,24 +273,23 @@ def _at_the_short_ranks_last_batch(message: str, stage: str, world_size: int) ->
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_uneven_batches_in_validate_raise_collective_mismatch_at_the_short_ranks_last_batch(run_world, world_size):
+def test_uneven_batches_in_validate_raise_collective_mismatch_at_the_short_ranks_last_batch(failed_world, world_size):
     """A step-level synced log over uneven shards: without the guard a rank with fewer batches pairs its
     epoch sync with the others' extra step sync and gloo aborts a rank (SIGABRT). With the guard every
     rank raises ``CollectiveMismatch`` at ``on_validation_batch_start`` of the short ranks' last batch:
     Lightning's data fetcher reads one batch ahead (pytorch_lightning/loops/fetchers.py
     ``_PrefetchDataFetcher``), so there a short rank already knows no batch follows, and the ranks
-    compare that too."""
-    with pytest.raises(RankFailed) as failure:
-        run_world(
-            guarded.validate_iterable,
-            world_size,
-            n=N_UNEVEN,
-            shard="rank",
-            plan=[log_spec("v", on_step=True, sync_dist=True)],
-            **LIMITS,
-        )
+    compare that too. Recorded: the ranks' entries at that batch's start."""
+    failure = failed_world(
+        guarded.validate_iterable,
+        world_size,
+        n=N_UNEVEN,
+        shard="rank",
+        plan=[log_spec("v", on_step=True, sync_dist=True)],
+        **LIMITS,
+    )
 
-    errors = _guard_errors(failure.value, "CollectiveMismatch", list(range(world_size)))
+    errors = _guard_errors(failure, "CollectiveMismatch", list(range(world_size)))
     for message in errors.values():
         _at_the_short_ranks_last_batch(message, "validation", world_size)
 
@@ -292,21 +298,27 @@ def test_uneven_batches_in_validate_raise_collective_mismatch_at_the_short_ranks
 @pytest.mark.parametrize("synced_epoch_log", [False, True], ids=["no_log", "synced_epoch_log"])
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_uneven_batches_in_fit_raise_collective_mismatch_before_ddps_gradient_all_reduce(
-    run_world, world_size, synced_epoch_log, collectives
+    failed_world, world_size, synced_epoch_log, collectives
 ):
     """``trainer.fit`` over uneven shards: without the guard the ranks with more batches fail in DDP's
     gradient all_reduce of their extra step (or, with a synced epoch log, every rank waits until the
     process-group timeout). With the guard, in either mode, every rank raises ``CollectiveMismatch`` at
     ``on_train_batch_start`` of the short ranks' last batch, before that batch's ``training_step`` and so
     before any gradient all_reduce pairs different steps (DDP makes it from C++, where no Python check
-    sees it)."""
+    sees it). Live at W = 2 without a log, every collective checked; recorded otherwise: the ranks' entries at
+    that batch's start and each rank's traceback frames (where it raised), the errors computed here."""
     plan = [log_spec("v", on_step=False, on_epoch=True, sync_dist=True)] if synced_epoch_log else []
-    with pytest.raises(RankFailed) as failure:
-        run_world(
-            guarded.fit_iterable, world_size, n=N_UNEVEN, shard="rank", plan=plan, collectives=collectives, **LIMITS
-        )
-
-    err = failure.value
+    live = (world_size, synced_epoch_log, collectives) == (2, False, True)
+    err = failed_world(
+        guarded.fit_iterable,
+        world_size,
+        live=live,
+        n=N_UNEVEN,
+        shard="rank",
+        plan=plan,
+        collectives=collectives,
+        **LIMITS,
+    )
     errors = _guard_errors(err, "CollectiveMismatch", list(range(world_size)))
     for message in errors.values():
         _at_the_short_ranks_last_batch(message, "train", world_size)

@@ -15,16 +15,20 @@ in ``prepare_data`` "move the collective out of prepare_data".
 
 Every expected line number comes from the module's source (``_at``), every expected value from the module's data.
 Two gloo ranks; the guard's timeout 5 s, the process group's 10 s, so a hazard the guard missed ends in seconds.
+
+Recorded worlds (the fixture ``failed_world``, tests/support/guard_recordings.py): what each rank posted at the check
+that differed (its state record with where each field was last set and the hooks it ran, or its collective with the
+frames that read the rank) and the user's line each rank raised under, stored under tests/recordings/guard/ by one
+live run; the errors, their lines, fixes and printed reports (``_errors.printed``) are computed from it here. The
+runs that pass are live claims, in the integration run.
 """
 
 import inspect
 
 import pytest
 
-from ddpprobe import RankFailed
 from ddpprobe.guard import _writers
 from ddpprobe.hazards import HAZARDS, NO_FIX, advice, fix_line
-from tests.support import guard_reports
 from tests.support.guard_forms import (
     _plain,
     attribute_from_rank,
@@ -48,16 +52,16 @@ BRANCH_FIX = "outside the branch on the rank"
 PREPARE_DATA_FIX, CONDITION_FIX = HAZARDS["collective_on_some_ranks"].other_fixes
 
 
-def _reports(run_world, module, **params) -> dict:
-    """``{rank: {"type", "message", "report"}}``: the guard error each rank raised and what it would print."""
-    records = run_world(guard_reports.reported, 2, module=module.__name__.rsplit(".", 1)[-1], **params, **LIMITS)
-    return dict(enumerate(records.records))
+def _reports(failed_world, module, **params) -> dict:
+    """``{rank: {"type", "message", "report"}}``: the guard error each rank raised in the recorded world of
+    ``module.train`` and what it would print uncaught (``_errors.printed`` under the line the rank raised under)."""
+    return failed_world(module.train, 2, **params, **LIMITS).reports
 
 
-def _mismatch(run_world, module, **params) -> dict:
-    with pytest.raises(RankFailed) as failure:
-        run_world(module.train, 2, **params, **LIMITS)
-    return _guard_errors(failure.value, "CollectiveMismatch", [0, 1])
+def _mismatch(failed_world, module, **params) -> dict:
+    """Each rank's ``CollectiveMismatch`` text, from the recorded world of ``module.train`` at W = 2."""
+    failure = failed_world(module.train, 2, **params, **LIMITS)
+    return _guard_errors(failure, "CollectiveMismatch", [0, 1])
 
 
 def _function_line(function, text: str) -> str:
@@ -78,11 +82,11 @@ def _label(cls, hook: str) -> str:
 # --- the line ------------------------------------------------------------------------------------------------------
 
 
-def test_a_rate_halved_on_rank_zero_names_the_line_that_halved_it_and_is_raised_under_it(run_world):
+def test_a_rate_halved_on_rank_zero_names_the_line_that_halved_it_and_is_raised_under_it(failed_world):
     """``group["lr"] /= 2`` in a ``@rank_zero_only`` helper called from ``on_train_epoch_start``: the param group's
     set is seen on rank 0, none on rank 1 (its rate was set when the optimizer was made, before the guard watched it).
     The report is raised under that line, not under the script's ``trainer.fit``."""
-    reports = _reports(run_world, lr_halved_on_rank_zero)
+    reports = _reports(failed_world, lr_halved_on_rank_zero)
     site = _function_line(lr_halved_on_rank_zero.halve, 'group["lr"] /= 2')
     for rank in (0, 1):
         assert reports[rank]["type"] == "StateDiverged", reports
@@ -95,10 +99,10 @@ def test_a_rate_halved_on_rank_zero_names_the_line_that_halved_it_and_is_raised_
     assert "lr_halved_on_rank_zero.py" in printed.splitlines()[-2] and "in train" not in printed.splitlines()[-2]
 
 
-def test_an_attribute_set_from_the_rank_names_the_line_that_set_it_on_every_rank(run_world):
+def test_an_attribute_set_from_the_rank_names_the_line_that_set_it_on_every_rank(failed_world):
     """``self.noise_std = 0.1 * (self.global_rank + 1)`` in the module's ``setup``: the same line set it on each
     rank (the audit's writer records, ddpprobe/trace/_writers.py)."""
-    reports = _reports(run_world, attribute_from_rank)
+    reports = _reports(failed_world, attribute_from_rank)
     site = _at(attribute_from_rank, "setup", "self.noise_std =")
     for rank in (0, 1):
         assert reports[rank]["type"] == "StateDiverged", reports
@@ -106,12 +110,12 @@ def test_an_attribute_set_from_the_rank_names_the_line_that_set_it_on_every_rank
     assert f"  raised under rank 0's {site}, the line that last set module.attr.noise_std" in reports[0]["report"]
 
 
-def test_a_field_no_watched_line_set_names_the_hooks_the_ranks_ran_since_it_was_equal(run_world):
+def test_a_field_no_watched_line_set_names_the_hooks_the_ranks_ran_since_it_was_equal(failed_world):
     """``trainer.should_stop = True`` on rank 0 in a callback's ``on_train_batch_end`` at batch 1: the Trainer's
     attributes are not watched, so the guard names what ran between the last check where the flag was equal (the
     first optimizer step's state check, step 1) and the differing one: the module's ``training_step`` and the
     callback's hook, on both ranks."""
-    reports = _reports(run_world, stop_on_rank_zero)
+    reports = _reports(failed_world, stop_on_rank_zero)
     ran = [_label(_plain.LitClassifier, "training_step"), _label(stop_on_rank_zero.TimeBudget, "on_train_batch_end")]
     for rank in (0, 1):
         assert reports[rank]["type"] == "StateDiverged", reports
@@ -124,10 +128,10 @@ def test_a_field_no_watched_line_set_names_the_hooks_the_ranks_ran_since_it_was_
     assert ", at the guard's state check (what ran since the field was equal: above)\n" in printed, printed
 
 
-def test_a_collective_only_another_rank_makes_is_raised_under_that_ranks_line(run_world):
+def test_a_collective_only_another_rank_makes_is_raised_under_that_ranks_line(failed_world):
     """``compute()`` on rank 1 only: rank 0, which prints the report, waits in Lightning's own barrier, under the
     script's ``trainer.fit`` alone; its report names rank 1's ``compute()`` line instead."""
-    reports = _reports(run_world, compute_on_rank_one)
+    reports = _reports(failed_world, compute_on_rank_one)
     assert [reports[r]["type"] for r in (0, 1)] == ["CollectiveMismatch"] * 2, reports
     site = _at(compute_on_rank_one, "on_validation_epoch_end", ".compute()")
     expected = f"  raised under rank 1's {site}, the collective the other ranks do not make"
@@ -157,13 +161,13 @@ def test_the_lines_of_a_state_break_are_a_function_of_the_ranks_records():
 # --- fixes that fit ------------------------------------------------------------------------------------------------
 
 
-def test_a_logged_metrics_compute_on_rank_0_in_the_default_sanity_check_gets_its_cause_and_fix(run_world):
+def test_a_logged_metrics_compute_on_rank_0_in_the_default_sanity_check_gets_its_cause_and_fix(failed_world):
     """Rank 0's ``compute()`` meets the other rank's epoch sync of the same logged Metric, made by Lightning's loop,
     in the sanity check Lightning runs by default: the user's call is the one the others never make, so the entry is
     ``metric_compute_on_some_ranks`` with its cause and fix (before: "No proven fix applies")."""
     assert "num_sanity_val_steps" not in inspect.getsource(logged_metric_compute_on_rank_zero.train)
     site = _at(logged_metric_compute_on_rank_zero, "on_validation_epoch_end", ".compute()")
-    for message in _mismatch(run_world, logged_metric_compute_on_rank_zero).values():
+    for message in _mismatch(failed_world, logged_metric_compute_on_rank_zero).values():
         _line(0, f"at {site}, run by `MulticlassAccuracy.compute()`", message)
         _line(1, "logged as 'val_acc'", message)
         assert (
@@ -173,12 +177,12 @@ def test_a_logged_metrics_compute_on_rank_0_in_the_default_sanity_check_gets_its
         assert fix_line("metric_compute_on_some_ranks") in message and NO_FIX not in message, message
 
 
-def test_a_collective_under_a_condition_of_the_ranks_data_gets_the_broadcast_fix_not_the_branch_fix(run_world):
+def test_a_collective_under_a_condition_of_the_ranks_data_gets_the_broadcast_fix_not_the_branch_fix(failed_world):
     """``if x.abs().max() > 10: dist.all_reduce(...)``: no line reads the rank, so the fix is to give every rank the
     same decision first (broadcast or combined), never "outside the branch on the rank"."""
     site = _at(data_dependent_collective, "training_step", "dist.all_reduce(outliers)")
     alone = data_dependent_collective.outlier_rank(2)
-    for message in _mismatch(run_world, data_dependent_collective).values():
+    for message in _mismatch(failed_world, data_dependent_collective).values():
         _line(alone, f"is about to all_reduce int64 [1] (your code) at {site}", message)
         assert f"ran on rank(s) [{alone}] only in training_step" in message, message
         assert "\nCause (collective_on_some_ranks): " in message, message
@@ -186,20 +190,20 @@ def test_a_collective_under_a_condition_of_the_ranks_data_gets_the_broadcast_fix
         assert BRANCH_FIX not in message, message
 
 
-def test_a_collective_fired_by_a_clock_gets_the_broadcast_fix_not_the_branch_fix(run_world):
+def test_a_collective_fired_by_a_clock_gets_the_broadcast_fix_not_the_branch_fix(failed_world):
     """``if time.monotonic() - self._synced_at > EVERY_S: dist.all_reduce(...)``, one rank's first batch slow to
     read: that rank alone is past the interval at its first step. No line reads the rank: the fix is to give every
     rank the same decision first."""
     alone = timer_collective.slow_rank(2)
     site = _at(timer_collective, "training_step", "dist.all_reduce(self._count)")
-    with pytest.raises(RankFailed) as failure:
-        run_world(timer_collective.train, 2, pg_timeout=40, timeout=90)
-    for message in _guard_errors(failure.value, "CollectiveMismatch", [0, 1]).values():
+    failure = failed_world(timer_collective.train, 2, pg_timeout=40, timeout=90)
+    for message in _guard_errors(failure, "CollectiveMismatch", [0, 1]).values():
         _line(alone, f"is about to all_reduce float32 [1] (your code) at {site}", message)
         assert f"Fix: {CONDITION_FIX.fix} (shown by {CONDITION_FIX.fix_fact})" in message, message
         assert BRANCH_FIX not in message, message
 
 
+@pytest.mark.integration
 def test_the_broadcast_fix_of_the_data_condition_runs_to_the_end_under_the_guard(run_world):
     """The same script with the ranks' decisions combined first (``reduce_boolean_decision(found, all=False)``): every
     rank makes the all_reduce, the guard stays silent, and every rank counts the data's one outlier."""
@@ -209,20 +213,19 @@ def test_the_broadcast_fix_of_the_data_condition_runs_to_the_end_under_the_guard
     assert [r["outliers_seen"] for r in records] == [outliers, outliers], records
 
 
-def test_a_collective_in_prepare_data_gets_the_prepare_data_fix_not_the_branch_fix(run_world):
+def test_a_collective_in_prepare_data_gets_the_prepare_data_fix_not_the_branch_fix(failed_world):
     """``dist.barrier()`` in ``prepare_data``, which reads no rank: Lightning runs the hook on local rank 0 only, so
     the fix is to move the collective out of it."""
-    with pytest.raises(RankFailed) as failure:
-        run_world(prepare_data_collective.train, 2, guard_timeout=5.0, **LIMITS)
-    for message in _guard_errors(failure.value, "CollectiveMismatch", [0, 1]).values():
+    failure = failed_world(prepare_data_collective.train, 2, guard_timeout=5.0, **LIMITS)
+    for message in _guard_errors(failure, "CollectiveMismatch", [0, 1]).values():
         assert f"Fix: {PREPARE_DATA_FIX.fix} (shown by {PREPARE_DATA_FIX.fix_fact})" in message, message
         assert BRANCH_FIX not in message, message
 
 
-def test_a_collective_under_is_global_zero_keeps_the_branch_fix(run_world):
+def test_a_collective_under_is_global_zero_keeps_the_branch_fix(failed_world):
     """``if self.trainer.is_global_zero: dist.all_reduce(...)`` in a datamodule's ``setup`` reads the rank: the branch
     fix is the one that fits."""
-    for message in _mismatch(run_world, datamodule_setup_collective).values():
+    for message in _mismatch(failed_world, datamodule_setup_collective).values():
         assert fix_line("collective_on_some_ranks") in message and BRANCH_FIX in message, message
 
 
@@ -246,6 +249,7 @@ def test_the_fix_of_a_collective_on_some_ranks_follows_the_evidence_of_a_branch_
 # --- the watch stays silent on a correct run ----------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_a_schedule_every_rank_steps_and_a_resumed_checkpoint_give_the_same_rates_with_the_guard_as_without(
     run_world,
 ):

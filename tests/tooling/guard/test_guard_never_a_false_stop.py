@@ -11,6 +11,9 @@ the default process group's sequence number moved (``pg_seq``). So the guard rai
 number, read no item of a dataset (an item read draws the augmentation's noise: the samples would move), and added
 no collective. Each test also checks that the scenario did the suspicious thing its name says, so a scenario that
 stopped early or drew nothing cannot pass. Scenarios: tests/support/guard_suspicious.py.
+
+Each is a live claim (a real world, unchanged by the guard), two worlds a test: in the integration run
+(``pytest -m integration``); test_guard_twins.py keeps one such pair in the default run.
 """
 
 import pytest
@@ -28,6 +31,7 @@ def _augmented(seen: list) -> bool:
     return bool(seen) and all(v != int(v) for v in seen)
 
 
+@pytest.mark.integration
 def test_an_augmentation_from_the_global_generators_after_seed_everything_runs_the_same_with_every_check(run_world):
     """``seed_everything(0)``, then noise from torch's, NumPy's and ``random``'s global generators at every read:
     the same samples, the same generator states after the fit, with the guard as without it."""
@@ -35,6 +39,7 @@ def test_an_augmentation_from_the_global_generators_after_seed_everything_runs_t
     assert all(_augmented(r["seen"]) and len(r["seen"]) == 2 * 8 for r in without), [r["seen"] for r in without]
 
 
+@pytest.mark.integration
 def test_an_augmentation_from_generators_seeded_per_rank_runs_the_same_with_every_check(run_world):
     """The dataset holds a ``torch.Generator``, a NumPy ``Generator`` and a ``random.Random`` seeded with the rank:
     the datasets' state differs between the ranks only in those generators, which the state check leaves out."""
@@ -45,6 +50,7 @@ def test_an_augmentation_from_generators_seeded_per_rank_runs_the_same_with_ever
     )
 
 
+@pytest.mark.integration
 def test_a_file_name_holding_the_rank_runs_the_same_with_every_check(run_world):
     """``self.predictions_path = f".../predictions_rank{self.global_rank}.csv"`` in ``setup`` (a module attribute
     that differs between the ranks only by the rank's number in it), each rank writing its own file."""
@@ -55,6 +61,7 @@ def test_a_file_name_holding_the_rank_runs_the_same_with_every_check(run_world):
     assert all(len(text.splitlines()) == 2 * 4 for _, text in files), files  # 2 epochs of 4 samples a rank
 
 
+@pytest.mark.integration
 def test_values_logged_without_sync_dist_run_the_same_with_every_check(run_world):
     """The rank's own loss (step and epoch) and its rank, logged without ``sync_dist``: each rank keeps its own
     value, as without the guard."""
@@ -66,6 +73,7 @@ def test_values_logged_without_sync_dist_run_the_same_with_every_check(run_world
     )
 
 
+@pytest.mark.integration
 def test_logging_from_rank_0_only_runs_the_same_with_every_check(run_world):
     """``self.log("rank_0_val_loss", ..., rank_zero_only=True)`` under ``if self.global_rank == 0`` and a
     ``@rank_zero_only`` function logging to the CSV logger's experiment: rank 0 alone holds the key, the logger's
@@ -75,6 +83,7 @@ def test_logging_from_rank_0_only_runs_the_same_with_every_check(run_world):
     assert "noted_epoch" in without[0]["csv"], without[0]["csv"]
 
 
+@pytest.mark.integration
 def test_early_stopping_and_model_checkpoint_on_a_synced_key_run_the_same_with_every_check(run_world):
     """``val_loss`` (synced) grows every epoch: ``EarlyStopping(patience=0)`` stops after epoch 1 on every rank
     (2 epochs of 4 batches: 8 steps, not the 12 of ``max_epochs=3``), ``ModelCheckpoint(save_top_k=1)`` keeps

@@ -9,6 +9,12 @@ rank in ``setup``, and the learning-rate script fixed. No collective differs in 
 checks each trains to the end with its ranks apart. Two gloo ranks; the guard's timeout 5 s, the process group's
 10 s, so a check that never closes fails the test in seconds. Sources: ddpprobe/guard/_state.py (the checks),
 ddpprobe/contract/_compare.py (``breaks``, the comparison the audit uses too).
+
+The divergences read recorded worlds (the fixture ``failed_world``, tests/support/guard_recordings.py): each rank's
+state record at the check that differed, stored under tests/recordings/guard/ by one live run, and the
+``StateDiverged`` computed from them here by the contract's comparison, as the live guard computes it. Live: the
+correct run with and without the state checks (they add no collective), and the rate halved on rank 0, named at the
+next optimizer step (the small fields riding on a batch's end check of a real run).
 """
 
 import pickle
@@ -16,7 +22,6 @@ import re
 
 import pytest
 
-from ddpprobe import RankFailed
 from ddpprobe.contract import CONTRACT
 from ddpprobe.guard import CollectiveGuard, _state
 from ddpprobe.hazards import NO_FIX
@@ -28,10 +33,11 @@ LIMITS = {"pg_timeout": 10, "timeout": 60}
 LR = "optimizer[0].group[0].lr"
 
 
-def _diverged(run_world, module, **params) -> dict:
-    with pytest.raises(RankFailed) as failure:
-        run_world(module.train, 2, **params, **LIMITS)
-    return _guard_errors(failure.value, "StateDiverged", [0, 1])
+def _diverged(failed_world, module, live: bool = False, **params) -> dict:
+    """Each rank's ``StateDiverged`` text, from the recorded world of ``module.train`` at W = 2 (``live``: the world
+    run now)."""
+    failure = failed_world(module.train, 2, live=live, **params, **LIMITS)
+    return _guard_errors(failure, "StateDiverged", [0, 1])
 
 
 def _where(message: str) -> tuple:
@@ -58,26 +64,31 @@ def _contract_and_no_fix(message: str, row: str, fields: list) -> None:
     assert f"{NO_FIX}: no registry entry's evidence holds for {', '.join(fields)}" in message, message
 
 
-def test_a_learning_rate_from_the_rank_raises_state_diverged_on_every_rank_at_the_start_naming_both_rates(run_world):
+def test_a_learning_rate_from_the_rank_raises_state_diverged_on_every_rank_at_the_start_naming_both_rates(
+    failed_world,
+):
     """``lr = 0.01 * (self.global_rank + 1)``: the optimizer exists at ``on_fit_start`` (the first state check,
     after DDP's wrap), where the contract says its settings must be equal. Both ranks raise there, before any
-    batch, naming the learning rate and nothing else (the weights are still rank 0's on both)."""
-    for message in _diverged(run_world, lr_from_rank).values():
+    batch, naming the learning rate and nothing else (the weights are still rank 0's on both). Recorded: the ranks'
+    state records at ``on_fit_start``."""
+    for message in _diverged(failed_world, lr_from_rank).values():
         assert _where(message) == ("start", "on_fit_start", 0, 0), message
         assert _fields(message) == {LR: {0: "0.01", 1: "0.02"}}, message
         _contract_and_no_fix(message, "optimizer settings", [LR])
 
 
-def test_a_module_attribute_set_from_the_rank_in_setup_raises_state_diverged_at_the_start_naming_it(run_world):
+def test_a_module_attribute_set_from_the_rank_in_setup_raises_state_diverged_at_the_start_naming_it(failed_world):
     """``self.noise_std = 0.1 * (self.global_rank + 1)`` in the module's ``setup``: a module attribute must be
-    equal before any batch ran (it differs then only by the rank, the rank's data or its random draws)."""
+    equal before any batch ran (it differs then only by the rank, the rank's data or its random draws). Recorded:
+    the ranks' state records at ``on_fit_start``."""
     field = "module.attr.noise_std"
-    for message in _diverged(run_world, attribute_from_rank).values():
+    for message in _diverged(failed_world, attribute_from_rank).values():
         assert _where(message) == ("start", "on_fit_start", 0, 0), message
         assert _fields(message) == {field: {0: "0.1", 1: "0.2"}}, message
         _contract_and_no_fix(message, "module attributes", [field])
 
 
+@pytest.mark.integration
 def test_state_false_lets_the_learning_rate_module_train_to_the_end_with_its_weights_apart(run_world):
     """``CollectiveGuard(state=False)``: no state check, and no collective differs, so the run finishes its 8
     steps on both ranks, each with its own rate and, from the first step, its own weights."""
@@ -87,12 +98,15 @@ def test_state_false_lets_the_learning_rate_module_train_to_the_end_with_its_wei
     assert records[0]["weight"] != records[1]["weight"], oracle.side_by_side("weight", [r["weight"] for r in records])
 
 
-def test_state_narrowed_to_the_parameters_catches_the_learning_rate_module_after_its_first_optimizer_step(run_world):
+def test_state_narrowed_to_the_parameters_catches_the_learning_rate_module_after_its_first_optimizer_step(
+    failed_world,
+):
     """``state=("param.",)`` leaves the learning rate out. At ``on_fit_start`` the parameters are equal (DDP
     broadcast rank 0's at its wrap); DDP averages the first batch's gradients, then each rank steps with its own
     rate, so the parameters differ at the first check after that step: ``train_batch_end`` of batch 0, step 1.
-    Both parameters are named, with each rank's values; the learning rate is not."""
-    for message in _diverged(run_world, lr_from_rank, state=("param.",)).values():
+    Both parameters are named, with each rank's values; the learning rate is not. Recorded: the ranks' state
+    records at that check."""
+    for message in _diverged(failed_world, lr_from_rank, state=("param.",)).values():
         assert _where(message) == ("train_batch_end", "on_train_batch_end", 0, 1), message
         fields = _fields(message)
         assert sorted(fields) == ["param.net.bias", "param.net.weight"], message
@@ -158,15 +172,15 @@ def test_only_the_fields_that_must_be_equal_at_the_boundary_are_compared_there()
 # --- the small fields at every step ------------------------------------------------------------------------------
 
 
-def test_a_learning_rate_halved_on_rank_0_at_an_epochs_start_is_named_at_the_next_optimizer_step(run_world):
+def test_a_learning_rate_halved_on_rank_0_at_an_epochs_start_is_named_at_the_next_optimizer_step(failed_world):
     """A ``@rank_zero_only`` helper halves rank 0's rate in ``on_train_epoch_start`` of epoch 1 (4 batches a rank
     and epoch). The optimizer's settings ride on every training batch's end check, so both ranks raise at the end
     of epoch 1's first batch, its optimizer step being step 4 + 1 = 5, naming the two rates, not at the epoch's
-    end (step 8) after 4 steps apart."""
+    end (step 8) after 4 steps apart. Live: the world run now."""
     from tests.support.guard_forms import lr_halved_on_rank_zero
 
     steps_per_epoch = 32 // 4 // 2
-    for message in _diverged(run_world, lr_halved_on_rank_zero).values():
+    for message in _diverged(failed_world, lr_halved_on_rank_zero, live=True).values():
         assert _where(message) == ("train_batch_end", "on_train_batch_end", 1, steps_per_epoch + 1), message
         assert _fields(message) == {LR: {0: "0.05", 1: "0.1"}}, message
         _contract_and_no_fix(message, "optimizer settings", [LR])

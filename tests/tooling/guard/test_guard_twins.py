@@ -6,6 +6,10 @@ returned, the checkpoint files, the weights after ``fit`` ...) and how far the d
 sequence number moved in the run (``pg_seq``: how many collectives the backend ran), so the guard added
 no collective of its own and removed none. ``checks`` (the guard's count of passed checks) is the one field that
 differs: a number above 0 with the guard, None without. Scenarios: tests/support/guarded.py.
+
+Each is a live claim (a real world, unchanged by the guard), two worlds a test: one pair runs in the default run
+(the same keys in the same order at W = 2, logged in ``validation_step``), the others in the integration run
+(``pytest -m integration``).
 """
 
 import pytest
@@ -32,8 +36,15 @@ def _twins(run_world, scenario, world_size: int, **params) -> tuple:
     return without, with_guard
 
 
-@pytest.mark.parametrize("hook", ["validation_step", "on_validation_epoch_end"])
-@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize(
+    "world_size, hook",
+    [
+        (2, "validation_step"),
+        pytest.param(3, "validation_step", marks=pytest.mark.integration),
+        pytest.param(2, "on_validation_epoch_end", marks=pytest.mark.integration),
+        pytest.param(3, "on_validation_epoch_end", marks=pytest.mark.integration),
+    ],
+)
 def test_the_same_keys_in_the_same_order_give_the_same_values_and_collectives_with_the_guard(
     run_world, world_size, hook
 ):
@@ -46,6 +57,7 @@ def test_the_same_keys_in_the_same_order_give_the_same_values_and_collectives_wi
     assert all(set(r["callback_metrics"]) == {"a", "b"} for r in without), without
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_metric_compute_on_every_rank_gives_the_same_value_and_collectives_with_the_guard(run_world, world_size):
     """``compute()`` on every rank, printed on rank 0 only (the fix for ``compute()`` on rank 0): the
@@ -54,6 +66,7 @@ def test_metric_compute_on_every_rank_gives_the_same_value_and_collectives_with_
     assert all(r["computed"] is not None for r in without), without
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("callback", ["checkpoint", "early_stopping"])
 def test_every_rank_logging_the_monitored_key_gives_the_same_checkpoints_and_stop_with_the_guard(run_world, callback):
     """The monitored key logged on every rank (the fix for a callback monitoring a rank-0-only key):
@@ -70,6 +83,7 @@ def test_every_rank_logging_the_monitored_key_gives_the_same_checkpoints_and_sto
         assert [r["stopped_epoch"] for r in without] == [stop] * 2, without
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("collectives", [True, False], ids=["every_collective", "hook_boundaries_only"])
 def test_equal_batch_counts_give_the_same_fit_with_the_guard(run_world, collectives):
     """Shards cut to equal batch counts (the fix for uneven batches) with a synced epoch log: the same
@@ -81,6 +95,7 @@ def test_equal_batch_counts_give_the_same_fit_with_the_guard(run_world, collecti
     assert [r["global_step"] for r in without] == [N_UNEVEN // 2] * 2, without
 
 
+@pytest.mark.integration
 def test_equal_batch_counts_give_the_same_step_level_synced_log_in_validate_with_the_guard(run_world):
     """A step-level synced log over equal shards (the fix for uneven batches in validate): the same
     ``v_step`` and ``v_epoch`` with the guard as without it."""
@@ -89,6 +104,7 @@ def test_equal_batch_counts_give_the_same_step_level_synced_log_in_validate_with
     assert all({"v_step", "v_epoch"} <= set(r["logged_metrics"]) for r in without), without
 
 
+@pytest.mark.integration
 def test_pad_gather_trim_gives_the_same_rows_with_the_guard(run_world):
     """Rows of different first dimensions padded to one shape, gathered and trimmed (the fix for an
     all_gather of different shapes, ``collectives.all_gather_uneven``): the same rows on every rank with
