@@ -80,6 +80,7 @@ def raise_here(info):
     raise ValueError(f"deliberate failure on rank {info.rank} of {info.world_size}")
 
 
+@pytest.mark.integration
 def test_in_a_one_rank_torchrun_world_records_and_failures_come_back_as_from_a_launched_world(monkeypatch):
     """The external path runs the scenario in this process and builds the result with the same builder
     as a launched world: a ``WorldResult`` of ``RankResult`` s, or ``RankFailed`` with ``rank_errors``

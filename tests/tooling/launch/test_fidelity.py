@@ -137,7 +137,11 @@ def _count(messages, needle) -> int:
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("start_method", START_METHODS)
+#: The spawned world is the launcher's one spawn world in the default run; the forkserver case runs in the integration
+#: run (the default run's fresh forkserver world is test_harness.py's).
+@pytest.mark.parametrize(
+    "start_method", [pytest.param(m, marks=pytest.mark.integration) if m == "forkserver" else m for m in START_METHODS]
+)
 def test_a_rank_zero_only_function_called_before_any_trainer_runs_on_rank_0_only(run_world, start_method):
     """``@rank_zero_only`` decides by ``rank_zero_only.rank``, which Lightning sets from the environment
     when it is imported and again when a Trainer's strategy sets up. Called before any Trainer exists,

@@ -27,7 +27,10 @@ def _gone(pids) -> bool:
     return True
 
 
-@pytest.mark.parametrize("world_size", [1, 2, 3])
+#: W=2 is the launcher's one fresh forkserver world in the default run; W=1 and W=3 run in the integration run.
+@pytest.mark.parametrize(
+    "world_size", [pytest.param(1, marks=pytest.mark.integration), 2, pytest.param(3, marks=pytest.mark.integration)]
+)
 def test_records_come_back_ordered_by_rank_from_a_real_process_group(run_world, world_size):
     """Each rank is its own process in one gloo process group (an all_reduce of the ranks gives
     0+1+...+(W-1) on every rank); records come back ordered by rank and every process is gone."""
@@ -68,6 +71,7 @@ def test_a_world_that_hangs_is_killed_at_its_timeout_naming_the_stuck_ranks_with
     assert _gone(err.pids)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("how, code", [("exit3", 3), ("sigkill", -9), ("segfault", -11)])
 def test_a_rank_that_dies_without_an_exception_is_reported_with_its_exit_code(run_world, how, code):
     """``os._exit(3)``, SIGKILL and a segfault on rank 1 are each reported as ``RankDied`` with the rank
@@ -81,11 +85,13 @@ def test_a_rank_that_dies_without_an_exception_is_reported_with_its_exit_code(ru
     assert _gone(err.pids)
 
 
+@pytest.mark.integration
 def test_a_record_json_cannot_hold_is_reported_with_the_key_and_type(run_world):
     with pytest.raises(TypeError, match=r"record\['nested'\]\['value'\] is a Tensor"):
         run_world(scenarios.unserialisable, 1)
 
 
+@pytest.mark.integration
 def test_the_next_world_in_the_same_process_runs_after_failures(run_world):
     with pytest.raises(RankFailed):
         run_world(scenarios.raise_on, 2, rank=0)
@@ -166,6 +172,7 @@ def raise_then_die(info, delay_s=0.05):
     os._exit(3)
 
 
+@pytest.mark.integration
 def test_a_death_that_arrives_just_after_a_peers_exception_is_still_reported_as_the_death(run_world):
     """When a rank dies, its peers' collectives fail with "connection closed by peer", and that error can
     reach the launcher a moment before the death does. After an exception the launcher keeps listening
@@ -184,6 +191,7 @@ def test_a_death_that_arrives_just_after_a_peers_exception_is_still_reported_as_
     assert _gone(err.pids)
 
 
+@pytest.mark.integration
 def test_stray_cluster_variables_in_the_parent_do_not_change_what_lightning_does(run_world, monkeypatch):
     """``SLURM_NTASKS=4`` left in the shell would make Lightning's ``SLURMEnvironment`` claim a world of
     4; the launcher removes such variables in every rank, so a 2-rank ``trainer.validate`` sees world
@@ -206,6 +214,7 @@ def test_stray_cluster_variables_in_the_parent_do_not_change_what_lightning_does
     assert env == [dict.fromkeys(sorted(STRAY_CLUSTER_ENV))] * 2
 
 
+@pytest.mark.integration
 def test_keep_cluster_env_passes_the_cluster_variables_through_to_every_rank(run_world, monkeypatch):
     """With ``keep_cluster_env=True`` the same variables reach every rank unchanged (set in the parent
     after the forkserver started, so this also shows each rank gets the parent's *current* environment)."""
@@ -217,6 +226,7 @@ def test_keep_cluster_env_passes_the_cluster_variables_through_to_every_rank(run
     assert env == [STRAY_CLUSTER_ENV] * 2
 
 
+@pytest.mark.integration
 def test_after_a_world_timeout_no_rank_survives_and_the_rendezvous_port_is_released(run_world):
     """A world killed at its timeout leaves nothing behind: every rank process is gone and the TCPStore
     the launcher hosted no longer listens on its port (binding it succeeds)."""
@@ -258,6 +268,7 @@ def test_the_forkserver_is_gone_as_soon_as_the_process_that_started_it_exits():
     assert _gone([server_pid]), f"forkserver {server_pid} still exists after its parent exited"
 
 
+@pytest.mark.integration
 def test_odd_files_left_in_a_rank_folder_are_listed_by_kind_not_opened(run_world):
     """A FIFO (opening it would block), a link to /dev/zero (reading it would never end) and a dangling
     link are listed by what they are; the regular file's text comes back."""
@@ -271,6 +282,7 @@ def test_odd_files_left_in_a_rank_folder_are_listed_by_kind_not_opened(run_world
     }
 
 
+@pytest.mark.integration
 def test_a_rank_can_start_dataloader_worker_processes(run_world):
     """Ranks are not daemonic processes, so a ``DataLoader(num_workers=2)`` in a rank works."""
     world = run_world(scenarios.dataloader_workers, 2)
@@ -278,12 +290,14 @@ def test_a_rank_can_start_dataloader_worker_processes(run_world):
     assert world.records == [{"batches": [[0, 1], [2, 3]]}] * 2
 
 
+@pytest.mark.integration
 def test_a_rank_that_returned_its_record_exits_with_code_0(run_world):
     world = run_world(scenarios.identity, 3)
 
     assert [rank.exitcode for rank in world] == [0, 0, 0]
 
 
+@pytest.mark.integration
 def test_children_a_rank_leaves_running_are_ended_with_the_world(run_world):
     """Each rank leads its own process group; the launcher ends the group, children included."""
     world = run_world(scenarios.leave_a_child, 2)

@@ -83,6 +83,7 @@ def finish_but_one(info, rank=1):
     return {"rank": info.rank, "squares": [info.rank**2]}
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_a_failed_world_keeps_the_records_of_the_ranks_that_finished_and_none_for_the_rank_that_raised(
     run_world, world_size
@@ -96,6 +97,7 @@ def test_a_failed_world_keeps_the_records_of_the_ranks_that_finished_and_none_fo
     assert err.records == expected, err.records
 
 
+@pytest.mark.integration
 def test_an_exception_message_longer_than_the_stderr_tail_is_kept_whole_naming_the_rank(run_world):
     with pytest.raises(RankFailed) as failure:
         run_world(raise_long_message, 2, rank=1, timeout=60)
@@ -106,6 +108,7 @@ def test_an_exception_message_longer_than_the_stderr_tail_is_kept_whole_naming_t
     assert f"rank 1 raised ValueError: {LONG_MESSAGE}" in str(err)
 
 
+@pytest.mark.integration
 def test_a_rank_that_aborts_in_cpp_keeps_the_cause_from_its_stderr_not_only_the_last_lines(run_world):
     """The cause sits far above the end of the rank's stderr (noise, then faulthandler's dump), yet the
     error message and ``rank_errors`` both carry it."""

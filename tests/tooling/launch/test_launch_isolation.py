@@ -102,7 +102,8 @@ def folder_modes(info):
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("world_size, lightning", [(2, True), (3, False)])
+#: (2, True) is the launcher's one isolation check in the default run; (3, False) runs in the integration run.
+@pytest.mark.parametrize("world_size, lightning", [(2, True), pytest.param(3, False, marks=pytest.mark.integration)])
 def test_no_process_of_a_running_world_listens_on_a_non_loopback_address(run_world, world_size, lightning):
     """The launcher (this process) and every rank: each listening TCP socket is on 127.0.0.0/8 or ::1.
     The rendezvous store is among them (the launcher listens on ``MASTER_PORT``), so the check is not
@@ -116,6 +117,7 @@ def test_no_process_of_a_running_world_listens_on_a_non_loopback_address(run_wor
     assert not exposed, "listening beyond loopback (pid, table, address, port):\n" + "\n".join(map(str, exposed))
 
 
+@pytest.mark.integration
 def test_the_world_folder_and_the_ranks_files_are_readable_by_this_user_only(run_world):
     """The world folder and each rank's folder are ``0o700``; its captured stdout, stderr and stack
     files ``0o600``: another user on a shared machine reads neither outputs nor records."""

@@ -54,7 +54,11 @@ def layout(info):
     }
 
 
-@pytest.mark.parametrize("world_size, num_nodes", [(4, 2), (6, 3), (6, 2), (3, 1)])
+#: (4, 2) is the launcher's one multi-node world in the default run; the other layouts run in the integration run.
+@pytest.mark.parametrize(
+    "world_size, num_nodes",
+    [(4, 2), *(pytest.param(*layout, marks=pytest.mark.integration) for layout in [(6, 3), (6, 2), (3, 1)])],
+)
 def test_a_forked_world_of_several_nodes_looks_like_several_nodes_to_lightning(run_world, world_size, num_nodes):
     """Every rank's environment, ``RankInfo`` and Trainer agree on the torchrun layout; global rank 0 is
     the only global zero, and ``prepare_data`` ran once per node, on each node's local rank 0."""

@@ -73,6 +73,7 @@ def test_a_setting_of_the_wrong_type_is_also_a_type_error_and_an_option_is_named
         resolve_settings(timeout=0, environ={}, names={"timeout": "--world-timeout"})
 
 
+@pytest.mark.integration
 def test_run_world_takes_its_timeouts_from_the_environment(monkeypatch):
     """``DDPPROBE_TIMEOUT`` and ``DDPPROBE_PG_TIMEOUT`` reach ``run_world`` when no argument is given:
     a world whose rank 1 never joins rank 0's all_reduce is ended after 2 s, not 120."""

@@ -106,10 +106,13 @@ def _output(proc) -> str:
 
 def test_a_run_of_facts_leaves_no_rank_forkserver_or_warm_world_process_and_no_temporary_file(tmp_path):
     """Worlds that finish, raise, die and hang (the launcher's own failure tests and the list-state facts),
-    under two xdist workers (one shared forkserver), with warm worlds on and then off."""
+    under two xdist workers (one shared forkserver), with warm worlds on and then off. The launcher's failure tests
+    that start worlds are integration tests: ``-m`` runs them with the rest."""
     args = [
         "-n",
         "2",
+        "-m",
+        "integration or not integration",
         "tests/tooling/launch/test_launch_errors.py",
         "tests/facts/test_hidden_collectives_torchmetrics_list_states.py",
     ]

@@ -26,6 +26,7 @@ def test_a_second_call_with_the_same_key_gets_a_copy_of_the_first_worlds_result(
     assert "added" not in second[1].files
 
 
+@pytest.mark.integration
 def test_other_parameters_settings_or_environment_start_another_world(run_world, monkeypatch):
     first = run_world(scenarios.identity, 2, tag="shared-keys")
     other_tag = run_world(scenarios.identity, 2, tag="shared-keys-2")
@@ -37,6 +38,7 @@ def test_other_parameters_settings_or_environment_start_another_world(run_world,
     assert len(set(pids)) == 4, pids
 
 
+@pytest.mark.integration
 def test_a_world_that_raised_is_not_shared(run_world):
     """Each call of a failing world starts its own processes and raises again."""
     errors = []
@@ -48,6 +50,7 @@ def test_a_world_that_raised_is_not_shared(run_world):
     assert errors[0].pids != errors[1].pids
 
 
+@pytest.mark.integration
 @pytest.mark.fresh_world("checks that the marker starts a new world")
 def test_a_test_marked_fresh_world_starts_a_new_world_at_every_call(run_world):
     worlds = [run_world(scenarios.identity, 2, tag="shared-fresh") for _ in range(2)]

@@ -102,6 +102,7 @@ def change_settings(info) -> dict:
     return read
 
 
+@pytest.mark.integration
 def test_a_warm_rank_reads_every_setting_as_a_fresh_rank_after_a_scenario_changed_it():
     """After a scenario changed every setting of the table (and wrapped ``torch.distributed.all_reduce``), the
     next scenario on the same warm ranks reads each as a fresh world's rank does: an all_reduce of ones at
@@ -140,6 +141,7 @@ def fail_on_a_left_library_attribute(info) -> dict:
     return {"ok": True}
 
 
+@pytest.mark.integration
 def test_the_fixture_warns_naming_a_scenario_that_failed_warm_and_passed_fresh(run_world, request):
     """A call that fails on a warm world and passes in a fresh one points at state an earlier scenario leaked:
     the ``run_world`` fixture keeps the fresh outcome and warns ``WarmWorldLeakSuspect`` naming the scenario

@@ -230,6 +230,7 @@ def test_a_warm_world_gives_the_records_a_fresh_world_gives_scenario_after_scena
     assert not differences, "\n\n".join(differences)
 
 
+@pytest.mark.integration
 def test_a_warm_world_of_two_nodes_gives_the_layout_a_fresh_one_gives():
     multinode = _scenario("multinode", "node_layout")
     warm = WarmWorld(*warm_call(multinode, 4, num_nodes=2).world)
@@ -241,6 +242,7 @@ def test_a_warm_world_of_two_nodes_gives_the_layout_a_fresh_one_gives():
     assert [_seen(world) for world in warm_worlds] == [_seen(fresh)] * 2
 
 
+@pytest.mark.integration
 def test_a_warm_rank_starts_each_scenario_as_a_fresh_rank_does():
     """What one scenario changes in a rank's process (environment, working folder, warnings shown once,
     torch's flags, a logger's level, Lightning's once-per-process warning cache, the random generators
@@ -256,6 +258,7 @@ def test_a_warm_rank_starts_each_scenario_as_a_fresh_rank_does():
     assert fresh.records[0]["before"]["warning_shown"] == 1 and fresh.records[0]["before"]["env"] is None
 
 
+@pytest.mark.integration
 def test_a_warm_world_whose_rank_raises_is_ended_and_not_reused():
     warm = WarmWorld(*warm_call(scenarios.identity, 2).world)
     try:
@@ -270,6 +273,7 @@ def test_a_warm_world_whose_rank_raises_is_ended_and_not_reused():
     assert not any(_alive(pid) for pid in pids)
 
 
+@pytest.mark.integration
 def test_a_warm_world_that_hangs_is_ended_at_the_world_timeout():
     warm = WarmWorld(*warm_call(scenarios.identity, 2).world)
     try:
@@ -279,6 +283,7 @@ def test_a_warm_world_that_hangs_is_ended_at_the_world_timeout():
     assert warm.ended
 
 
+@pytest.mark.integration
 def test_the_pool_reruns_a_failed_call_fresh_and_starts_a_new_warm_world_after_it():
     pool = WarmPool()
     try:

@@ -68,12 +68,15 @@ class TwoLayers(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
-def fit(info, under: str = "none", hook=None, skip=None, n: int = 12, batch_size: int = 2) -> dict:
+def fit(
+    info, under: str = "none", hook=None, skip=None, n: int = 12, batch_size: int = 2, events: bool = False
+) -> dict:
     """Scenario: ``trainer.fit`` one epoch of ``TwoLayers(skip, hook)`` under nothing (``"none"``), a
     ``CollectiveTrace`` (``"trace"``) or a ``CollectiveGuard`` (``"guard"``). Record: ``weights`` (every
     parameter after the epoch, flattened), ``hook_calls`` (``{batch_idx: [bucket index, ...]}`` of the user's
     counting hook), ``gradients`` (the trace's ``gradient`` collectives: ``[batch_idx, bucket]`` each) and
-    ``comm_hooks`` (the user's hooks they name)."""
+    ``comm_hooks`` (the user's hooks they name); with ``events`` (under the trace) also ``events``: the trace as
+    the rank wrote it (``read_trace``), for a test that groups it itself (tests/tooling/trace/recorded_traces.py)."""
     from ddpprobe.guard import CollectiveGuard
 
     model = TwoLayers(skip, hook)
@@ -102,6 +105,7 @@ def fit(info, under: str = "none", hook=None, skip=None, n: int = 12, batch_size
         "hook_calls": {str(k): v for k, v in model.hook_state["calls"].items()},
         "gradients": gradients,
         "comm_hooks": comm_hooks,
+        **({"events": read_trace(path)} if events and under == "trace" else {}),
     }
 
 

@@ -9,12 +9,17 @@ sync_dist=True)`` at the step) and ``torch.distributed.all_reduce`` itself; Ligh
 epoch value of ``train_v`` on its own. The expected names are the public names a reader finds in the
 libraries' documentation, written out here, not read from a run. Source: ddpprobe/trace/_classify.py
 ``CallClassifier.chain``, ddpprobe/trace/_words.py ``describe_call``.
+
+The ranks' trace events are read from their recording (tests/tooling/trace/recorded_traces.py) and grouped
+(``split_trace``) and worded here; W=2 of the first test runs its world live: the trace's one live world in the
+default run, where the patch, the classifier and the recorder work in real ranks (a ``fit`` that also writes logs,
+batches and DDP's gradient buckets).
 """
 
 import pytest
 
 from ddpprobe._lightning import pl
-from ddpprobe.trace import describe_call
+from ddpprobe.trace import describe_call, split_trace
 from tests.tooling.trace import call_modules
 from tests.tooling.trace.call_modules import line_of
 
@@ -46,12 +51,13 @@ def _sentence(call: str) -> str:
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_every_collective_names_the_public_call_the_users_line_made(run_world, world_size):
+def test_every_collective_names_the_public_call_the_users_line_made(traced_world, world_size):
     """Each call's first collective on every rank carries the user's line (``call_site``), the public
     name of the call made there (``call``: ``Trainer.callback_metrics``, ``MeanMetric.compute``,
     ``DDPStrategy.reduce`` ...), its kind (a property is read, a method called) and no loop step; and
     ``describe_call`` words it as "line N of call_modules.py (hook) reads/calls `X`, which runs ..."."""
-    records = run_world(call_modules.traced, world_size, calls=list(EXPECTED), n=4 * world_size).records
+    ranks = traced_world(call_modules.traced, world_size, live=world_size == 2, calls=list(EXPECTED), n=4 * world_size)
+    records = [split_trace(rank["events"]) for rank in ranks]
     for rank, record in enumerate(records):
         for call, (name, kind, source, _) in EXPECTED.items():
             at_line = [c for c in record["collectives"] if c["call_site"] == line_of(call)]
@@ -69,12 +75,15 @@ def test_every_collective_names_the_public_call_the_users_line_made(run_world, w
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_a_sync_lightning_makes_on_its_own_names_its_loop_step_not_a_users_call(run_world, world_size):
+def test_a_sync_lightning_makes_on_its_own_names_its_loop_step_not_a_users_call(traced_world, world_size):
     """Without a read, the epoch value of ``train_v`` is synced by Lightning at the fit loop's epoch end:
     its collectives have no ``call`` and a ``loop_step`` that is a method of one of Lightning's loop
     classes (pytorch_lightning/loops/), keep the line that logged the key as ``call_site``, and
     ``describe_call`` says Lightning's loop step runs the epoch sync, for the value logged there."""
-    records = run_world(call_modules.traced, world_size, calls=[], n=4 * world_size).records
+    records = [
+        split_trace(rank["events"])
+        for rank in traced_world(call_modules.traced, world_size, calls=[], n=4 * world_size)
+    ]
     logged_at = call_modules.log_line("train_v")
     for rank, record in enumerate(records):
         syncs = [c for c in record["collectives"] if c.get("key") == "train_v"]

@@ -12,6 +12,9 @@ from rank 0 (pytorch_lightning/callbacks/model_checkpoint.py ``__resolve_ckpt_di
 the call site and the callback names it. The names expected are written out from the libraries' sources,
 not read from a run. Source: ddpprobe/trace/_classify.py ``CallClassifier._callback_call``,
 ddpprobe/trace/_words.py ``describe_call``, ``describe_collective``.
+
+The ranks' trace events are read from their recording (tests/tooling/trace/recorded_traces.py) and grouped
+(``split_trace``) and worded here.
 """
 
 import inspect
@@ -64,7 +67,10 @@ def _log_line() -> str:
 def traced(info, progress_bar: bool, user_callback: bool, n: int = 8, batch_size: int = 2) -> dict:
     """Scenario: ``trainer.fit`` one epoch of ``LogsEpochValue`` under a ``CollectiveTrace``, with the progress
     bar and ``ModelCheckpoint`` (``progress_bar``) and/or ``ReadsMetrics`` (``user_callback``). Record:
-    ``collectives`` (this rank's ``collective`` events)."""
+    ``events`` (this rank's trace as it wrote it, ``read_trace``, but its ``file`` events: the checkpoint
+    ``ModelCheckpoint`` writes differs byte for byte from run to run, so its ``sha1`` would make a recording of the
+    scenario differ from every fresh one; the tests group the events with ``split_trace``)."""
+    torch.manual_seed(0)  # the layer's gradients are in the trace: the same on every run of the scenario
     model = LogsEpochValue()
     path = f"{info.rank_dir}/trace.jsonl"
     with CollectiveTrace(path, model) as trace:
@@ -77,10 +83,10 @@ def traced(info, progress_bar: bool, user_callback: bool, n: int = 8, batch_size
             enable_checkpointing=progress_bar,
         )
         trainer.fit(model, train_dataloaders=id_loader(n, batch_size))
-    return {"collectives": split_trace(read_trace(path))["collectives"]}
+    return {"events": [event for event in read_trace(path) if event.get("event") != "file"]}
 
 
-def test_the_progress_bars_sync_on_rank_zero_is_named_by_its_hook_and_the_property_it_reads(run_world):
+def test_the_progress_bars_sync_on_rank_zero_is_named_by_its_hook_and_the_property_it_reads(traced_world):
     """W=2, the default ``TQDMProgressBar`` and ``ModelCheckpoint``: on rank 0 the epoch sync of ``train_v``
     carries ``callback`` ``TQDMProgressBar.on_train_epoch_end`` and ``call`` ``Trainer.progress_bar_metrics``
     (a property), and is worded "`TQDMProgressBar.on_train_epoch_end` reads `Trainer.progress_bar_metrics`,
@@ -88,7 +94,7 @@ def test_the_progress_bars_sync_on_rank_zero_is_named_by_its_hook_and_the_proper
     the same sync is made by the next callback that reads the metrics, ``ModelCheckpoint.on_train_epoch_end``
     reading ``Trainer.callback_metrics`` (``_monitor_candidates``). On every rank the directory broadcast of
     ``ModelCheckpoint.setup`` names that hook and ``DDPStrategy.broadcast``."""
-    records = run_world(traced, 2, progress_bar=True, user_callback=False).records
+    records = [split_trace(rank["events"]) for rank in traced_world(traced, 2, progress_bar=True, user_callback=False)]
     logged_at = _log_line()
     syncs = [[c for c in r["collectives"] if c.get("key") == "train_v"] for r in records]
     assert syncs[0] and syncs[1], syncs
@@ -113,13 +119,13 @@ def test_the_progress_bars_sync_on_rank_zero_is_named_by_its_hook_and_the_proper
         assert all(c["source"] != "user" for c in checkpoint), f"rank {rank}: {checkpoint}"
 
 
-def test_a_users_callback_is_named_at_its_own_line_with_the_call_it_made(run_world):
+def test_a_users_callback_is_named_at_its_own_line_with_the_call_it_made(traced_world):
     """W=2, a user's ``ReadsMetrics`` reading ``trainer.callback_metrics`` in ``on_train_epoch_end``, no
     progress bar: on every rank the epoch sync of ``train_v`` has the callback's line as ``call_site``,
     ``callback`` ``ReadsMetrics.on_train_epoch_end``, ``call`` ``Trainer.callback_metrics``, no loop step,
     and reads "line N of test_trace_callbacks.py (`ReadsMetrics.on_train_epoch_end`) reads
     `Trainer.callback_metrics`, which runs the epoch sync of 'train_v' (barrier)"."""
-    records = run_world(traced, 2, progress_bar=False, user_callback=True).records
+    records = [split_trace(rank["events"]) for rank in traced_world(traced, 2, progress_bar=False, user_callback=True)]
     site = _line(READ)
     line = site.split(":")[1].split(" ")[0]
     for rank, record in enumerate(records):

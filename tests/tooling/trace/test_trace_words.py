@@ -9,6 +9,7 @@ rank can record: a collective made from C++ has no call site, a sync in the loop
 collective of the user's no key.
 """
 
+import functools
 import itertools
 import re
 
@@ -58,8 +59,14 @@ def entries():
 
 
 def _holes(text: str) -> list:
+    return list(_holes_of(text))
+
+
+@functools.lru_cache(maxsize=None)
+def _holes_of(text: str) -> tuple:
+    """:func:`_holes`, looked up once per distinct sentence (the entries' combinations word many alike)."""
     text = re.sub(r"\b(u?int\d+|float\d+|bfloat16|bool) \[\]", r"\1 [scalar]", text)  # a scalar's shape is []
-    return [what for pattern, what in HOLES if re.search(pattern, text)]
+    return tuple(what for pattern, what in HOLES if re.search(pattern, text))
 
 
 def test_the_trace_phrases_have_no_hole_for_any_entry():
