@@ -34,6 +34,12 @@ from typing import Optional
 
 #: The folder of every recording, one subfolder per tool.
 FOLDER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "recordings")
+#: The checkout's root: a recording stores a path under it as :data:`ROOT_MARK` and the path's rest, and a read
+#: puts this checkout's root back, so a recording made in one checkout is read the same in a clone elsewhere (the
+#: audit tells the user's frames from ddpprobe's own and shortens them by where ddpprobe and the working folder are).
+ROOT = os.path.dirname(os.path.dirname(FOLDER))
+#: What a stored recording holds in place of :data:`ROOT`.
+ROOT_MARK = "<checkout>"
 #: The recordings' format; a file of another format is not read.
 FORMAT = 1
 #: What a volatile field's value is compared as.
@@ -141,10 +147,29 @@ def differences(stored_path: str, fresh_path: str) -> str:
     return "".join(difflib.unified_diff(*texts, fromfile=str(stored_path), tofile=str(fresh_path), n=2))
 
 
+def _rooted(value, old: str, new: str):
+    """``value`` with ``old`` at the start of a path replaced by ``new`` in every string (a path starts a string,
+    follows a quote, a space or an opening parenthesis)."""
+    if isinstance(value, dict):
+        return {key: _rooted(found, old, new) for key, found in value.items()}
+    if isinstance(value, list):
+        return [_rooted(found, old, new) for found in value]
+    if isinstance(value, str) and old in value:
+        return re.sub(r'(^|["\'( ])' + re.escape(old) + r"(?=/)", lambda m: m.group(1) + new, value)
+    return value
+
+
 def text_of(recording: dict) -> str:
-    """A recording as the text stored (sorted keys, two-space indents, one final newline): a diff of two reads
-    line by line."""
-    return json.dumps(recording, sort_keys=True, indent=1, allow_nan=True) + "\n"
+    """A recording as the text stored (sorted keys, one-space indents, one final newline; paths under the checkout
+    as :data:`ROOT_MARK`): a diff of two reads line by line."""
+    portable = _rooted(recording, ROOT, ROOT_MARK)
+    return json.dumps(portable, sort_keys=True, indent=1, allow_nan=True) + "\n"
+
+
+def read(path: str) -> dict:
+    """The recording stored at ``path``, its paths under the checkout rooted in this checkout (:data:`ROOT`)."""
+    with open(path) as f:
+        return _rooted(json.load(f), ROOT_MARK, ROOT)
 
 
 def make(tool: str, scenario: dict, **evidence) -> dict:
@@ -161,8 +186,7 @@ def load(tool: str, scenario: dict) -> Optional[dict]:
     path = path_of(tool, scenario)
     if not os.path.exists(path):
         return None
-    with open(path) as f:
-        found = json.load(f)
+    found = read(path)
     if found.get("format") != FORMAT or found.get("recorded_on") != release() or found.get("scenario") != scenario:
         return None
     return found

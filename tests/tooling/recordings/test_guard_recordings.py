@@ -11,7 +11,6 @@
 A recording made on another release is not compared (its tests run the world live on this release).
 """
 
-import json
 import os
 
 import pytest
@@ -21,11 +20,6 @@ from tests.support import guard_recordings, recordings
 pytestmark = pytest.mark.not_a_fact("a test of the recorded worlds the guard's tests read, not a fact about DDP")
 
 GUARDS = recordings.stored(guard_recordings.TOOL)
-
-
-def _load(path: str) -> dict:
-    with open(path) as f:
-        return json.load(f)
 
 
 def _same_but_volatile(fresh_path, stored_path) -> None:
@@ -51,7 +45,7 @@ def test_guard_recordings_exist():
 def test_a_stored_guard_recording_is_what_its_scenario_records_now(path, file_regression):
     """Recorded live again from its ``scenario``, the recording equals the stored file (pytest-regressions shows a
     diff where not; ``--regen-all`` rewrites it)."""
-    found = _load(path)
+    found = recordings.read(path)
     if found.get("recorded_on") != recordings.release():
         pytest.skip(
             f"recorded on {found.get('recorded_on')}, this run has {recordings.release()}: the tests that read it run "

@@ -14,7 +14,6 @@ Both read only recordings made on this run's releases; one of another release is
 audit live in this release's default run: tests/support/audit_runs.py).
 """
 
-import json
 import os
 
 import pytest
@@ -25,11 +24,6 @@ from tests.support.audit_runs import record, replay
 pytestmark = pytest.mark.not_a_fact("a test of the recorded worlds the tooling tests read, not a fact about DDP")
 
 AUDITS = recordings.stored("audit")
-
-
-def _load(path: str) -> dict:
-    with open(path) as f:
-        return json.load(f)
 
 
 def _this_release(found: dict) -> None:
@@ -62,7 +56,7 @@ def test_audit_recordings_exist():
 def test_a_stored_audit_recording_is_what_its_scenario_records_now(path, file_regression):
     """Recorded live again from its ``scenario``, the recording equals the stored file (pytest-regressions shows a
     diff where not; ``--regen-all`` rewrites it)."""
-    found = _load(path)
+    found = recordings.read(path)
     _this_release(found)
     fresh = record(found["scenario"])
     file_regression.check(recordings.text_of(fresh), fullpath=path, check_fn=_same_but_volatile)
@@ -71,6 +65,6 @@ def test_a_stored_audit_recording_is_what_its_scenario_records_now(path, file_re
 @pytest.mark.parametrize("path", AUDITS, ids=_name)
 def test_the_report_of_a_recorded_audit_is_its_snapshot(path, file_regression):
     """The audit's report on the recording, replayed here (evidence, causes, wording), equals its snapshot."""
-    found = _load(path)
+    found = recordings.read(path)
     _this_release(found)
     file_regression.check(replay(found).format() + "\n", fullpath=path[: -len(".json")] + ".report.txt")
