@@ -382,6 +382,20 @@ CHANGES: dict = {
         "pytorch_lightning CHANGELOG 2.0.0, 'Removed `Trainer.tune()` in favor of "
         "`Tuner(trainer).{lr_find,scale_batch_size}`' (#16462)",
     ),
+    "tests/facts/test_rank_state_seeds.py::test_reseeding_with_the_global_rank_in_on_train_start_gives_each_rank_its_"
+    "own_stream_and_equal_weights": Change(
+        "Up to 2.0 the fit loop creates the training DataLoader's iterator after `on_train_start` "
+        "(`_TrainingEpochLoop.on_run_start`: `iter(data_fetcher)`), and torch's `_BaseDataLoaderIter.__init__` draws "
+        "the workers' `base_seed` (one int64, as much as two `torch.rand` floats) from the rank's default generator: "
+        "the probe's draws after `manual_seed(7 + rank)` start two numbers into that stream (the ranks still differ, "
+        "the exact replay fails). From 2.1.0 `FitLoop.setup_data` creates the iterator before `on_train_start`, so "
+        "the reseed there comes after that draw.",
+        "`FitLoop.setup_data` in pytorch_lightning/loops/fit_loop.py (2.1.4: `iter(self._data_fetcher)  # creates the "
+        "iterator inside the fetcher`) and `_TrainingEpochLoop.on_run_start` in loops/training_epoch_loop.py "
+        "(2.0.9.post0: `iter(data_fetcher)`; 2.1.4: only when `current_epoch > 0`), moved by 'Set limits for "
+        "`fetcher.done`' (#18441, whose CHANGELOG 2.1.0 line names only `Trainer.num_val_batches`); `_base_seed` in "
+        "torch/utils/data/dataloader.py `_BaseDataLoaderIter.__init__`",
+    ),
 }
 
 
