@@ -29,8 +29,9 @@ import json
 import os
 import platform
 import re
+import sysconfig
 import tempfile
-from typing import Optional
+from typing import Callable, Optional
 
 #: The folder of every recording, one subfolder per tool.
 FOLDER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "recordings")
@@ -62,7 +63,29 @@ VOLATILE_TEXT = (
     ),
     (re.compile(r"<tmp>/tmp[A-Za-z0-9_]+"), "<tmp>"),
     (re.compile(r"(127\.0\.0\.1|localhost)(\]?):\d+"), r"\1\2:<port>"),
+    # A thread's id in a Python stack (faulthandler's "Thread 0x00007f505abff6c0").
+    (re.compile(r"\bThread 0x[0-9a-f]+"), "Thread <id>"),
+    # Where the interpreter and the packages are installed (a CI run's fresh virtual environment).
+    (re.compile(r"[^\s\"'(]*/(?:site|dist)-packages/"), "<site-packages>/"),
+    (re.compile(re.escape(sysconfig.get_paths()["stdlib"]) + "/"), "<stdlib>/"),
 )
+#: Digests whose input differs from run to run: the hash of a whole model's weights (``weights_digest``), of a
+#: tensor's values (``digest``) unless its ``dtype`` beside it is an integer or bool, and the guard's state entry's id
+#: (``["state", boundary, hook, <digest of the state>]``). Floating-point results of a run (training's matmuls, a
+#: gradient's all_reduce) differ in their last bits from one run to the next (the order of the threads' partial sums),
+#: so their digests do; the values themselves are compared within :data:`FLOAT_TOLERANCE` and :data:`FLOAT_FLOOR`.
+VOLATILE_DIGESTS = frozenset({"digest", "weights_digest"})
+#: Two floats at the same place of two recordings are the same value when they differ by at most this much,
+#: relative to the larger (last-bit differences of float32 arithmetic, grown through a few training steps).
+FLOAT_TOLERANCE = 1e-5
+#: ... or by at most this much whatever their size: a sum that cancels to about zero (2.8e-08 one run, 2.0e-08 the
+#: next) keeps only the rounding of its terms.
+FLOAT_FLOOR = 1e-6
+#: How many live recordings of one scenario the integration run makes before it reports a difference: a world that
+#: raises by design (a hazard) ends in one of a few ways depending on which rank's error reaches the other first
+#: (gloo's "Connection closed by peer" or "Application timeout", the batch a rank had reached), and the stored
+#: recording is one of them.
+ATTEMPTS = 3
 
 #: Whether this session rewrites the recordings it uses (pytest-regressions' ``--regen-all`` or
 #: ``--force-regen``; tests/tooling/conftest.py sets it).
@@ -125,6 +148,10 @@ def stable(value):
                 out[key] = PLACEHOLDER
             elif key in VOLATILE_VALUES and isinstance(found, dict):
                 out[key] = {name: PLACEHOLDER for name in found}
+            elif key in VOLATILE_DIGESTS and isinstance(found, str) and not _exact_dtype(value.get("dtype")):
+                out[key] = PLACEHOLDER
+            elif key == "id" and isinstance(found, list) and found[:1] == ["state"]:
+                out[key] = [stable(part) for part in found[:-1]] + [PLACEHOLDER]
             else:
                 out[key] = stable(found)
         return out
@@ -137,14 +164,93 @@ def stable(value):
     return value
 
 
+def _exact_dtype(dtype) -> bool:
+    """Whether a tensor of ``dtype`` (a torch dtype's name, e.g. ``"int64"``) holds the same bits every run."""
+    return isinstance(dtype, str) and (dtype == "bool" or dtype.lstrip("u").startswith("int"))
+
+
+def _within_tolerance(stored, fresh):
+    """``fresh`` with each float that is within :data:`FLOAT_TOLERANCE` of the float at its place in ``stored``
+    replaced by that one: what is left differs beyond the last bits."""
+    if isinstance(stored, dict) and isinstance(fresh, dict):
+        return {key: _within_tolerance(stored[key], found) if key in stored else found for key, found in fresh.items()}
+    if isinstance(stored, list) and isinstance(fresh, list) and len(stored) == len(fresh):
+        return [_within_tolerance(a, b) for a, b in zip(stored, fresh)]
+    if isinstance(stored, float) and isinstance(fresh, float) and stored != fresh:
+        if abs(stored - fresh) <= max(FLOAT_TOLERANCE * max(abs(stored), abs(fresh)), FLOAT_FLOOR):
+            return stored
+    return fresh
+
+
 def differences(stored_path: str, fresh_path: str) -> str:
-    """A unified diff of two recording files' :func:`stable` parts ("" where they are equal): what a fresh
-    recording changed beyond the fields that differ run to run."""
-    texts = []
+    """A unified diff of two recording files' :func:`stable` parts, floats compared within
+    :data:`FLOAT_TOLERANCE` ("" where they are equal): what a fresh recording changed beyond the fields that
+    differ run to run."""
+    found = []
     for path in (stored_path, fresh_path):
         with open(path) as f:
-            texts.append(text_of(stable(json.load(f))).splitlines(keepends=True))
+            found.append(stable(json.load(f)))
+    found[1] = _within_tolerance(*found)
+    texts = [text_of(one).splitlines(keepends=True) for one in found]
     return "".join(difflib.unified_diff(*texts, fromfile=str(stored_path), tofile=str(fresh_path), n=2))
+
+
+def check_rerecorded(
+    path: str, record: Callable[[dict], dict], file_regression, outcome: Optional[Callable[[dict], object]] = None
+) -> None:
+    """The integration run's check of the stored recording at ``path``: ``record(scenario)`` records its scenario
+    live, up to :data:`ATTEMPTS` times until a fresh recording equals the stored one (:func:`differences`), and
+    pytest-regressions compares the last with the stored file (a unified diff where they differ; ``--regen-all``
+    writes it instead). Skips a recording made on another release: there its tests run live.
+
+    ``outcome`` (optional) is what the tool concludes from a recording whose world raised by design (a hazard's
+    world: ``outcome(recording)`` is called only when ``raised(recording)``): where ranks race to an error, which
+    error each rank reads, how far it got and what a mismatched collective returned differ from run to run, so such
+    a fresh recording that differs in its fields but gives the same outcome is the stored one's scenario still."""
+    import pytest
+
+    found = read(path)
+    if found.get("recorded_on") != release():
+        pytest.skip(
+            f"recorded on {found.get('recorded_on')}, this run has {release()}: the tests that read it run the tool "
+            "live on this release"
+        )
+    handle, fresh_path = tempfile.mkstemp(suffix=".json", prefix="fresh-recording-")
+    os.close(handle)
+    try:
+        for _ in range(1 if updating() else ATTEMPTS):
+            fresh = record(found["scenario"])
+            with open(fresh_path, "w") as f:
+                f.write(text_of(fresh))
+            if not differences(path, fresh_path):
+                break
+            if outcome is not None and not updating() and raised(found) and raised(fresh):
+                if outcome(read(fresh_path)) == outcome(found):
+                    return
+    finally:
+        os.unlink(fresh_path)
+    file_regression.check(text_of(fresh), fullpath=path, check_fn=_same_but_volatile)
+
+
+def raised(recording: dict) -> bool:
+    """Whether a world of an audit's ``recording`` failed: the world ended in an ``error``, or a rank's stage raised
+    (its record's ``raised``, its trace's ``stage_error``). False for a recording without ``worlds``."""
+    worlds = recording.get("worlds")
+    if not isinstance(worlds, dict):
+        return False
+    for world in (w for w in worlds.values() if isinstance(w, dict)):
+        records = [r for r in world.get("records") or [] if isinstance(r, dict)]
+        traces = [t for t in world.get("traces") or [] if isinstance(t, dict)]
+        if world.get("error") or any(r.get("raised") for r in records) or any(t.get("stage_error") for t in traces):
+            return True
+    return False
+
+
+def _same_but_volatile(fresh_path, stored_path) -> None:
+    """pytest-regressions' comparison of a fresh recording (``fresh_path``) with the stored one: equal but for the
+    fields that differ run to run (:func:`stable`, :data:`FLOAT_TOLERANCE`)."""
+    diff = differences(str(stored_path), str(fresh_path))
+    assert not diff, f"the fresh recording differs from the stored one beyond the volatile fields:\n{diff}"
 
 
 def _rooted(value, old: str, new: str):
