@@ -14,7 +14,7 @@ size, the backend, its parameters and ``PYTHONHASHSEED``), ``records``: each ran
 it, the trace's ``events`` as the rank wrote them (``read_trace``) and whatever else it records (a counting comm
 hook's calls). :func:`records_of` is the tests' entry (the ``traced_world`` fixture, conftest.py): the stored
 recording where one was made on this release, else the world live (stored under ``--regen-all``); ``live=True``, and
-inside a torchrun or srun world, the world live, never recorded. tests/tooling/recordings/test_trace_recordings.py
+inside a torchrun or srun world, the world live, never recorded. tests/tooling/recordings/test_recordings.py
 records every stored scenario again in the integration run and fails with a diff where it changed.
 """
 
