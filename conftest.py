@@ -6,9 +6,10 @@ pytest_plugins = ["ddpprobe.plugin.pytest_plugin", "ddpprobe.card.plugin"]
 
 
 def pytest_configure(config):
-    """The world budget (pyproject.toml ``world_budget``) holds where the tooling's recorded worlds were made on this
-    release (tests/support/recordings.py): on another, their tests run live, and the budget is off for the run."""
+    """The world budget (pyproject.toml ``world_budget``) holds where every recorded world of the tooling (the
+    audit's, the guard's and the trace's, tests/support/recordings.py) was made on this release: where one was not,
+    its tests run live, and the budget is off for the run."""
     from tests.support import recordings
 
-    if not recordings.of_this_release("audit"):
+    if not all(recordings.of_this_release(tool) for tool in ("audit", "guard", "trace")):
         config.option.world_budget = 0

@@ -399,7 +399,9 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     if call.when == "teardown" and _WORLDS_BEFORE in item.stash:
         started = world_usage()["worlds"] - item.stash[_WORLDS_BEFORE]
-        outcome.get_result().user_properties.append((_budget.PROPERTY, started))
+        report = outcome.get_result()
+        report.user_properties.append((_budget.PROPERTY, started))
+        report.user_properties.append((_budget.MARKERS, sorted({m.name for m in item.iter_markers()})))
 
 
 def pytest_sessionstart(session) -> None:
@@ -416,9 +418,10 @@ def pytest_runtest_logreport(report) -> None:
     budget = _BUDGET_STATE.get("config")
     if budget is None or report.when != "teardown":
         return
-    for name, value in report.user_properties:
-        if name == _budget.PROPERTY and _budget.counted(report.nodeid, report.keywords, budget["paths"]):
-            budget["worlds"][report.nodeid] = value
+    properties = dict(report.user_properties)
+    if _budget.PROPERTY in properties:
+        if _budget.counted(report.nodeid, properties.get(_budget.MARKERS, ()), budget["paths"]):
+            budget["worlds"][report.nodeid] = properties[_budget.PROPERTY]
 
 
 def _world_budget(config) -> Optional[int]:

@@ -88,6 +88,17 @@ def test_a_run_whose_counted_tests_start_more_worlds_than_the_budget_fails_namin
     assert "test_elsewhere" not in named and "test_live_by_design" not in named
 
 
+def test_a_folder_named_like_the_integration_marker_does_not_exempt_its_tests(pytester):
+    """A test under ``rooms/audit/integration/`` is unmarked: its folder's name is one of its keywords, not a
+    marker, so its 2 worlds count and the run fails naming it."""
+    _layout(pytester)
+    (pytester.mkpydir("rooms/audit/integration") / "test_named.py").write_text(INNER)
+    result = _inner(pytester, "-k", "named and starts_two")
+    result.assert_outcomes(passed=1, deselected=8)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
+    result.stdout.fnmatch_lines(["*2  rooms/audit/integration/test_named.py::test_starts_two"])
+
+
 def test_within_the_budget_or_with_it_turned_off_the_run_passes(pytester):
     assert _inner(pytester, "-m", "", "--world-budget", "2").ret == pytest.ExitCode.OK
     assert _inner(pytester, "-m", "", "--world-budget", "0").ret == pytest.ExitCode.OK
