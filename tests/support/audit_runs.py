@@ -36,6 +36,9 @@ from typing import Callable, Optional, Union
 from tests.support import recordings
 from tests.support.worlds import skip_unless_runnable
 
+#: The environment variables that change how the audit's worlds run (ddpprobe's world and process-group timeouts,
+#: start method, backend): a scenario holds those that are set, so a run that sets one records and reads its own.
+LIVE_ENVIRONMENT = ("DDPPROBE_TIMEOUT", "DDPPROBE_PG_TIMEOUT", "DDPPROBE_START_METHOD", "DDPPROBE_BACKEND")
 #: The folder of the run's shared results (:func:`use_folder`); None: this process keeps its own.
 _FOLDER = [None]
 
@@ -63,7 +66,8 @@ def audited(
 
 
 def scenario_of(model, data, world_size: int, stage: str, backend: str, timeout, max_epochs: int) -> Optional[dict]:
-    """The recording's key for these arguments (with the environment variables the audit reads), or None where a
+    """The recording's key for these arguments (with the environment variables the audit reads: ``PYTHONHASHSEED``
+    and those of :data:`LIVE_ENVIRONMENT` that are set), or None where a
     factory is not given by name (a callable: not recordable)."""
     if not all(isinstance(ref, (str, type(None))) for ref in (model, data)):
         return None
@@ -76,6 +80,7 @@ def scenario_of(model, data, world_size: int, stage: str, backend: str, timeout,
         "timeout": timeout,
         "max_epochs": max_epochs,
         "PYTHONHASHSEED": os.environ.get("PYTHONHASHSEED") or None,
+        **{name: os.environ[name] for name in LIVE_ENVIRONMENT if os.environ.get(name)},
     }
 
 
@@ -92,7 +97,7 @@ def record(scenario: dict) -> dict:
     """A live recording of ``scenario`` (:func:`scenario_of`): the audit's worlds, run now."""
     from ddpprobe.audit import audit_worlds
 
-    arguments = {k: v for k, v in scenario.items() if k != "PYTHONHASHSEED"}
+    arguments = {k: v for k, v in scenario.items() if k != "PYTHONHASHSEED" and k not in LIVE_ENVIRONMENT}
     model, data, size, stage = (arguments.pop(k) for k in ("model", "data", "world_size", "stage"))
     worlds, inputs = audit_worlds(model, data, size, stage, **arguments)
     return recordings.make("audit", scenario, inputs=inputs, worlds=worlds.to_dict())

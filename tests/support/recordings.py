@@ -41,6 +41,13 @@ FOLDER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(FOLDER))
 #: What a stored recording holds in place of :data:`ROOT`.
 ROOT_MARK = "<checkout>"
+#: The standard library's folder (a frame of ``threading.py``, ``multiprocessing``): stored as :data:`STDLIB_MARK`
+#: and read back as this interpreter's, as :data:`ROOT` is.
+STDLIB = sysconfig.get_paths()["stdlib"]
+#: What a stored recording holds in place of :data:`STDLIB`.
+STDLIB_MARK = "<stdlib>"
+#: The folders a recording stores by a mark, each with its mark.
+_MARKS = ((ROOT, ROOT_MARK), (STDLIB, STDLIB_MARK))
 #: The recordings' format; a file of another format is not read.
 FORMAT = 1
 #: What a volatile field's value is compared as.
@@ -67,20 +74,29 @@ VOLATILE_TEXT = (
     (re.compile(r"\bThread 0x[0-9a-f]+"), "Thread <id>"),
     # Where the interpreter and the packages are installed (a CI run's fresh virtual environment).
     (re.compile(r"[^\s\"'(]*/(?:site|dist)-packages/"), "<site-packages>/"),
-    (re.compile(re.escape(sysconfig.get_paths()["stdlib"]) + "/"), "<stdlib>/"),
+    (re.compile(re.escape(STDLIB) + "/"), STDLIB_MARK + "/"),
 )
 #: Digests whose input differs from run to run: the hash of a whole model's weights (``weights_digest``), of a
 #: tensor's values (``digest``) unless its ``dtype`` beside it is an integer or bool, and the guard's state entry's id
 #: (``["state", boundary, hook, <digest of the state>]``). Floating-point results of a run (training's matmuls, a
 #: gradient's all_reduce) differ in their last bits from one run to the next (the order of the threads' partial sums),
 #: so their digests do; the values themselves are compared within :data:`FLOAT_TOLERANCE` and :data:`FLOAT_FLOOR`.
+#: Which of a world's digests are equal is compared (the ranks' weights are the same, or not): each is replaced by
+#: ``<digest N>``, N counting the distinct ones in the order of the world's sorted keys. Each world of ``"worlds"``
+#: is counted apart: one process's gradient on the ranks' samples equals the ranks' averaged one in some runs and not
+#: in others (the order of the float additions), where the ranks of one world hold the same bits by the all_reduce.
 VOLATILE_DIGESTS = frozenset({"digest", "weights_digest"})
+#: How :func:`_stable` marks a volatile digest for :func:`_classed`.
+_DIGEST_MARK = "\x00digest:"
 #: Two floats at the same place of two recordings are the same value when they differ by at most this much,
 #: relative to the larger (last-bit differences of float32 arithmetic, grown through a few training steps).
 FLOAT_TOLERANCE = 1e-5
-#: ... or by at most this much whatever their size: a sum that cancels to about zero (2.8e-08 one run, 2.0e-08 the
-#: next) keeps only the rounding of its terms.
-FLOAT_FLOOR = 1e-6
+#: ... or by at most this much whatever their size (two zeros computed two ways).
+FLOAT_FLOOR = 1e-12
+#: ... and a value under the key ``"sum"`` (a state's sum of a tensor's values) by at most this much: a sum that
+#: cancels to about zero (2.8e-08 one run, 2.0e-08 the next) keeps only the rounding of its terms, where a learning
+#: rate of 2e-07 against 1e-06 is a real change.
+SUM_FLOOR = 1e-6
 #: How many live recordings of one scenario the integration run makes before it reports a difference: a world that
 #: raises by design (a hazard) ends in one of a few ways depending on which rank's error reaches the other first
 #: (gloo's "Connection closed by peer" or "Application timeout", the batch a rank had reached), and the stored
@@ -117,13 +133,15 @@ def release() -> dict:
 
 
 def of_this_release(tool: str) -> bool:
-    """Whether ``tool``'s stored recordings were made on this release (the first one read tells; the integration
-    run checks each): where not, the tests that read them run live."""
+    """Whether every stored recording of ``tool`` was made on this release (False where none is stored): where one
+    was not, the tests that read it run live."""
     found = stored(tool)
-    if not found:
-        return False
-    with open(found[0]) as f:
-        return json.load(f).get("recorded_on") == release()
+    this = release()
+    for path in found:
+        with open(path) as f:
+            if json.load(f).get("recorded_on") != this:
+                return False
+    return bool(found)
 
 
 def path_of(tool: str, scenario: dict) -> str:
@@ -140,7 +158,32 @@ def path_of(tool: str, scenario: dict) -> str:
 
 def stable(value):
     """``value`` with every :data:`VOLATILE` field, :data:`VOLATILE_VALUES` mapping and :data:`VOLATILE_TEXT` pattern
-    replaced: what two live runs of one scenario share, the part of a recording that is compared."""
+    replaced, and each volatile digest by its class (:data:`VOLATILE_DIGESTS`): what two live runs of one scenario
+    share, the part of a recording that is compared."""
+    return _classed(_stable(value), {})
+
+
+def _classed(value, classes: dict):
+    """``value`` with each digest :func:`_stable` marked replaced by ``<digest N>``: the same digest by the same N,
+    N counting the distinct ones (``classes``) in the order of the sorted keys, each world of ``"worlds"`` apart."""
+    if isinstance(value, dict):
+        out = {}
+        for key in sorted(value):
+            found = value[key]
+            if key == "worlds" and isinstance(found, dict):
+                out[key] = {name: _classed(found[name], {}) for name in sorted(found)}
+            else:
+                out[key] = _classed(found, classes)
+        return out
+    if isinstance(value, list):
+        return [_classed(v, classes) for v in value]
+    if isinstance(value, str) and value.startswith(_DIGEST_MARK):
+        return classes.setdefault(value, f"<digest {len(classes) + 1}>")
+    return value
+
+
+def _stable(value):
+    """:func:`stable` but for the classes: each volatile digest marked with :data:`_DIGEST_MARK`."""
     if isinstance(value, dict):
         out = {}
         for key, found in value.items():
@@ -149,14 +192,14 @@ def stable(value):
             elif key in VOLATILE_VALUES and isinstance(found, dict):
                 out[key] = {name: PLACEHOLDER for name in found}
             elif key in VOLATILE_DIGESTS and isinstance(found, str) and not _exact_dtype(value.get("dtype")):
-                out[key] = PLACEHOLDER
+                out[key] = _DIGEST_MARK + found
             elif key == "id" and isinstance(found, list) and found[:1] == ["state"]:
-                out[key] = [stable(part) for part in found[:-1]] + [PLACEHOLDER]
+                out[key] = [_stable(part) for part in found[:-1]] + [_DIGEST_MARK + json.dumps(found[-1])]
             else:
-                out[key] = stable(found)
+                out[key] = _stable(found)
         return out
     if isinstance(value, list):
-        return [stable(v) for v in value]
+        return [_stable(v) for v in value]
     if isinstance(value, str):
         for pattern, stand_in in VOLATILE_TEXT:
             value = pattern.sub(stand_in, value)
@@ -169,15 +212,19 @@ def _exact_dtype(dtype) -> bool:
     return isinstance(dtype, str) and (dtype == "bool" or dtype.lstrip("u").startswith("int"))
 
 
-def _within_tolerance(stored, fresh):
-    """``fresh`` with each float that is within :data:`FLOAT_TOLERANCE` of the float at its place in ``stored``
-    replaced by that one: what is left differs beyond the last bits."""
+def _within_tolerance(stored, fresh, floor: float = FLOAT_FLOOR):
+    """``fresh`` with each float that is within :data:`FLOAT_TOLERANCE` of the float at its place in ``stored`` (or
+    within ``floor``: :data:`FLOAT_FLOOR`, :data:`SUM_FLOOR` under a ``"sum"`` key) replaced by that one: what is
+    left differs beyond the last bits."""
     if isinstance(stored, dict) and isinstance(fresh, dict):
-        return {key: _within_tolerance(stored[key], found) if key in stored else found for key, found in fresh.items()}
+        return {
+            key: _within_tolerance(stored[key], found, SUM_FLOOR if key == "sum" else floor) if key in stored else found
+            for key, found in fresh.items()
+        }
     if isinstance(stored, list) and isinstance(fresh, list) and len(stored) == len(fresh):
-        return [_within_tolerance(a, b) for a, b in zip(stored, fresh)]
+        return [_within_tolerance(a, b, floor) for a, b in zip(stored, fresh)]
     if isinstance(stored, float) and isinstance(fresh, float) and stored != fresh:
-        if abs(stored - fresh) <= max(FLOAT_TOLERANCE * max(abs(stored), abs(fresh)), FLOAT_FLOOR):
+        if abs(stored - fresh) <= max(FLOAT_TOLERANCE * max(abs(stored), abs(fresh)), floor):
             return stored
     return fresh
 
@@ -189,9 +236,9 @@ def differences(stored_path: str, fresh_path: str) -> str:
     found = []
     for path in (stored_path, fresh_path):
         with open(path) as f:
-            found.append(stable(json.load(f)))
+            found.append(_stable(json.load(f)))
     found[1] = _within_tolerance(*found)
-    texts = [text_of(one).splitlines(keepends=True) for one in found]
+    texts = [text_of(_classed(one, {})).splitlines(keepends=True) for one in found]
     return "".join(difflib.unified_diff(*texts, fromfile=str(stored_path), tofile=str(fresh_path), n=2))
 
 
@@ -267,15 +314,21 @@ def _rooted(value, old: str, new: str):
 
 def text_of(recording: dict) -> str:
     """A recording as the text stored (sorted keys, one-space indents, one final newline; paths under the checkout
-    as :data:`ROOT_MARK`): a diff of two reads line by line."""
-    portable = _rooted(recording, ROOT, ROOT_MARK)
+    as :data:`ROOT_MARK`, under the standard library as :data:`STDLIB_MARK`): a diff of two reads line by line."""
+    portable = recording
+    for folder, mark in _MARKS:
+        portable = _rooted(portable, folder, mark)
     return json.dumps(portable, sort_keys=True, indent=1, allow_nan=True) + "\n"
 
 
 def read(path: str) -> dict:
-    """The recording stored at ``path``, its paths under the checkout rooted in this checkout (:data:`ROOT`)."""
+    """The recording stored at ``path``, its paths under the checkout rooted in this checkout (:data:`ROOT`) and its
+    standard library's in this interpreter's (:data:`STDLIB`)."""
     with open(path) as f:
-        return _rooted(json.load(f), ROOT_MARK, ROOT)
+        found = json.load(f)
+    for folder, mark in _MARKS:
+        found = _rooted(found, mark, folder)
+    return found
 
 
 def make(tool: str, scenario: dict, **evidence) -> dict:

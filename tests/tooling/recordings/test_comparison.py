@@ -41,12 +41,32 @@ def test_floats_that_differ_in_their_last_bits_are_the_same_value_and_a_real_cha
     assert "0.001" in _differences(tmp_path, near_zero, {"sum": 0.001})
 
 
-def test_the_digest_of_an_integer_tensor_is_compared_and_a_float_tensors_is_not(tmp_path):
-    """A float tensor's digest hashes values that differ in their last bits run to run, so it is not compared (its
-    norm and values are); an int64 tensor's digest is exact, so a different one is a difference."""
+def test_the_digest_of_an_integer_tensor_is_compared_and_of_float_tensors_only_which_are_equal(tmp_path):
+    """A float tensor's digest hashes values that differ in their last bits run to run, so its value is not compared
+    (its norm and values are), but which float digests of one world are equal is: two ranks' equal weights recorded
+    again as equal (other bits) is no difference, recorded as different is one; two worlds' digests are compared
+    apart (one process's gradient equal to the ranks' by the order of its additions). An int64 tensor's digest is
+    exact, so a different one is a difference."""
     assert _differences(tmp_path, {"s": _tensor("float32", "aaa", 1.5)}, {"s": _tensor("float32", "bbb", 1.5)}) == ""
+    ranks = {"ranks": [_tensor("float32", "aaa", 1.5), _tensor("float32", "aaa", 1.5)]}
+    again = {"ranks": [_tensor("float32", "ccc", 1.5), _tensor("float32", "ccc", 1.5)]}
+    apart = {"ranks": [_tensor("float32", "ccc", 1.5), _tensor("float32", "ddd", 1.5)]}
+    assert _differences(tmp_path, ranks, again) == ""
+    diff = _differences(tmp_path, ranks, apart)
+    lines = [line.replace(" ", "") for line in diff.splitlines()]
+    assert '-"digest":"<digest1>",' in lines and '+"digest":"<digest2>",' in lines, diff
+    one = {"worlds": {"first_step": _tensor("float32", "aaa", 1.5), "world": _tensor("float32", "aaa", 1.5)}}
+    other = {"worlds": {"first_step": _tensor("float32", "eee", 1.5), "world": _tensor("float32", "fff", 1.5)}}
+    assert _differences(tmp_path, one, other) == "", "equal digests of two worlds are a coincidence of float order"
     diff = _differences(tmp_path, {"s": _tensor("int64", "aaa", 3.0)}, {"s": _tensor("int64", "bbb", 3.0)})
     assert '"digest": "aaa"' in diff and '"digest": "bbb"' in diff, diff
+
+
+def test_a_small_value_that_is_not_a_sum_is_compared_beyond_the_sums_floor(tmp_path):
+    """Only a ``"sum"`` gets the floor of 1e-06 for cancelling terms: a learning rate of 2e-07 recorded again as
+    1e-06 is a difference, and the same pair under ``"sum"`` is not."""
+    assert "1e-06" in _differences(tmp_path, {"lr": 2e-07}, {"lr": 1e-06})
+    assert _differences(tmp_path, {"sum": 2e-07}, {"sum": 1e-06}) == ""
 
 
 def test_where_the_packages_are_installed_is_not_a_difference_and_the_users_file_is(tmp_path):
@@ -62,16 +82,19 @@ def test_where_the_packages_are_installed_is_not_a_difference_and_the_users_file
 
 
 def test_a_recording_stores_the_checkouts_paths_as_the_checkout_mark_and_reads_them_back_under_this_checkout(tmp_path):
-    """A path under the checkout is stored as ``<checkout>/...``, so a clone in another folder reads it under its
-    own root; a path elsewhere is stored as it is."""
+    """A path under the checkout is stored as ``<checkout>/...`` and one under the standard library as
+    ``<stdlib>/...``, so a clone in another folder, or another interpreter's install, reads them under its own; a
+    path elsewhere is stored as it is."""
     inside = f'  File "{os.path.join(recordings.ROOT, "examples", "reported_cases.py")}", line 228\n'
-    outside = '  File "/usr/lib/python3.11/threading.py", line 1\n'
-    text = recordings.text_of({"traceback": [inside, outside]})
+    stdlib = f'  File "{os.path.join(recordings.STDLIB, "threading.py")}", line 1\n'
+    outside = '  File "/opt/elsewhere/threading.py", line 1\n'
+    text = recordings.text_of({"traceback": [inside, stdlib, outside]})
     assert recordings.ROOT not in text and f'File \\"{recordings.ROOT_MARK}/examples/reported_cases.py' in text, text
+    assert recordings.STDLIB not in text and f'File \\"{recordings.STDLIB_MARK}/threading.py' in text, text
     path = tmp_path / "r.json"
     path.write_text(text)
-    assert recordings.read(str(path)) == {"traceback": [inside, outside]}
-    assert json.loads(text)["traceback"][1] == outside
+    assert recordings.read(str(path)) == {"traceback": [inside, stdlib, outside]}
+    assert json.loads(text)["traceback"][2] == outside
 
 
 class _Regression:
