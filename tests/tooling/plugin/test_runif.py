@@ -10,6 +10,7 @@ import types
 import pytest
 import torch
 
+from ddpprobe import _lightning
 from ddpprobe.plugin import runif
 from ddpprobe.plugin.runif import Requirements, RunEnvironment, run_if
 
@@ -168,7 +169,8 @@ def _skip_lines(result) -> list:
 
 def test_skips_are_reported_at_the_skipped_test_not_at_the_plugin(pytester, monkeypatch):
     """Under gloo on a machine without GPUs: the GPU-only fact, the fact for another release and the
-    fact whose world asks for nccl skip, each with its reason, and every ``-ra`` line points at the test
+    fact whose world asks for nccl skip, each with its reason (the release's under the distribution this run
+    imports: pytorch-lightning, or lightning with ``--lightning lightning``), and every ``-ra`` line points at the test
     module, never at ``ddpprobe/plugin/pytest_plugin.py``."""
     _fake_cuda(monkeypatch, 0)
     pytester.makepyfile(test_facts=FACTS)
@@ -181,7 +183,7 @@ def test_skips_are_reported_at_the_skipped_test_not_at_the_plugin(pytester, monk
     result.stdout.fnmatch_lines_random(
         [
             "*needs >= 2 CUDA devices (found 0); needs --backend nccl (this run: gloo)*",
-            "*applies to pytorch-lightning <1.0; installed *",
+            f"*applies to {_lightning.PACKAGES[_lightning.chosen()][2]} <1.0; installed *",
             "*backend nccl with world size 2 needs 2 CUDA devices, found 0*",
         ]
     )
