@@ -30,19 +30,11 @@ pytestmark = pytest.mark.not_a_fact("a test of the recorded worlds the tooling t
 
 def _verdict(recording: dict) -> tuple:
     """What the audit concludes from ``recording``: its exit code, the kind of each problem (a finding's words
-    before its first colon), and each logged key's row: its key, level, verdict, and the names of the hazards
-    proven and the fixes printed for it."""
+    before its first colon), and each logged key's row: its key, level, verdict, and the registry names
+    (ddpprobe/hazards/) of the hazards proven and the fixes printed for it."""
     result = audit_runs.replay(recording)
-    rows = sorted(
-        (row.key, row.level, row.verdict, sorted(map(_entry, row.hazards)), sorted(map(_entry, row.fixes)))
-        for row in result.rows
-    )
+    rows = sorted((row.key, row.level, row.verdict, sorted(row.hazards), sorted(row.fixes)) for row in result.rows)
     return result.exit_code, sorted(f["problem"].split(":")[0] for f in result.findings), rows
-
-
-def _entry(entry) -> str:
-    """A hazard registry entry (ddpprobe/hazards/_hazard.py ``Hazard``) or one of its fixes (``OtherFix``) by name."""
-    return str(getattr(entry, "name", None) or getattr(entry, "fix", None) or entry)
 
 
 #: Each tool that records: how a scenario is recorded live, what the tool concludes from a recording of a world
